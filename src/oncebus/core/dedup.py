@@ -1,0 +1,336 @@
+"""The duplicate-detection rule and its index.
+
+A send at time ``t`` whose key was first accepted at ``t0`` is a duplicate
+when ``t < t0 + W`` (``W`` the entity's current history window). Duplicates
+never refresh ``t0``. See ``shared/design/semantics.md``.
+
+The index keeps, per held key, a 128-bit digest and ``t0`` (microseconds) in
+an append-only, time-ordered log of fixed-size blocks, and an open-addressing
+hash table of 32-bit references into that log (the shape of nats-server's
+``ddmap`` + ``ddarr``). A check is O(1) whatever the window; expiry pops the
+log's head in time order; memory is about 32-40 bytes per held key.
+
+Keys that leave the window move to a bounded "recently expired" table of the
+same shape, so a resend that arrives just after the window is counted as a
+*late resend* with its delay (Azure drops that information silently).
+"""
+
+from __future__ import annotations
+
+from array import array
+from datetime import timedelta
+from typing import NamedTuple
+
+from oncebus.core.durations import to_micros
+from oncebus.core.keys import dedup_key, key_digest
+
+_BLOCK_BITS = 12
+_BLOCK = 1 << _BLOCK_BITS  # entries per log block
+_BLOCK_MASK = _BLOCK - 1
+_REF_MOD = 0xFFFFFFFF  # a slot holds seq % _REF_MOD + 1 (0 means empty)
+_DEAD = 0xFFFFFFFFFFFFFFFF  # time marker of a removed log entry
+_MIN_SLOTS = 1024
+
+
+class _DigestLog:
+    """Time-ordered log of (digest, t0) with an O(1) digest lookup table."""
+
+    __slots__ = ("_block_base", "_blocks", "_first_block", "_head", "_live", "_mask", "_slots", "_tail")
+
+    def __init__(self) -> None:
+        self._blocks: list[array[int] | None] = []
+        self._first_block = 0  # index in _blocks of the head's block
+        self._block_base = 0  # seq of the first entry of _blocks[0]
+        self._head = 0  # seq of the oldest entry (maybe removed)
+        self._tail = 0  # seq the next entry gets
+        self._live = 0
+        self._slots = array("I", bytes(4 * _MIN_SLOTS))
+        self._mask = _MIN_SLOTS - 1
+
+    def __len__(self) -> int:
+        return self._live
+
+    def _entry(self, seq: int) -> tuple[array[int], int]:
+        off = seq - self._block_base
+        block = self._blocks[off >> _BLOCK_BITS]
+        assert block is not None
+        return block, (off & _BLOCK_MASK) * 3
+
+    def _seq_of(self, ref: int) -> int:
+        head = self._head
+        return head + ((ref - 1 - head) % _REF_MOD)
+
+    def find(self, hi: int, lo: int) -> tuple[int, int]:
+        """(slot, t0) of the digest, or (-1, 0) when absent."""
+        slots, mask = self._slots, self._mask
+        i = hi & mask
+        while True:
+            ref = slots[i]
+            if not ref:
+                return -1, 0
+            block, k = self._entry(self._seq_of(ref))
+            if block[k] == hi and block[k + 1] == lo:
+                return i, block[k + 2]
+            i = (i + 1) & mask
+
+    def append(self, hi: int, lo: int, t0: int) -> None:
+        """Add a digest known to be absent, at a time not before the newest entry's."""
+        seq = self._tail
+        off = seq - self._block_base
+        index = off >> _BLOCK_BITS
+        if index == len(self._blocks):
+            self._blocks.append(array("Q", bytes(24 * _BLOCK)))
+        block = self._blocks[index]
+        assert block is not None
+        k = (off & _BLOCK_MASK) * 3
+        block[k] = hi
+        block[k + 1] = lo
+        block[k + 2] = t0
+        self._tail = seq + 1
+        self._live += 1
+        if self._live * 2 > len(self._slots):
+            self._rebuild(len(self._slots) * 2)
+        else:
+            self._place(hi, seq % _REF_MOD + 1)
+
+    def _place(self, hi: int, ref: int) -> None:
+        slots, mask = self._slots, self._mask
+        i = hi & mask
+        while slots[i]:
+            i = (i + 1) & mask
+        slots[i] = ref
+
+    def oldest(self) -> tuple[int, int, int] | None:
+        """(hi, lo, t0) of the oldest live entry."""
+        self._skip_removed()
+        if self._head == self._tail:
+            return None
+        block, k = self._entry(self._head)
+        return block[k], block[k + 1], block[k + 2]
+
+    def pop_oldest(self) -> tuple[int, int, int]:
+        self._skip_removed()
+        block, k = self._entry(self._head)
+        hi, lo, t0 = block[k], block[k + 1], block[k + 2]
+        slot, _ = self.find(hi, lo)
+        self._clear_slot(slot)
+        self._live -= 1
+        self._advance_head()
+        return hi, lo, t0
+
+    def remove(self, slot: int) -> None:
+        """Remove the entry the table slot refers to."""
+        seq = self._seq_of(self._slots[slot])
+        block, k = self._entry(seq)
+        block[k + 2] = _DEAD
+        self._clear_slot(slot)
+        self._live -= 1
+        if seq == self._head:
+            self._advance_head()
+
+    def _skip_removed(self) -> None:
+        while self._head < self._tail:
+            block, k = self._entry(self._head)
+            if block[k + 2] != _DEAD:
+                return
+            self._advance_head()
+
+    def _advance_head(self) -> None:
+        self._head += 1
+        if (self._head - self._block_base) >> _BLOCK_BITS > self._first_block:
+            self._blocks[self._first_block] = None
+            self._first_block += 1
+            if self._first_block >= 64 and self._first_block * 2 >= len(self._blocks):
+                del self._blocks[: self._first_block]
+                self._block_base += self._first_block * _BLOCK
+                self._first_block = 0
+        if self._live * 8 < len(self._slots) and len(self._slots) > _MIN_SLOTS:
+            self._rebuild(len(self._slots) // 2)
+
+    def _clear_slot(self, i: int) -> None:
+        """Backward-shift deletion: keeps probe chains intact without tombstones."""
+        slots, mask = self._slots, self._mask
+        j = i
+        while True:
+            j = (j + 1) & mask
+            ref = slots[j]
+            if not ref:
+                break
+            block, k = self._entry(self._seq_of(ref))
+            home = block[k] & mask
+            if i <= j:
+                if i < home <= j:
+                    continue
+            elif home > i or home <= j:
+                continue
+            slots[i] = ref
+            i = j
+        slots[i] = 0
+
+    def _rebuild(self, size: int) -> None:
+        size = max(size, _MIN_SLOTS)
+        self._slots = array("I", bytes(4 * size))
+        self._mask = size - 1
+        for seq in range(self._head, self._tail):
+            block, k = self._entry(seq)
+            if block[k + 2] != _DEAD:
+                self._place(block[k], seq % _REF_MOD + 1)
+
+    def nbytes(self) -> int:
+        blocks = sum(1 for b in self._blocks if b is not None)
+        return blocks * 24 * _BLOCK + len(self._slots) * 4 + 8 * len(self._blocks)
+
+
+class Verdict(NamedTuple):
+    """The rule's answer for one send."""
+
+    duplicate: bool
+    first_accepted_us: int | None = None  # t0 of the held key, for a duplicate
+    late_resend_delay_us: int | None = None  # for a new send whose key left the window recently
+
+
+class DedupIndex:
+    """Exact duplicate detection for one entity.
+
+    Times are integer microseconds, non-decreasing across calls (the caller's
+    clock must not run backwards; the broker guards its clock). The window may
+    change at any time and applies to keys already held.
+    """
+
+    def __init__(self, window: timedelta, *, recently_expired_capacity: int = 1_000_000) -> None:
+        self._window_us = to_micros(window)
+        self._held = _DigestLog()
+        self._expired = _DigestLog()
+        self._expired_capacity = recently_expired_capacity
+        self._now_us = 0
+
+    @property
+    def window(self) -> timedelta:
+        return timedelta(microseconds=self._window_us)
+
+    @window.setter
+    def window(self, value: timedelta) -> None:
+        self._window_us = to_micros(value)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    @property
+    def recently_expired(self) -> int:
+        return len(self._expired)
+
+    def oldest_first_accepted_us(self) -> int | None:
+        oldest = self._held.oldest()
+        return None if oldest is None else oldest[2]
+
+    def nbytes(self) -> int:
+        """Bytes of the held keys' structures (the recently-expired table not included)."""
+        return self._held.nbytes()
+
+    def nbytes_recently_expired(self) -> int:
+        return self._expired.nbytes()
+
+    def _tick(self, now_us: int) -> None:
+        if now_us < self._now_us:
+            raise ValueError(f"time went backwards: {now_us} us after {self._now_us} us")
+        self._now_us = now_us
+        self.expire(now_us)
+
+    def expire(self, now_us: int) -> int:
+        """Move keys with ``t0 + W <= now`` out of the window; returns how many moved."""
+        moved = 0
+        held, expired = self._held, self._expired
+        limit = now_us - self._window_us
+        while True:
+            oldest = held.oldest()
+            if oldest is None or oldest[2] > limit:
+                break
+            hi, lo, t0 = held.pop_oldest()
+            moved += 1
+            if self._expired_capacity:
+                slot, _ = expired.find(hi, lo)
+                if slot >= 0:
+                    expired.remove(slot)
+                if len(expired) >= self._expired_capacity:
+                    expired.pop_oldest()
+                expired.append(hi, lo, t0)
+        # forget recently expired keys one more window after they left
+        while True:
+            oldest = expired.oldest()
+            if oldest is None or oldest[2] > limit - self._window_us:
+                break
+            expired.pop_oldest()
+        return moved
+
+    def peek(self, key: str, now_us: int) -> Verdict:
+        """The verdict a send of ``key`` at ``now_us`` would get, recording nothing."""
+        self._tick(now_us)
+        hi, lo = key_digest(key)
+        slot, t0 = self._held.find(hi, lo)
+        if slot >= 0:
+            return Verdict(True, t0)
+        slot, t0 = self._expired.find(hi, lo)
+        return Verdict(False, None, now_us - t0 if slot >= 0 else None)
+
+    def judge(self, key: str, now_us: int) -> Verdict:
+        """Apply the rule to one send: a new key is recorded with ``t0 = now``."""
+        self._tick(now_us)
+        hi, lo = key_digest(key)
+        slot, t0 = self._held.find(hi, lo)
+        if slot >= 0:
+            return Verdict(True, t0)
+        late: int | None = None
+        slot, t0 = self._expired.find(hi, lo)
+        if slot >= 0:
+            late = now_us - t0
+            self._expired.remove(slot)
+        self._held.append(hi, lo, now_us)
+        return Verdict(False, None, late)
+
+    def restore(self, key: str, first_accepted_us: int) -> None:
+        """Rebuild from durable history; call in ``first_accepted_us`` order."""
+        hi, lo = key_digest(key)
+        if self._held.find(hi, lo)[0] >= 0:
+            return
+        self._now_us = max(self._now_us, first_accepted_us)
+        self._held.append(hi, lo, first_accepted_us)
+
+
+class DuplicateDetector:
+    """The rule for one entity: its settings, its keys and its index.
+
+    ``judge`` records a new key at once, so the second copy of a key within
+    one batch is a duplicate of the first. Callers validate a whole batch
+    (``key_of`` for each message) before judging any of it.
+    """
+
+    def __init__(
+        self,
+        *,
+        requires_duplicate_detection: bool,
+        window: timedelta,
+        partitioned: bool,
+        recently_expired_capacity: int = 1_000_000,
+    ) -> None:
+        self.enabled = requires_duplicate_detection
+        self.partitioned = partitioned
+        self.index = DedupIndex(window, recently_expired_capacity=recently_expired_capacity)
+
+    @property
+    def window(self) -> timedelta:
+        return self.index.window
+
+    @window.setter
+    def window(self, value: timedelta) -> None:
+        self.index.window = value
+
+    def key_of(self, message_id: str, partition_key: str | None = None, session_id: str | None = None) -> str:
+        return dedup_key(message_id, partition_key, session_id, partitioned=self.partitioned).text
+
+    def judge(self, key: str, now_us: int) -> Verdict:
+        if not self.enabled:
+            return _NEW
+        return self.index.judge(key, now_us)
+
+
+_NEW = Verdict(False)

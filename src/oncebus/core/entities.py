@@ -1,0 +1,236 @@
+"""Entity properties with Service Bus names, defaults and validation.
+
+Names follow ``azure.servicebus.management`` (``QueueProperties`` and friends)
+so users recognise them. Durations are ``timedelta``; ISO-8601 text is accepted
+wherever a duration is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, ClassVar
+
+from oncebus.core.durations import TIMESPAN_MAX, format_duration, parse_duration
+from oncebus.core.errors import (
+    ArgumentOutOfRangeError,
+    ImmutablePropertyError,
+    InvalidArgumentError,
+)
+
+MIN_DUPLICATE_WINDOW = timedelta(seconds=20)
+MAX_DUPLICATE_WINDOW = timedelta(days=7)
+DEFAULT_DUPLICATE_WINDOW = timedelta(minutes=10)
+WINDOW_RANGE_TEXT = "The value supplied must be between 00:00:20 and 7.00:00:00."
+
+MIN_LOCK_DURATION = timedelta(seconds=5)
+MAX_LOCK_DURATION = timedelta(minutes=5)
+MAX_MESSAGE_SIZE_KB = 102_400
+MAX_SIZE_MB = 81_920
+
+_ENTITY_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,258}[A-Za-z0-9])?$")
+_SUBSCRIPTION_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,48}[A-Za-z0-9])?$")
+_RESERVED = ("$", "subscriptions", "rules")
+
+
+def validate_entity_name(name: str, *, kind: str = "queue") -> str:
+    """Queue and topic names: 1-260 letters, digits, '.', '-', '_', '/'; start and end alphanumeric."""
+    if not isinstance(name, str) or not _ENTITY_NAME.match(name) or "//" in name:
+        raise InvalidArgumentError(
+            f"{kind} name {name!r} is not valid: use 1 to 260 letters, digits, '.', '-', '_' or '/', "
+            "starting and ending with a letter or digit"
+        )
+    if any(part.lower() in _RESERVED for part in name.split("/")):
+        raise InvalidArgumentError(f"{kind} name {name!r} uses a reserved word ($, Subscriptions, Rules)")
+    return name
+
+
+def validate_subscription_name(name: str) -> str:
+    """Subscription names: 1-50 letters, digits, '.', '-', '_'; start and end alphanumeric."""
+    if not isinstance(name, str) or not _SUBSCRIPTION_NAME.match(name):
+        raise InvalidArgumentError(
+            f"subscription name {name!r} is not valid: use 1 to 50 letters, digits, '.', '-' or '_', "
+            "starting and ending with a letter or digit"
+        )
+    return name
+
+
+def validate_duplicate_window(value: Any) -> timedelta:
+    window = parse_duration(value, name="duplicate_detection_history_time_window")
+    if not MIN_DUPLICATE_WINDOW <= window <= MAX_DUPLICATE_WINDOW:
+        raise ArgumentOutOfRangeError(
+            f"duplicate_detection_history_time_window {format_duration(window)}: {WINDOW_RANGE_TEXT}"
+        )
+    return window
+
+
+def _lock_duration(value: Any) -> timedelta:
+    duration = parse_duration(value, name="lock_duration")
+    if not MIN_LOCK_DURATION <= duration <= MAX_LOCK_DURATION:
+        raise ArgumentOutOfRangeError(
+            f"lock_duration {format_duration(duration)} is out of range: "
+            "it must be between 5 seconds (PT5S) and 5 minutes (PT5M)"
+        )
+    return duration
+
+
+def _ttl(value: Any) -> timedelta:
+    ttl = parse_duration(value, name="default_message_time_to_live")
+    if ttl < timedelta(seconds=1):
+        raise ArgumentOutOfRangeError(
+            f"default_message_time_to_live {format_duration(ttl)} is too short: it must be at least 1 second (PT1S)"
+        )
+    return ttl
+
+
+def _positive_int(name: str, upper: int) -> Any:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= upper:
+            raise ArgumentOutOfRangeError(f"{name} {value!r} is out of range: it must be an integer from 1 to {upper}")
+        return value
+
+    return check
+
+
+def _flag(name: str) -> Any:
+    def check(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise InvalidArgumentError(f"{name} must be true or false, not {value!r}")
+        return value
+
+    return check
+
+
+def _text_or_none(name: str) -> Any:
+    def check(value: Any) -> str | None:
+        if value is not None and not isinstance(value, str):
+            raise InvalidArgumentError(f"{name} must be text, not {value!r}")
+        if value is not None and len(value) > 1024:
+            raise InvalidArgumentError(f"{name} is {len(value)} characters; at most 1024 are allowed")
+        return value
+
+    return check
+
+
+_VALIDATORS: dict[str, Any] = {
+    "lock_duration": _lock_duration,
+    "max_size_in_megabytes": _positive_int("max_size_in_megabytes", MAX_SIZE_MB),
+    "requires_duplicate_detection": _flag("requires_duplicate_detection"),
+    "requires_session": _flag("requires_session"),
+    "default_message_time_to_live": _ttl,
+    "dead_lettering_on_message_expiration": _flag("dead_lettering_on_message_expiration"),
+    "duplicate_detection_history_time_window": validate_duplicate_window,
+    "max_delivery_count": _positive_int("max_delivery_count", 2_147_483_647),
+    "enable_batched_operations": _flag("enable_batched_operations"),
+    "enable_partitioning": _flag("enable_partitioning"),
+    "max_message_size_in_kilobytes": _positive_int("max_message_size_in_kilobytes", MAX_MESSAGE_SIZE_KB),
+    "support_ordering": _flag("support_ordering"),
+    "user_metadata": _text_or_none("user_metadata"),
+}
+
+
+@dataclass(frozen=True)
+class _EntityProperties:
+    """Shared behaviour: validated construction, immutable-at-creation checks, dict round trip."""
+
+    kind: ClassVar[str] = "entity"
+    immutable: ClassVar[tuple[str, ...]] = ()
+
+    name: str
+
+    @classmethod
+    def create(cls, name: str, **values: Any) -> Any:
+        unknown = sorted(set(values) - cls.settable())
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown {cls.kind} propert{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
+                f"allowed: {', '.join(sorted(cls.settable()))}"
+            )
+        checked = {key: _VALIDATORS[key](value) for key, value in values.items() if value is not None}
+        return cls(name=name, **checked)
+
+    @classmethod
+    def settable(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls) if f.name != "name"}
+
+    def updated(self, **changes: Any) -> Any:
+        """A copy with ``changes`` applied; properties fixed at creation may only be repeated."""
+        unknown = sorted(set(changes) - self.settable())
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown {self.kind} propert{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
+                f"allowed: {', '.join(sorted(self.settable()))}"
+            )
+        checked = {key: _VALIDATORS[key](value) for key, value in changes.items() if value is not None}
+        for key in self.immutable:
+            if key in checked and checked[key] != getattr(self, key):
+                raise ImmutablePropertyError(
+                    f"{key} of {self.kind} {self.name!r} cannot be changed after creation "
+                    f"(it is {getattr(self, key)}); delete and recreate the {self.kind} to change it. "
+                    "SubCode=40000"
+                )
+        return dataclasses.replace(self, **checked)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = format_duration(value) if isinstance(value, timedelta) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        values = dict(data)
+        name = values.pop("name")
+        return cls.create(name, **values)
+
+
+@dataclass(frozen=True)
+class QueueProperties(_EntityProperties):
+    kind: ClassVar[str] = "queue"
+    immutable: ClassVar[tuple[str, ...]] = ("requires_duplicate_detection", "enable_partitioning", "requires_session")
+
+    lock_duration: timedelta = timedelta(minutes=1)
+    max_size_in_megabytes: int = 1024
+    requires_duplicate_detection: bool = False
+    requires_session: bool = False
+    default_message_time_to_live: timedelta = TIMESPAN_MAX
+    dead_lettering_on_message_expiration: bool = False
+    duplicate_detection_history_time_window: timedelta = DEFAULT_DUPLICATE_WINDOW
+    max_delivery_count: int = 10
+    enable_batched_operations: bool = True
+    enable_partitioning: bool = False
+    max_message_size_in_kilobytes: int = 256
+    user_metadata: str | None = None
+
+
+@dataclass(frozen=True)
+class TopicProperties(_EntityProperties):
+    kind: ClassVar[str] = "topic"
+    immutable: ClassVar[tuple[str, ...]] = ("requires_duplicate_detection", "enable_partitioning")
+
+    max_size_in_megabytes: int = 1024
+    requires_duplicate_detection: bool = False
+    default_message_time_to_live: timedelta = TIMESPAN_MAX
+    duplicate_detection_history_time_window: timedelta = DEFAULT_DUPLICATE_WINDOW
+    enable_batched_operations: bool = True
+    support_ordering: bool = False
+    enable_partitioning: bool = False
+    max_message_size_in_kilobytes: int = 256
+    user_metadata: str | None = None
+
+
+@dataclass(frozen=True)
+class SubscriptionProperties(_EntityProperties):
+    kind: ClassVar[str] = "subscription"
+    immutable: ClassVar[tuple[str, ...]] = ("requires_session",)
+
+    lock_duration: timedelta = timedelta(minutes=1)
+    requires_session: bool = False
+    default_message_time_to_live: timedelta = TIMESPAN_MAX
+    dead_lettering_on_message_expiration: bool = False
+    max_delivery_count: int = 10
+    enable_batched_operations: bool = True
+    user_metadata: str | None = None

@@ -1,0 +1,87 @@
+"""The one exception tree of oncebus.
+
+Each error carries the Service Bus / AMQP error condition it maps to on the
+wire, so front ends translate without knowing the rule that raised it::
+
+    OncebusError
+    ├── InvalidArgumentError          (ValueError; bad input, nothing stored)
+    │   ├── ArgumentOutOfRangeError   (a number or duration outside its range)
+    │   ├── ImmutablePropertyError    (an update of a property fixed at creation)
+    │   └── MessageSizeExceededError  (a message or batch over the entity's limit)
+    ├── EntityNotFoundError
+    ├── EntityAlreadyExistsError
+    ├── MessageNotFoundError
+    ├── MessageLockLostError
+    ├── SessionLockLostError
+    ├── SessionCannotBeLockedError
+    ├── OperationTimeoutError
+    ├── UnauthorizedError
+    ├── ServerBusyError
+    └── StoreError                    (the durable store failed; the broker stops)
+"""
+
+from __future__ import annotations
+
+
+class OncebusError(Exception):
+    """Base of every error oncebus raises on purpose."""
+
+    condition: str = "amqp:internal-error"
+
+
+class InvalidArgumentError(OncebusError, ValueError):
+    condition = "com.microsoft:argument-error"
+
+
+class ArgumentOutOfRangeError(InvalidArgumentError):
+    condition = "com.microsoft:argument-out-of-range"
+
+
+class ImmutablePropertyError(InvalidArgumentError):
+    """Azure answers HTTP 400 SubCode=40000 for these."""
+
+    condition = "com.microsoft:argument-error"
+
+
+class MessageSizeExceededError(InvalidArgumentError):
+    condition = "amqp:link:message-size-exceeded"
+
+
+class EntityNotFoundError(OncebusError, LookupError):
+    condition = "amqp:not-found"
+
+
+class EntityAlreadyExistsError(OncebusError):
+    condition = "com.microsoft:entity-already-exists"
+
+
+class MessageNotFoundError(OncebusError, LookupError):
+    condition = "com.microsoft:message-not-found"
+
+
+class MessageLockLostError(OncebusError):
+    condition = "com.microsoft:message-lock-lost"
+
+
+class SessionLockLostError(OncebusError):
+    condition = "com.microsoft:session-lock-lost"
+
+
+class SessionCannotBeLockedError(OncebusError):
+    condition = "com.microsoft:session-cannot-be-locked"
+
+
+class OperationTimeoutError(OncebusError, TimeoutError):
+    condition = "com.microsoft:timeout"
+
+
+class UnauthorizedError(OncebusError, PermissionError):
+    condition = "amqp:unauthorized-access"
+
+
+class ServerBusyError(OncebusError):
+    condition = "com.microsoft:server-busy"
+
+
+class StoreError(OncebusError):
+    condition = "amqp:internal-error"

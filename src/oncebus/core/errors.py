@@ -17,6 +17,7 @@ wire, so front ends translate without knowing the rule that raised it::
     ├── OperationTimeoutError
     ├── UnauthorizedError
     ├── ServerBusyError
+    ├── QuotaExceededError           (the entity is full: max_size_in_megabytes)
     └── StoreError                    (the durable store failed; the broker stops)
 """
 
@@ -81,6 +82,10 @@ class UnauthorizedError(OncebusError, PermissionError):
 
 class ServerBusyError(OncebusError):
     condition = "com.microsoft:server-busy"
+
+
+class QuotaExceededError(OncebusError):
+    condition = "amqp:resource-limit-exceeded"
 
 
 class StoreError(OncebusError):

@@ -1,0 +1,55 @@
+"""Clocks for the broker: the real one and a manual one for tests.
+
+The broker never reads the time itself; it asks its clock. The system clock
+never runs backwards (a step back of the wall clock holds the time still), as
+the dedup index requires non-decreasing times.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol
+
+from oncebus.core.timeutil import datetime_to_us, us_to_datetime
+
+__all__ = ["Clock", "ManualClock", "SystemClock", "datetime_to_us", "us_to_datetime"]
+
+
+class Clock(Protocol):
+    def now_us(self) -> int:
+        """Microseconds since the Unix epoch, UTC, never decreasing."""
+        ...
+
+
+class SystemClock:
+    def __init__(self) -> None:
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def now_us(self) -> int:
+        now = time.time_ns() // 1_000
+        with self._lock:
+            if now < self._last:
+                return self._last
+            self._last = now
+            return now
+
+
+class ManualClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, start_us: int = 1_700_000_000_000_000) -> None:
+        self._now = start_us
+
+    def now_us(self) -> int:
+        return self._now
+
+    def advance(self, seconds: float = 0.0, *, us: int = 0) -> int:
+        self._now += round(seconds * 1_000_000) + us
+        return self._now
+
+    def set(self, us: int) -> None:
+        if us < self._now:
+            raise ValueError("a ManualClock does not go backwards")
+        self._now = us

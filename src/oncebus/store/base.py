@@ -1,0 +1,92 @@
+"""The store interface: durable entities, messages and dedup history, written in atomic units.
+
+A *unit* is a list of operations that commit together (one send: its messages
+and their dedup keys). ``submit`` returns a future resolved once the unit is
+durable; implementations may commit several queued units in one transaction
+(group commit) but never split one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from oncebus.core.messages import StoredMessage
+
+
+@dataclass(frozen=True)
+class PutEntity:
+    path: str  # lower case: "orders", "events", "events/subscriptions/audit"
+    kind: str  # "queue" | "topic" | "subscription"
+    properties: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DeleteEntity:
+    path: str  # deletes the entity, its messages, sessions, dedup history and sub-entities
+
+
+@dataclass(frozen=True)
+class PutMessage:
+    message: StoredMessage
+
+
+@dataclass(frozen=True)
+class DeleteMessage:
+    path: str
+    sequence_number: int
+
+
+@dataclass(frozen=True)
+class PutDedupKey:
+    entity: str
+    key: str
+    first_accepted_us: int
+
+
+@dataclass(frozen=True)
+class PruneDedupKeys:
+    entity: str
+    accepted_before_us: int  # delete keys with first_accepted_us < this
+
+
+@dataclass(frozen=True)
+class PutSessionState:
+    path: str
+    session_id: str
+    state: bytes | None  # None deletes
+
+
+@dataclass(frozen=True)
+class PutCounters:
+    entity: str
+    next_sequence_number: int
+    counters: dict[str, int]
+
+
+Op = (
+    PutEntity | DeleteEntity | PutMessage | DeleteMessage | PutDedupKey | PruneDedupKeys | PutSessionState | PutCounters
+)
+
+
+@dataclass
+class Snapshot:
+    """Everything needed to rebuild the broker at start."""
+
+    entities: list[PutEntity] = field(default_factory=list)
+    messages: list[StoredMessage] = field(default_factory=list)
+    dedup_keys: list[PutDedupKey] = field(default_factory=list)  # ordered by first_accepted_us
+    session_states: list[PutSessionState] = field(default_factory=list)
+    counters: dict[str, PutCounters] = field(default_factory=dict)
+
+
+class Store(Protocol):
+    def load(self) -> Snapshot: ...
+
+    def submit(self, unit: Sequence[Op]) -> Future[None]:
+        """Queue a unit for commit; the future resolves once it is durable (or fails)."""
+        ...
+
+    def close(self) -> None: ...

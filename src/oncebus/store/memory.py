@@ -1,0 +1,94 @@
+"""An in-memory store for fast unit tests. It survives a broker "restart" within one process."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+from oncebus.core.messages import StoredMessage
+from oncebus.store.base import (
+    DeleteEntity,
+    DeleteMessage,
+    Op,
+    PruneDedupKeys,
+    PutCounters,
+    PutDedupKey,
+    PutEntity,
+    PutMessage,
+    PutSessionState,
+    Snapshot,
+)
+
+
+def _owned_by(path: str, entity: str) -> bool:
+    return path == entity or path.startswith(entity + "/")
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.entities: dict[str, PutEntity] = {}
+        self.messages: dict[tuple[str, int], StoredMessage] = {}
+        self.dedup: dict[tuple[str, str], int] = {}
+        self.sessions: dict[tuple[str, str], bytes] = {}
+        self.counters: dict[str, PutCounters] = {}
+        self.commits = 0
+
+    def load(self) -> Snapshot:
+        with self._lock:
+            keys = sorted(self.dedup.items(), key=lambda kv: kv[1])
+            return Snapshot(
+                entities=list(self.entities.values()),
+                messages=[m.copy_for(m.path) for m in sorted(self.messages.values(), key=lambda m: m.sequence_number)],
+                dedup_keys=[PutDedupKey(e, k, t) for (e, k), t in keys],
+                session_states=[PutSessionState(p, s, st) for (p, s), st in self.sessions.items()],
+                counters=dict(self.counters),
+            )
+
+    def submit(self, unit: Sequence[Op]) -> Future[None]:
+        future: Future[None] = Future()
+        with self._lock:
+            for op in unit:
+                self._apply(op)
+            if unit:
+                self.commits += 1
+        future.set_result(None)
+        return future
+
+    def _apply(self, op: Op) -> None:
+        match op:
+            case PutEntity():
+                self.entities[op.path] = op
+            case DeleteEntity(path=path):
+                for table in (self.entities, self.counters):
+                    for key in [k for k in table if _owned_by(k, path)]:
+                        del table[key]
+                for mkey in [k for k in self.messages if _owned_by(k[0], path)]:
+                    del self.messages[mkey]
+                for dkey in [k for k in self.dedup if k[0] == path]:
+                    del self.dedup[dkey]
+                for skey in [k for k in self.sessions if _owned_by(k[0], path)]:
+                    del self.sessions[skey]
+            case PutMessage(message=message):
+                stored = message.copy_for(message.path)
+                stored.lock_token = None
+                stored.locked_until_us = None
+                self.messages[(message.path, message.sequence_number)] = stored
+            case DeleteMessage(path=path, sequence_number=seq):
+                self.messages.pop((path, seq), None)
+            case PutDedupKey(entity=entity, key=key, first_accepted_us=t0):
+                self.dedup[(entity, key)] = t0
+            case PruneDedupKeys(entity=entity, accepted_before_us=before):
+                for dkey in [k for k, t in self.dedup.items() if k[0] == entity and t < before]:
+                    del self.dedup[dkey]
+            case PutSessionState(path=path, session_id=sid, state=state):
+                if state is None:
+                    self.sessions.pop((path, sid), None)
+                else:
+                    self.sessions[(path, sid)] = state
+            case PutCounters():
+                self.counters[op.entity] = op
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,233 @@
+"""The embedded default store: one SQLite file in WAL mode, with group commit.
+
+Units submitted by the broker queue up for a single writer thread, which
+commits everything queued so far in one transaction (``synchronous=FULL``: a
+unit is durable when its future resolves). A unit is never split across
+transactions, so a send's messages and their dedup keys land together or not
+at all.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sqlite3
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from pathlib import Path
+
+from oncebus.core.errors import StoreError
+from oncebus.core.messages import StoredMessage
+from oncebus.store.base import (
+    DeleteEntity,
+    DeleteMessage,
+    Op,
+    PruneDedupKeys,
+    PutCounters,
+    PutDedupKey,
+    PutEntity,
+    PutMessage,
+    PutSessionState,
+    Snapshot,
+)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS entity (
+    path TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    properties TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS message (
+    path TEXT NOT NULL,
+    sequence_number INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    delivery_count INTEGER NOT NULL,
+    enqueued_time_us INTEGER NOT NULL,
+    expires_at_us INTEGER,
+    body BLOB NOT NULL,
+    wire BLOB,
+    meta TEXT NOT NULL,
+    PRIMARY KEY (path, sequence_number)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dedup_key (
+    entity TEXT NOT NULL,
+    key TEXT NOT NULL,
+    first_accepted_us INTEGER NOT NULL,
+    PRIMARY KEY (entity, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS dedup_key_by_time ON dedup_key (entity, first_accepted_us);
+CREATE TABLE IF NOT EXISTS session_state (
+    path TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    state BLOB NOT NULL,
+    PRIMARY KEY (path, session_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counters (
+    entity TEXT PRIMARY KEY,
+    next_sequence_number INTEGER NOT NULL,
+    counters TEXT NOT NULL
+);
+"""
+
+_STOP = object()
+_MAX_UNITS_PER_COMMIT = 512
+
+
+class SqliteStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.commits = 0
+        self.units = 0
+        self._failure: BaseException | None = None
+        self._writer = threading.Thread(target=self._write_loop, name="oncebus-sqlite-writer", daemon=True)
+        self._writer.start()
+
+    def load(self) -> Snapshot:
+        db = self._db
+        snapshot = Snapshot()
+        for path, kind, props in db.execute("SELECT path, kind, properties FROM entity"):
+            snapshot.entities.append(PutEntity(path, kind, json.loads(props)))
+        for row in db.execute(
+            "SELECT path, sequence_number, state, delivery_count, enqueued_time_us, expires_at_us, body, wire, meta"
+            " FROM message ORDER BY sequence_number"
+        ):
+            path, seq, state, count, enq, exp, body, wire, meta = row
+            snapshot.messages.append(
+                StoredMessage.from_row(
+                    path=path,
+                    sequence_number=seq,
+                    state=state,
+                    delivery_count=count,
+                    enqueued_time_us=enq,
+                    expires_at_us=exp,
+                    body=body,
+                    wire=wire,
+                    meta=meta,
+                )
+            )
+        for entity, key, t0 in db.execute(
+            "SELECT entity, key, first_accepted_us FROM dedup_key ORDER BY first_accepted_us"
+        ):
+            snapshot.dedup_keys.append(PutDedupKey(entity, key, t0))
+        for path, sid, state in db.execute("SELECT path, session_id, state FROM session_state"):
+            snapshot.session_states.append(PutSessionState(path, sid, bytes(state)))
+        for entity, next_seq, counters in db.execute("SELECT entity, next_sequence_number, counters FROM counters"):
+            snapshot.counters[entity] = PutCounters(entity, next_seq, json.loads(counters))
+        return snapshot
+
+    def submit(self, unit: Sequence[Op]) -> Future[None]:
+        future: Future[None] = Future()
+        if self._failure is not None:
+            future.set_exception(StoreError(f"the store at {self.path} failed earlier: {self._failure}"))
+            return future
+        self._queue.put((list(unit), future))
+        return future
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            group = [item]
+            stop = False
+            while len(group) < _MAX_UNITS_PER_COMMIT:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    stop = True
+                    break
+                group.append(more)
+            self._commit(group)  # type: ignore[arg-type]
+            if stop:
+                return
+
+    def _commit(self, group: list[tuple[list[Op], Future[None]]]) -> None:
+        ops = [op for unit, _ in group for op in unit]
+        try:
+            if ops:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    for op in ops:
+                        self._apply(op)
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self.commits += 1
+            self.units += len(group)
+        except Exception as exc:  # the whole group failed; nothing of it is stored
+            self._failure = exc
+            error = StoreError(f"could not write to {self.path}: {exc}")
+            for _, future in group:
+                future.set_exception(error)
+            return
+        for _, future in group:
+            future.set_result(None)
+
+    def _apply(self, op: Op) -> None:
+        db = self._db
+        match op:
+            case PutEntity(path=path, kind=kind, properties=props):
+                db.execute(
+                    "INSERT OR REPLACE INTO entity (path, kind, properties) VALUES (?, ?, ?)",
+                    (path, kind, json.dumps(props)),
+                )
+            case DeleteEntity(path=path):
+                like = path.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "/%"
+                for table, column in (("entity", "path"), ("message", "path"), ("session_state", "path")):
+                    db.execute(f"DELETE FROM {table} WHERE {column} = ? OR {column} LIKE ? ESCAPE '\\'", (path, like))
+                db.execute("DELETE FROM counters WHERE entity = ? OR entity LIKE ? ESCAPE '\\'", (path, like))
+                db.execute("DELETE FROM dedup_key WHERE entity = ?", (path,))
+            case PutMessage(message=m):
+                db.execute(
+                    "INSERT OR REPLACE INTO message (path, sequence_number, state, delivery_count, enqueued_time_us,"
+                    " expires_at_us, body, wire, meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        m.path,
+                        m.sequence_number,
+                        int(m.state),
+                        m.delivery_count,
+                        m.enqueued_time_us,
+                        m.expires_at_us,
+                        m.body,
+                        m.wire,
+                        m.meta_json(),
+                    ),
+                )
+            case DeleteMessage(path=path, sequence_number=seq):
+                db.execute("DELETE FROM message WHERE path = ? AND sequence_number = ?", (path, seq))
+            case PutDedupKey(entity=entity, key=key, first_accepted_us=t0):
+                db.execute(
+                    "INSERT OR REPLACE INTO dedup_key (entity, key, first_accepted_us) VALUES (?, ?, ?)",
+                    (entity, key, t0),
+                )
+            case PruneDedupKeys(entity=entity, accepted_before_us=before):
+                db.execute("DELETE FROM dedup_key WHERE entity = ? AND first_accepted_us < ?", (entity, before))
+            case PutSessionState(path=path, session_id=sid, state=state):
+                if state is None:
+                    db.execute("DELETE FROM session_state WHERE path = ? AND session_id = ?", (path, sid))
+                else:
+                    db.execute(
+                        "INSERT OR REPLACE INTO session_state (path, session_id, state) VALUES (?, ?, ?)",
+                        (path, sid, state),
+                    )
+            case PutCounters(entity=entity, next_sequence_number=next_seq, counters=counters):
+                db.execute(
+                    "INSERT OR REPLACE INTO counters (entity, next_sequence_number, counters) VALUES (?, ?, ?)",
+                    (entity, next_seq, json.dumps(counters)),
+                )
+
+    def close(self) -> None:
+        if self._writer.is_alive():
+            self._queue.put(_STOP)
+            self._writer.join()
+        self._db.close()

@@ -69,7 +69,9 @@ class Receivable:
             heapq.heappush(self._scheduled, (message.scheduled_enqueue_time_us, message.sequence_number))
             if message.scheduled_enqueue_time_us <= now_us:
                 self.advance(now_us)
-        elif message.state == MessageState.ACTIVE:
+        elif message.state == MessageState.ACTIVE or (
+            self.is_dead_letter and message.state == MessageState.DEAD_LETTERED
+        ):
             self._make_available(message)
 
     def _make_available(self, message: StoredMessage) -> None:

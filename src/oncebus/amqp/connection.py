@@ -1,0 +1,294 @@
+"""One client connection: proton's engine objects driven from an asyncio protocol.
+
+No proton reactor: the socket belongs to asyncio, every incoming byte goes
+through the :class:`~oncebus.amqp.frames.FrameScanner` (which reads what proton
+hides, such as a transfer's message format) and then into
+``transport.push()``; proton's events are dispatched to one handler object per
+link; whatever proton wants to write is written back to the socket. Broker
+work runs as tasks on the same loop, and each task calls :meth:`pump` when it
+has changed proton state, so the Namespace is only ever touched from its loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
+
+import cproton
+import proton
+
+from oncebus.amqp.frames import FrameError, FrameScanner, IncomingDelivery
+from oncebus.amqp.sas import Grant
+
+if TYPE_CHECKING:
+    from oncebus.amqp.server import AmqpServer
+
+_LOG = logging.getLogger(__name__)
+_CONTAINER_ID = "oncebus"
+_session_ids = itertools.count(1)
+
+
+class LinkHandler(Protocol):
+    """What the connection calls for the events of one link."""
+
+    def on_flow(self) -> None: ...
+
+    def on_delivery(self, delivery: proton.Delivery) -> None: ...
+
+    def on_closed(self) -> None: ...
+
+
+def raw_delivery_tag(delivery: proton.Delivery) -> bytes:
+    """The delivery tag as bytes (``Delivery.tag`` decodes it as UTF-8, which binary tags break)."""
+    tag = cproton.lib.pn_delivery_tag(delivery._impl)
+    return bytes(cproton.ffi.unpack(tag.start, tag.size))
+
+
+def session_key(link: proton.Link) -> int:
+    session = link.session
+    key = getattr(session, "oncebus_id", None)
+    if key is None:
+        key = next(_session_ids)
+        session.oncebus_id = key
+    return int(key)
+
+
+class AmqpConnection(asyncio.Protocol):
+    def __init__(self, server: AmqpServer) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.scanner = FrameScanner()
+        self.grants: list[Grant] = []
+        self.connection = proton.Connection()
+        self.connection.container = _CONTAINER_ID
+        self.transport = proton.Transport(proton.Transport.SERVER)
+        self.transport.max_frame_size = 65536
+        sasl = self.transport.sasl()
+        sasl.allowed_mechs("ANONYMOUS")
+        self.transport.bind(self.connection)
+        self.collector = proton.Collector()
+        self.connection.collect(self.collector)
+        self.socket: asyncio.Transport | None = None
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.closed = False
+        self._pumping = False
+        self._pump_again = False
+        self._tick_handle: asyncio.TimerHandle | None = None
+        self.response_links: dict[tuple[int, str], list[proton.Sender]] = {}
+
+    # --- asyncio protocol --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.socket = transport
+        self.server.connections.add(self)
+        self.pump()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            self.scanner.feed(data)
+        except FrameError as exc:
+            _LOG.warning("closing connection: %s", exc)
+            self.transport.condition = proton.Condition("amqp:decode-error", str(exc))
+            self.transport.close_tail()
+            self.pump()
+            return
+        view = memoryview(data)
+        while view:
+            capacity = self.transport.capacity()
+            if capacity <= 0:
+                break
+            self.transport.push(bytes(view[:capacity]))
+            view = view[capacity:]
+            self.pump()
+        self.pump()
+
+    def eof_received(self) -> bool | None:
+        self.transport.close_tail()
+        self.pump()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed:
+            self.transport.close_tail()
+            self.transport.close_head()
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.server.connections.discard(self)
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        for link in self._links():
+            handler = getattr(link, "oncebus_handler", None)
+            if handler is not None:
+                link.oncebus_handler = None
+                handler.on_closed()
+        for task in list(self.tasks):
+            task.cancel()
+        if self.socket is not None:
+            self.socket.close()
+
+    def _links(self) -> list[proton.Link]:
+        links = []
+        link = self.connection.link_head(0)
+        while link is not None:
+            links.append(link)
+            link = link.next(0)
+        return links
+
+    # --- the engine ------------------------------------------------------------------------------
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run broker work on the loop; the connection pumps when it ends."""
+        task = self.loop.create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            _LOG.error("connection task failed", exc_info=task.exception())
+        self.pump()
+
+    def pump(self) -> None:
+        """Dispatch proton's events and write what proton has to say."""
+        if self.closed:
+            return
+        if self._pumping:
+            self._pump_again = True
+            return
+        self._pumping = True
+        try:
+            while True:
+                self._pump_again = False
+                self._dispatch()
+                self._write()
+                if not self._pump_again:
+                    break
+        finally:
+            self._pumping = False
+        self._schedule_tick()
+
+    def _write(self) -> None:
+        while True:
+            pending = self.transport.pending()
+            if pending < 0:
+                if self.socket is not None:
+                    self.socket.close()
+                self._shutdown()
+                return
+            if pending == 0:
+                return
+            data = self.transport.peek(pending)
+            self.transport.pop(pending)
+            if self.socket is not None and data:
+                self.socket.write(data)
+
+    def _schedule_tick(self) -> None:
+        if self.closed:
+            return
+        deadline = self.transport.tick(self.loop.time())
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+            self._tick_handle = None
+        if deadline > 0:
+            self._tick_handle = self.loop.call_at(deadline, self.pump)
+
+    def _dispatch(self) -> None:
+        collector = self.collector
+        while True:
+            event = collector.peek()
+            if event is None:
+                return
+            try:
+                self._handle(event)
+            except Exception:
+                _LOG.exception("error handling %s", event.type)
+                self.connection.condition = proton.Condition("amqp:internal-error", "oncebus failed; see its log")
+                self.connection.close()
+            collector.pop()
+
+    def _handle(self, event: proton.Event) -> None:
+        kind = event.type
+        if kind == proton.Event.DELIVERY:
+            delivery = event.delivery
+            handler = getattr(delivery.link, "oncebus_handler", None)
+            if handler is not None:
+                handler.on_delivery(delivery)
+            elif delivery.link.is_receiver and not delivery.partial:
+                delivery.settle()
+        elif kind == proton.Event.LINK_FLOW:
+            handler = getattr(event.link, "oncebus_handler", None)
+            if handler is not None:
+                handler.on_flow()
+        elif kind == proton.Event.LINK_REMOTE_OPEN:
+            self.server.router.attach(self, event.link)
+        elif kind in (proton.Event.LINK_REMOTE_CLOSE, proton.Event.LINK_REMOTE_DETACH):
+            self._link_gone(event.link)
+            if event.link.state & proton.Endpoint.LOCAL_ACTIVE:
+                if kind == proton.Event.LINK_REMOTE_CLOSE:
+                    event.link.close()
+                else:
+                    event.link.detach()
+        elif kind == proton.Event.SESSION_REMOTE_OPEN:
+            event.session.open()
+        elif kind == proton.Event.SESSION_REMOTE_CLOSE:
+            if event.session.state & proton.Endpoint.LOCAL_ACTIVE:
+                event.session.close()
+        elif kind == proton.Event.CONNECTION_REMOTE_OPEN:
+            self.connection.open()
+        elif kind == proton.Event.CONNECTION_REMOTE_CLOSE:
+            if self.connection.state & proton.Endpoint.LOCAL_ACTIVE:
+                self.connection.close()
+        elif kind == proton.Event.TRANSPORT_CLOSED:
+            self._write()
+            self._shutdown()
+
+    def _link_gone(self, link: proton.Link) -> None:
+        handler = getattr(link, "oncebus_handler", None)
+        if handler is not None:
+            link.oncebus_handler = None
+            handler.on_closed()
+        if link.is_receiver:
+            self.scanner.forget(link.name)
+        for links in self.response_links.values():
+            if link in links:
+                links.remove(link)
+
+    # --- helpers for the link handlers --------------------------------------------------------
+    def incoming(self, delivery: proton.Delivery) -> IncomingDelivery:
+        """The transfer facts the scanner read for ``delivery`` (checked against proton's own tag)."""
+        facts = self.scanner.pop(delivery.link.name)
+        tag = raw_delivery_tag(delivery)
+        if facts.tag != tag:
+            raise FrameError(f"delivery tag mismatch on link {delivery.link.name!r}: {facts.tag!r} != {tag!r}")
+        return facts
+
+    def authorized(self, entity_path: str) -> bool:
+        now = self.server.wall_time()
+        self.grants = [grant for grant in self.grants if grant.expires_at > now]
+        return any(grant.covers(entity_path, now) for grant in self.grants)
+
+    def add_response_link(self, link: proton.Sender, address: str) -> None:
+        self.response_links.setdefault((session_key(link), address.lower()), []).append(link)
+
+    def response_link(self, request_link: proton.Link, reply_to: str | None, node: str) -> proton.Sender | None:
+        """The client's receiver link that a reply to a request on ``request_link`` goes to."""
+        key = session_key(request_link)
+        for address in (reply_to, node):
+            if not address:
+                continue
+            links = self.response_links.get((key, address.lower()))
+            if links:
+                return links[-1]
+        for (_, address), links in self.response_links.items():
+            if links and address in ((reply_to or "").lower(), node.lower()):
+                return links[-1]
+        return None

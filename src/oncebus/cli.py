@@ -1,0 +1,564 @@
+"""The ``oncebus`` command line: serve a data directory, manage entities, send, receive, peek, stats.
+
+While ``oncebus serve`` runs on a data directory, every other command on that
+directory goes through the server's control socket; otherwise the command
+opens the directory itself, holding its lock for the command's duration.
+
+Exit codes: 0 success, 1 the broker refused (the message says why), 2 bad
+usage, 3 the server could not be reached, 4 the data directory is busy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from oncebus import __version__
+from oncebus.broker.clock import SystemClock
+from oncebus.broker.control import ControlServer, dispatch, error_from_json
+from oncebus.broker.datadir import DataDir, resolve_data_dir
+from oncebus.broker.namespace import Namespace
+from oncebus.core.durations import parse_duration
+from oncebus.core.errors import InvalidArgumentError, OncebusError
+from oncebus.store.sendlog import SendLogWriter
+from oncebus.store.sqlite import SqliteStore
+
+EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY = 1, 2, 3, 4
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ---------------------------------------------------------------------------------- targets
+class _Remote:
+    """A running server, reached through its control socket."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        self.info = info
+        try:
+            self._sock = socket.create_connection(("127.0.0.1", int(info["control_port"])), timeout=60)
+        except OSError as exc:
+            raise CliError(
+                f"the data directory is served by oncebus (pid {info.get('pid')}) but its control port "
+                f"{info.get('control_port')} does not answer: {exc}",
+                EXIT_UNREACHABLE,
+            ) from exc
+        self._file = self._sock.makefile("rwb")
+
+    def call(self, op: str, args: dict[str, Any]) -> Any:
+        request = {"token": self.info["control_token"], "op": op, "args": args}
+        self._file.write(json.dumps(request).encode() + b"\n")
+        self._file.flush()
+        line = self._file.readline()
+        if not line:
+            raise CliError("the server closed the control connection", EXIT_UNREACHABLE)
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise error_from_json(reply)
+        return reply.get("result")
+
+    def close(self) -> None:
+        self._file.close()
+        self._sock.close()
+
+
+class _Local:
+    """The data directory opened in this process (no server runs on it)."""
+
+    def __init__(self, datadir: DataDir) -> None:
+        self.datadir = datadir
+        self._runner = asyncio.Runner()
+        self._store = SqliteStore(datadir.store_path)
+        self._namespace = self._runner.run(Namespace.open(self._store, SystemClock()))
+
+    def call(self, op: str, args: dict[str, Any]) -> Any:
+        return self._runner.run(dispatch(self._namespace, op, args))
+
+    def close(self) -> None:
+        self._runner.run(self._namespace.close())
+        self._runner.close()
+        self._store.close()
+        self.datadir.unlock()
+
+
+def _open_target(data_dir: Path) -> _Remote | _Local:
+    datadir = DataDir(data_dir)
+    deadline = time.monotonic() + 5.0
+    while True:
+        if datadir.try_lock():
+            return _Local(datadir)
+        info = datadir.read_server_info()
+        if info is not None:
+            return _Remote(info)
+        if time.monotonic() > deadline:  # locked, but nobody serves: another CLI command or a starting server
+            raise CliError(
+                f"the data directory {data_dir} is in use by another oncebus process (pid {datadir.owner_pid()}) "
+                "that does not serve it; wait for it to finish",
+                EXIT_BUSY,
+            )
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------------- serve
+async def _serve(args: argparse.Namespace) -> int:
+    datadir = DataDir(resolve_data_dir(args.data_dir))
+    if not datadir.try_lock():
+        pid = (datadir.read_server_info() or {}).get("pid") or datadir.owner_pid()
+        raise CliError(
+            f"the data directory {datadir.path} is already in use by oncebus (pid {pid})"
+            "; stop it or choose another directory with --data-dir",
+            EXIT_BUSY,
+        )
+    started = time.monotonic()
+    store = SqliteStore(datadir.store_path)
+    send_log = SendLogWriter(args.send_log) if args.send_log else None
+    namespace = await Namespace.open(store, SystemClock(), send_log=send_log)
+    if args.config:
+        from oncebus.broker.topology import apply_topology, load_topology
+
+        await apply_topology(namespace, load_topology(args.config))
+    control = ControlServer(namespace)
+    await control.start()
+    info: dict[str, Any] = {
+        "pid": os.getpid(),
+        "control_port": control.port,
+        "control_token": control.token,
+        "data_dir": str(datadir.path),
+    }
+    amqp_server = await _start_amqp(namespace, args, info)
+    timers = asyncio.create_task(namespace.run_timers())
+    datadir.write_server_info(info)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"oncebus {__version__} serving {datadir.path} (started in {time.monotonic() - started:.2f} s)", flush=True)
+    if "connection_string" in info:
+        print(f"AMQP on {info['amqp_host']}:{info['amqp_port']}", flush=True)
+        print(f"connection string: {info['connection_string']}", flush=True)
+    print("ready", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        timers.cancel()
+        if amqp_server is not None:
+            await amqp_server.close()
+        await control.close()
+        with contextlib.suppress(OncebusError):
+            await namespace.close()
+        store.close()
+        if send_log is not None:
+            send_log.close()
+        datadir.unlock()
+    return 0
+
+
+async def _start_amqp(namespace: Namespace, args: argparse.Namespace, info: dict[str, Any]) -> Any:
+    try:
+        from oncebus.amqp import serve_amqp  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    server = await serve_amqp(namespace, host=args.host, port=args.port, keys=_keys(args))
+    info.update(
+        amqp_host=args.host,
+        amqp_port=server.port,
+        connection_string=server.connection_string,
+    )
+    return server
+
+
+def _keys(args: argparse.Namespace) -> dict[str, str] | None:
+    if not args.key:
+        return None
+    keys = {}
+    for item in args.key:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise CliError(f"--key {item!r}: use NAME=KEY", EXIT_USAGE)
+        keys[name] = value
+    return keys
+
+
+# ---------------------------------------------------------------------------------- entity commands
+def _entity_properties(args: argparse.Namespace, kind: str) -> dict[str, Any]:
+    props: dict[str, Any] = {}
+    mapping = {
+        "duplicate_detection": "requires_duplicate_detection",
+        "window": "duplicate_detection_history_time_window",
+        "partitioned": "enable_partitioning",
+        "sessions": "requires_session",
+        "lock_duration": "lock_duration",
+        "max_delivery_count": "max_delivery_count",
+        "ttl": "default_message_time_to_live",
+        "dead_letter_on_expiration": "dead_lettering_on_message_expiration",
+        "max_size_mb": "max_size_in_megabytes",
+        "max_message_size_kb": "max_message_size_in_kilobytes",
+    }
+    for option, prop in mapping.items():
+        value = getattr(args, option, None)
+        if value is not None:
+            props[prop] = value
+    return props
+
+
+def _print_properties(props: dict[str, Any]) -> None:
+    width = max(len(k) for k in props)
+    for key, value in props.items():
+        print(f"{key:<{width}}  {value}")
+
+
+def _print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+    if not rows:
+        print("(none)")
+        return
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _entity_command(args: argparse.Namespace, target: _Remote | _Local) -> int:
+    kind, action = args.kind, args.action
+    base: dict[str, Any] = {}
+    if kind == "subscription":
+        base["topic"] = args.topic
+    if action in ("create", "update"):
+        result = target.call(
+            f"{kind}.{action}", {**base, "name": args.name, "properties": _entity_properties(args, kind)}
+        )
+        _output(args, result, lambda r: _print_properties(r))
+    elif action == "show":
+        _output(args, target.call(f"{kind}.show", {**base, "name": args.name}), _print_properties)
+    elif action == "delete":
+        target.call(f"{kind}.delete", {**base, "name": args.name})
+        print(f"deleted {kind} {args.name}")
+    elif action == "list":
+        rows = target.call(f"{kind}.list", base)
+        columns = ["name", "requires_duplicate_detection", "duplicate_detection_history_time_window"]
+        if kind == "subscription":
+            columns = ["name", "requires_session", "lock_duration", "max_delivery_count"]
+        elif kind == "queue":
+            columns += ["enable_partitioning", "requires_session"]
+        else:
+            columns += ["enable_partitioning"]
+        _output(args, rows, lambda r: _print_table(r, columns))
+    return 0
+
+
+def _output(args: argparse.Namespace, result: Any, human: Any) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        human(result)
+
+
+# ---------------------------------------------------------------------------------- messages
+def _body(args: argparse.Namespace) -> bytes:
+    if args.file is not None:
+        return Path(args.file).read_bytes()
+    if args.body is not None and args.body != "-":
+        return args.body.encode()
+    if args.body == "-" or not sys.stdin.isatty():
+        return sys.stdin.buffer.read()
+    raise CliError("no message body: give it as an argument, with --file, or on stdin ('-')", EXIT_USAGE)
+
+
+def _send(args: argparse.Namespace, target: _Remote | _Local) -> int:
+    body = base64.b64encode(_body(args)).decode()
+    properties: dict[str, str] = {}
+    for item in args.property or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise CliError(f"--property {item!r}: use KEY=VALUE", EXIT_USAGE)
+        properties[key] = value
+    if args.count < 1 or args.batch_size < 1:
+        raise CliError("--count and --batch-size must be at least 1", EXIT_USAGE)
+
+    def message(i: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"body_b64": body}
+        if args.message_id is not None:
+            out["message_id"] = args.message_id.replace("{i}", str(i))
+        for name in ("partition_key", "session_id", "correlation_id", "subject", "content_type"):
+            if getattr(args, name) is not None:
+                out[name] = getattr(args, name)
+        if args.ttl is not None:
+            out["time_to_live"] = args.ttl
+        if args.schedule_in is not None:
+            delay = parse_duration(args.schedule_in, name="--schedule-in")
+            out["scheduled_enqueue_time_us"] = time.time_ns() // 1000 + int(delay.total_seconds() * 1e6)
+        if properties:
+            out["application_properties"] = properties
+        return out
+
+    progress = _Progress(args.count, enabled=args.count > 1 and (sys.stderr.isatty() or args.progress))
+    accepted = duplicates = 0
+    last: list[dict[str, Any]] = []
+    for start in range(0, args.count, args.batch_size):
+        chunk = [message(i) for i in range(start, min(args.count, start + args.batch_size))]
+        last = target.call("send", {"entity": args.entity, "messages": chunk})
+        duplicates += sum(1 for o in last if o["duplicate"])
+        accepted += sum(1 for o in last if not o["duplicate"])
+        progress.update(start + len(chunk))
+    progress.done()
+    if args.json:
+        print(json.dumps({"sent": args.count, "stored": accepted, "duplicates_dropped": duplicates}))
+    elif args.count == 1:
+        outcome = last[0]
+        if outcome["duplicate"]:
+            print(f"accepted (duplicate of message_id {outcome['message_id']!r}: dropped, as Service Bus does)")
+        else:
+            late = outcome.get("late_resend_delay_seconds")
+            extra = f"; late resend: first sent {late:.3f} s ago, outside the window" if late is not None else ""
+            print(
+                f"accepted: message_id {outcome['message_id']!r}, sequence number {outcome['sequence_number']}{extra}"
+            )
+    else:
+        print(f"sent {args.count}: {accepted} stored, {duplicates} duplicates dropped")
+    return 0
+
+
+class _Progress:
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self.total = total
+        self.enabled = enabled
+        self.started = time.monotonic()
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        filled = int(width * done / self.total)
+        rate = done / max(time.monotonic() - self.started, 1e-9)
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total}  {rate:,.0f} msg/s")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def _print_messages(messages: list[dict[str, Any]]) -> None:
+    if not messages:
+        print("(no messages)")
+    for m in messages:
+        extra = []
+        for name in ("session_id", "partition_key", "dead_letter_reason"):
+            if m.get(name):
+                extra.append(f"{name}={m[name]}")
+        print(f"#{m['sequence_number']} message_id={m['message_id']} {' '.join(extra)}".rstrip())
+        print(f"  enqueued {m['enqueued_time_utc']}  delivery_count={m['delivery_count']}  state={m['state']}")
+        print(f"  {m['body']}")
+
+
+def _receive(args: argparse.Namespace, target: _Remote | _Local) -> int:
+    result = target.call(
+        "receive",
+        {
+            "path": args.path,
+            "max_message_count": args.max,
+            "max_wait_time": args.wait,
+            "session_id": args.session_id,
+            "next_session": args.next_session,
+        },
+    )
+    _output(args, result, _print_messages)
+    return 0
+
+
+def _peek(args: argparse.Namespace, target: _Remote | _Local) -> int:
+    result = target.call(
+        "peek",
+        {
+            "path": args.path,
+            "max_message_count": args.max,
+            "sequence_number": args.from_sequence_number,
+            "session_id": args.session_id,
+        },
+    )
+    _output(args, result, _print_messages)
+    return 0
+
+
+def _stats(args: argparse.Namespace, target: _Remote | _Local) -> int:
+    rows = target.call("stats", {"name": args.entity})
+
+    def human(rows: list[dict[str, Any]]) -> None:
+        table = []
+        for r in rows:
+            late = r["late_resend_delay_seconds"]
+            table.append(
+                {
+                    "entity": r["name"],
+                    "kind": r["kind"],
+                    "dedup": r["duplicate_detection_history_time_window"]
+                    if r["requires_duplicate_detection"]
+                    else "off",
+                    "active": r.get("active", sum(s["active"] for s in r.get("subscriptions", {}).values())),
+                    "scheduled": r.get("scheduled", ""),
+                    "deferred": r.get("deferred", ""),
+                    "dead_lettered": r.get(
+                        "dead_lettered", sum(s["dead_lettered"] for s in r.get("subscriptions", {}).values())
+                    ),
+                    "accepted": r["accepted"],
+                    "duplicates": r["duplicates_dropped"],
+                    "keys_held": r["keys_held"],
+                    "oldest_key_s": "" if r["oldest_key_age_seconds"] is None else f"{r['oldest_key_age_seconds']:.1f}",
+                    "late_resends": r["late_resends"],
+                    "late_p50_s": "" if late["p50"] is None else f"{late['p50']:.1f}",
+                }
+            )
+        _print_table(table, list(table[0]) if table else ["entity"])
+
+    _output(args, rows, human)
+    return 0
+
+
+# ---------------------------------------------------------------------------------- parser
+def _add_entity_options(parser: argparse.ArgumentParser, kind: str) -> None:
+    if kind in ("queue", "topic"):
+        parser.add_argument(
+            "--duplicate-detection",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="requires_duplicate_detection (fixed at creation)",
+        )
+        parser.add_argument("--window", help="duplicate_detection_history_time_window, ISO-8601 (PT20S..P7D)")
+        parser.add_argument(
+            "--partitioned", action=argparse.BooleanOptionalAction, default=None, help="enable_partitioning"
+        )
+        parser.add_argument("--max-size-mb", type=int, help="max_size_in_megabytes")
+        parser.add_argument("--max-message-size-kb", type=int, help="max_message_size_in_kilobytes")
+    if kind in ("queue", "subscription"):
+        parser.add_argument("--sessions", action=argparse.BooleanOptionalAction, default=None, help="requires_session")
+        parser.add_argument("--lock-duration", help="lock_duration, ISO-8601 (PT5S..PT5M)")
+        parser.add_argument("--max-delivery-count", type=int, help="max_delivery_count")
+        parser.add_argument(
+            "--dead-letter-on-expiration",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="dead_lettering_on_message_expiration",
+        )
+    parser.add_argument("--ttl", help="default_message_time_to_live, ISO-8601")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oncebus", description="A local Azure Service Bus with exact dedup.")
+    parser.add_argument("--version", action="version", version=f"oncebus {__version__}")
+    parser.add_argument("--data-dir", help="data directory (default: $ONCEBUS_DATA_DIR or ./.oncebus)", default=None)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the broker on the data directory")
+    serve.add_argument("--host", default="127.0.0.1", help="AMQP listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=5672, help="AMQP port (default 5672; 0 picks a free one)")
+    serve.add_argument("--config", help="topology file in the Service Bus emulator's config.json format")
+    serve.add_argument("--send-log", help="directory to record every send attempt in (JSON lines)")
+    serve.add_argument("--key", action="append", help="SAS key NAME=KEY (repeatable)")
+
+    for kind in ("queue", "topic", "subscription"):
+        group = commands.add_parser(kind, help=f"manage {kind}s").add_subparsers(dest="action", required=True)
+        for action in ("create", "update", "delete", "show", "list"):
+            sub = group.add_parser(action)
+            sub.set_defaults(kind=kind)
+            if kind == "subscription":
+                sub.add_argument("topic")
+            if action != "list":
+                sub.add_argument("name")
+            if action in ("create", "update"):
+                _add_entity_options(sub, kind)
+            sub.add_argument("--json", action="store_true", help="print JSON")
+
+    send = commands.add_parser("send", help="send a message (or --count N of them)")
+    send.add_argument("entity", help="queue or topic")
+    send.add_argument("body", nargs="?", help="message body; '-' or omitted reads stdin")
+    send.add_argument("--file", help="read the body from a file")
+    send.add_argument("--message-id", help="message_id; '{i}' is replaced by the message's number with --count")
+    send.add_argument("--partition-key")
+    send.add_argument("--session-id")
+    send.add_argument("--correlation-id")
+    send.add_argument("--subject")
+    send.add_argument("--content-type")
+    send.add_argument("--property", action="append", help="application property KEY=VALUE (repeatable)")
+    send.add_argument("--ttl", help="time to live, ISO-8601")
+    send.add_argument("--schedule-in", help="schedule the message this far ahead, ISO-8601")
+    send.add_argument("--count", type=int, default=1, help="send N messages (load)")
+    send.add_argument("--batch-size", type=int, default=100, help="messages per atomic send with --count")
+    send.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
+    send.add_argument("--json", action="store_true")
+
+    receive = commands.add_parser("receive", help="receive and remove messages")
+    receive.add_argument("path", help="queue, TOPIC/Subscriptions/SUB, or .../$DeadLetterQueue")
+    receive.add_argument("--max", type=int, default=1)
+    receive.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the first message")
+    receive.add_argument("--session-id")
+    receive.add_argument("--next-session", action="store_true", help="take the next available session")
+    receive.add_argument("--json", action="store_true")
+
+    peek = commands.add_parser("peek", help="look at messages without locking or removing them")
+    peek.add_argument("path")
+    peek.add_argument("--max", type=int, default=10)
+    peek.add_argument("--from-sequence-number", type=int, default=0)
+    peek.add_argument("--session-id")
+    peek.add_argument("--json", action="store_true")
+
+    stats = commands.add_parser("stats", help="per-entity statistics, duplicates and late resends included")
+    stats.add_argument("entity", nargs="?")
+    stats.add_argument("--json", action="store_true")
+
+    advise = commands.add_parser("advise", help="window advisor over a send log (needs the spark extra)")
+    advise.add_argument("log", help="send-log directory written by 'oncebus serve --send-log'")
+    advise.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the advisor")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return asyncio.run(_serve(args))
+        if args.command == "advise":
+            try:
+                from oncebus.spark._advisor import main as advise_main
+            except ImportError as exc:
+                raise CliError(
+                    f"'oncebus advise' needs the spark extra: pip install 'oncebus[spark]' ({exc})", EXIT_USAGE
+                ) from exc
+            return int(advise_main([args.log, *args.rest]) or 0)
+        target = _open_target(resolve_data_dir(args.data_dir))
+        try:
+            handler = {"send": _send, "receive": _receive, "peek": _peek, "stats": _stats}.get(args.command)
+            if handler is not None:
+                return handler(args, target)
+            return _entity_command(args, target)
+        finally:
+            target.close()
+    except CliError as exc:
+        print(f"oncebus: error: {exc}", file=sys.stderr)
+        return exc.code
+    except InvalidArgumentError as exc:
+        print(f"oncebus: error: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except OncebusError as exc:
+        print(f"oncebus: error: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except OSError as exc:
+        print(f"oncebus: error: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

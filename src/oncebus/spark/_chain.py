@@ -1,0 +1,132 @@
+"""The rule of ``semantics.md`` over rows sorted by key, run on executors.
+
+Input rows arrive sorted by (h1, h2, kind, t, tie-break): ``kind`` 0 is a
+*seed* row carrying a key's first-accepted time ``t0`` from earlier batches
+(streaming), ``kind`` 1 a send. Per key, the rule is the core's:
+
+* a send at ``t`` with ``t < t0 + W`` is a duplicate (``t0`` unchanged);
+* any other send is kept and sets ``t0 = t``.
+
+Most keys are decided with vectorised numpy: sends covered by the seed are
+dropped, the first remaining send is kept, later ones within ``W`` of it are
+dropped. Only keys whose remaining sends span at least ``W`` (a resend after
+the window followed by more copies) walk the chain row by row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+H1 = "__oncebus_h1"
+H2 = "__oncebus_h2"
+T = "__oncebus_t"
+W = "__oncebus_w"
+KIND = "__oncebus_kind"
+KIND_SEED = 0
+KIND_SEND = 1
+
+
+@dataclass
+class _Carry:
+    """The last key of a record batch, continued in the next one."""
+
+    h1: int
+    h2: int
+    t0: int | None
+
+
+def keep_mask(
+    h1: np.ndarray,
+    h2: np.ndarray,
+    t: np.ndarray,
+    w: np.ndarray,
+    seed: np.ndarray,
+    carry: _Carry | None = None,
+) -> tuple[np.ndarray, _Carry | None]:
+    """Which rows are kept sends, and the state of the last key for the next batch."""
+    n = len(t)
+    keep = np.zeros(n, dtype=bool)
+    if n == 0:
+        return keep, carry
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    np.not_equal(h1[1:], h1[:-1], out=new[1:])
+    new[1:] |= h2[1:] != h2[:-1]
+    gid = np.cumsum(new) - 1
+    groups = int(gid[-1]) + 1
+
+    base = np.zeros(groups, dtype=np.int64)
+    has = np.zeros(groups, dtype=bool)
+    if carry is not None and carry.t0 is not None and carry.h1 == h1[0] and carry.h2 == h2[0]:
+        base[0], has[0] = carry.t0, True
+    if seed.any():
+        seed_gid = gid[seed]
+        seed_t0 = np.full(groups, np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(seed_t0, seed_gid, t[seed])
+        seeded = np.zeros(groups, dtype=bool)
+        seeded[seed_gid] = True
+        base = np.where(seeded & has, np.maximum(base, seed_t0), np.where(seeded, seed_t0, base))
+        has |= seeded
+
+    send = ~seed
+    covered = send & has[gid] & (t < base[gid] + w)
+    candidate = np.flatnonzero(send & ~covered)
+    if len(candidate):
+        cand_gid = gid[candidate]
+        first = np.empty(len(candidate), dtype=bool)
+        first[0] = True
+        np.not_equal(cand_gid[1:], cand_gid[:-1], out=first[1:])
+        keep[candidate[first]] = True
+        first_t = np.zeros(groups, dtype=np.int64)
+        first_t[cand_gid[first]] = t[candidate[first]]
+        later = candidate[~first]
+        beyond = later[t[later] >= first_t[gid[later]] + w[later]]
+        if len(beyond):
+            _walk_chains(np.unique(gid[beyond]), gid, candidate, t, w, keep)
+
+    last = groups - 1
+    kept_last = np.flatnonzero(keep & (gid == last))
+    if len(kept_last):
+        t0_last: int | None = int(t[kept_last[-1]])
+    else:
+        t0_last = int(base[last]) if has[last] else None
+    return keep, _Carry(int(h1[-1]), int(h2[-1]), t0_last)
+
+
+def _walk_chains(
+    hard: np.ndarray, gid: np.ndarray, candidate: np.ndarray, t: np.ndarray, w: np.ndarray, keep: np.ndarray
+) -> None:
+    """The chain rule row by row for keys with sends spanning more than one window."""
+    rows = candidate[np.isin(gid[candidate], hard)]
+    current_gid = -1
+    t0 = 0
+    for row, g, time, window in zip(rows.tolist(), gid[rows].tolist(), t[rows].tolist(), w[rows].tolist(), strict=True):
+        if g != current_gid:
+            current_gid, t0 = g, time  # the first candidate, already kept
+            continue
+        if time >= t0 + window:
+            keep[row] = True
+            t0 = time
+
+
+def apply_rule(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow function: keep the sends the rule keeps (seed rows are never output)."""
+    carry: _Carry | None = None
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        columns = batch.schema.names
+        h1 = batch.column(columns.index(H1)).to_numpy(zero_copy_only=False)
+        h2 = batch.column(columns.index(H2)).to_numpy(zero_copy_only=False)
+        t = batch.column(columns.index(T)).to_numpy(zero_copy_only=False)
+        w = batch.column(columns.index(W)).to_numpy(zero_copy_only=False)
+        seed = batch.column(columns.index(KIND)).to_numpy(zero_copy_only=False) == KIND_SEED
+        keep, carry = keep_mask(h1, h2, t, w, seed, carry)
+        if keep.all():
+            yield batch
+        elif keep.any():
+            yield batch.filter(pa.array(keep))

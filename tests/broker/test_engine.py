@@ -159,7 +159,9 @@ def test_sessions_lock_state_and_next_available(stores: StoreFactory) -> None:
         await ns.create_queue("s", requires_session=True, lock_duration="PT10S")
         with pytest.raises(InvalidArgumentError, match="SessionId was not set"):
             await ns.send("s", Message(b"x", message_id="nosession"))
-        await ns.send("s", [Message(b"1", session_id="b"), Message(b"2", session_id="a"), Message(b"3", session_id="b")])
+        await ns.send(
+            "s", [Message(b"1", session_id="b"), Message(b"2", session_id="a"), Message(b"3", session_id="b")]
+        )
         with pytest.raises(InvalidArgumentError, match="requires sessions"):
             await ns.receive("s")
         first = await ns.accept_session("s")

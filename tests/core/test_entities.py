@@ -42,8 +42,13 @@ def test_malformed_duration_is_named(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("PT10M", timedelta(minutes=10)), ("P7D", timedelta(days=7)), ("PT0.5S", timedelta(seconds=0.5)),
-     ("P1DT2H3M4S", timedelta(days=1, hours=2, minutes=3, seconds=4)), ("P2W", timedelta(days=14))],
+    [
+        ("PT10M", timedelta(minutes=10)),
+        ("P7D", timedelta(days=7)),
+        ("PT0.5S", timedelta(seconds=0.5)),
+        ("P1DT2H3M4S", timedelta(days=1, hours=2, minutes=3, seconds=4)),
+        ("P2W", timedelta(days=14)),
+    ],
 )
 def test_durations_round_trip(text: str, value: timedelta) -> None:
     assert parse_duration(text) == value
@@ -74,7 +79,7 @@ def test_window_can_change() -> None:
 
 
 def test_unknown_property_is_named_with_allowed_list() -> None:
-    with pytest.raises(InvalidArgumentError, match="unknown queue property colour; allowed: .*lock_duration"):
+    with pytest.raises(InvalidArgumentError, match=r"unknown queue property colour; allowed: .*lock_duration"):
         QueueProperties.create("q", colour="red")
     with pytest.raises(InvalidArgumentError, match="unknown subscription property requires_duplicate_detection"):
         SubscriptionProperties.create("s", requires_duplicate_detection=True)
@@ -82,8 +87,13 @@ def test_unknown_property_is_named_with_allowed_list() -> None:
 
 @pytest.mark.parametrize(
     ("prop", "value"),
-    [("lock_duration", "PT1S"), ("lock_duration", "PT6M"), ("max_delivery_count", 0),
-     ("max_message_size_in_kilobytes", 102_401), ("default_message_time_to_live", "PT0S")],
+    [
+        ("lock_duration", "PT1S"),
+        ("lock_duration", "PT6M"),
+        ("max_delivery_count", 0),
+        ("max_message_size_in_kilobytes", 102_401),
+        ("default_message_time_to_live", "PT0S"),
+    ],
 )
 def test_other_ranges(prop: str, value: object) -> None:
     with pytest.raises(ArgumentOutOfRangeError, match=prop):

@@ -1,0 +1,25 @@
+"""The duplicate-detection rule at data-pipeline scale (optional extra: ``pip install oncebus[spark]``).
+
+* :func:`deduplicate`: the exact rule on a batch DataFrame (or Spark's
+  approximate ``dropDuplicatesWithinWatermark`` on a stream, if asked).
+* :func:`deduplicate_stream`: the exact rule on a streaming DataFrame, state
+  kept as Parquet under a path you give.
+* :func:`advise`: the window advisor over a broker's send log.
+"""
+
+from __future__ import annotations
+
+from oncebus.spark._advisor import advise, write_advice
+from oncebus.spark._dedup import deduplicate
+from oncebus.spark._settings import EntitySettings
+from oncebus.spark._stream import DEFAULT_MAX_OUT_OF_ORDER, deduplicate_stream, flush_stream
+
+__all__ = [
+    "DEFAULT_MAX_OUT_OF_ORDER",
+    "EntitySettings",
+    "advise",
+    "deduplicate",
+    "deduplicate_stream",
+    "flush_stream",
+    "write_advice",
+]

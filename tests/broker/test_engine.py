@@ -278,3 +278,18 @@ def test_delete_entities_and_not_found(stores: StoreFactory) -> None:
         assert (await Namespace.open(stores.open(), ns.clock)).list_topics() == []
 
     run(go())
+
+
+def test_clock_stepping_back_across_a_restart_keeps_working(stores: StoreFactory) -> None:
+    async def go() -> None:
+        clock = ManualClock(2_000_000_000_000_000)
+        ns = await _ns(stores, clock)
+        await ns.create_queue("q", requires_duplicate_detection=True)
+        await ns.send("q", Message(b"x", message_id="a"))
+        await ns.close()
+        earlier = ManualClock(1_999_999_000_000_000)  # the wall clock went back 1000 s
+        again = await Namespace.open(stores.open(), earlier)
+        assert (await again.send("q", Message(b"x", message_id="a")))[0].duplicate
+        assert not (await again.send("q", Message(b"x", message_id="b")))[0].duplicate
+
+    run(go())

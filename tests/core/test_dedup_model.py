@@ -29,6 +29,10 @@ class ReferenceModel:
             if t0 + 2 * self.window_us <= now:
                 del self.expired[key]
 
+    def set_window(self, window_us: int, now: int) -> None:
+        self._expire(now)  # keys that already left the window stay gone
+        self.window_us = window_us
+
     def judge(self, key: str, now: int) -> Verdict:
         self._expire(now)
         if key in self.held:
@@ -75,8 +79,8 @@ def test_index_matches_reference_model(trace: tuple[int, list[tuple[str, int, in
     model = ReferenceModel(window)
     for key, now, new_window in ops:
         if new_window is not None:
-            index.window = timedelta(microseconds=new_window)
-            model.window_us = new_window
+            index.set_window(timedelta(microseconds=new_window), now)
+            model.set_window(new_window, now)
             continue
         assert index.judge(key, now) == model.judge(key, now), (key, now)
         assert len(index) == len(model.held)

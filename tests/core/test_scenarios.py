@@ -30,11 +30,11 @@ def run_on_core(scenario: dict[str, Any]) -> list[tuple[str, str | None]]:
         now = round(step["at"] * 1_000_000)
         messages = step.get("batch") or [m for m in (step.get("send"), step.get("schedule")) if m]
         if "set_window" in step:
-            detector.window = parse_duration(step["set_window"])
+            detector.set_window(parse_duration(step["set_window"]), now)
         if "restart" in step:
             window = detector.window
             detector = _detector(entity)
-            detector.window = window
+            detector.set_window(window, now)
             for key, t0 in sorted(history.items(), key=lambda kv: kv[1]):
                 if t0 + to_micros(window) > now:
                     detector.index.restore(key, t0)

@@ -136,6 +136,7 @@ class Namespace:
         self._waiters: set[asyncio.Future[None]] = set()
         self._failure: BaseException | None = None
         self._last_write: Future[None] | None = None
+        self._floor_us = 0  # time never runs backwards for the broker, across restarts too
 
     # ------------------------------------------------------------------------------ lifecycle
     @classmethod
@@ -146,7 +147,9 @@ class Namespace:
 
     def _load(self) -> None:
         snapshot = self.store.load()
-        now = self.clock.now_us()
+        if snapshot.dedup_keys:
+            self._floor_us = max(k.first_accepted_us for k in snapshot.dedup_keys)
+        now = self._now()
         subscriptions = []
         for record in snapshot.entities:
             if record.kind == "queue":
@@ -219,7 +222,11 @@ class Namespace:
             await self._write([])
 
     def _now(self) -> int:
-        return self.clock.now_us()
+        now = self.clock.now_us()
+        if now < self._floor_us:
+            return self._floor_us
+        self._floor_us = now
+        return now
 
     def _notify(self) -> None:
         for waiter in self._waiters:
@@ -428,7 +435,7 @@ class Namespace:
 
     def _apply_entity_update(self, entity: _Entity, props: QueueProperties | TopicProperties) -> None:
         entity.properties = props
-        entity.detector.window = props.duplicate_detection_history_time_window
+        entity.detector.set_window(props.duplicate_detection_history_time_window, self._now())
         if entity.receivable is not None and isinstance(props, QueueProperties):
             new = _settings(props, props.max_size_in_megabytes)
             entity.receivable.settings.__dict__.update(new.__dict__)

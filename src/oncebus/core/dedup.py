@@ -208,8 +208,9 @@ class DedupIndex:
     def window(self) -> timedelta:
         return timedelta(microseconds=self._window_us)
 
-    @window.setter
-    def window(self, value: timedelta) -> None:
+    def set_window(self, value: timedelta, now_us: int) -> None:
+        """Change the window at ``now_us``: keys that left the old window stay gone; held keys get the new one."""
+        self._tick(now_us)
         self._window_us = to_micros(value)
 
     def __len__(self) -> int:
@@ -320,9 +321,8 @@ class DuplicateDetector:
     def window(self) -> timedelta:
         return self.index.window
 
-    @window.setter
-    def window(self, value: timedelta) -> None:
-        self.index.window = value
+    def set_window(self, value: timedelta, now_us: int) -> None:
+        self.index.set_window(value, now_us)
 
     def key_of(self, message_id: str, partition_key: str | None = None, session_id: str | None = None) -> str:
         return dedup_key(message_id, partition_key, session_id, partitioned=self.partitioned).text

@@ -1,0 +1,473 @@
+"""The ``oncebus`` Spark data source: stream from a queue or subscription, write to a queue or topic.
+
+Both sides talk to the broker only through the azure-servicebus SDK, so the
+same options work against oncebus and against Azure Service Bus::
+
+    register(spark)  # once per session
+    df = (spark.readStream.format("oncebus")
+          .option("connectionString", conn).option("queue", "orders").load())
+    (df.writeStream.format("oncebus").option("connectionString", conn)
+       .option("topic", "events").option("checkpointLocation", ckpt).start())
+
+Guarantees
+- Sink: every message gets a deterministic ``message_id`` (the column named by
+  ``messageIdColumn``, default ``message_id`` when present; otherwise a digest
+  of the query id, the micro-batch id, the partition, the row's content and its
+  occurrence among identical rows of that partition). A micro-batch that Spark
+  replays after a failure produces the same ids, and the entity's duplicate
+  detection drops them: exactly-once into the broker, provided the entity has
+  duplicate detection with a window longer than the time to recover, and the
+  plan feeding the sink puts the same rows in the same partitions on replay
+  (true for deterministic plans; name an id column to be independent of it).
+- Source: messages are received in PEEK_LOCK by the driver-side reader, kept
+  locked (their locks renewed) while Spark processes the micro-batch, and
+  completed only in ``commit``, which Spark calls once the batch is durably
+  committed (lazily: when the next batch starts). If the query dies, the locks
+  lapse and the broker redelivers: nothing is lost (at-least-once; exactly-once
+  when followed by ``oncebus.spark.deduplicate``). The messages of the last
+  batch of a query that stops stay locked until their lock expires and are
+  then delivered again to the next run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+SOURCE_SCHEMA = StructType(
+    [
+        StructField("message_id", StringType()),
+        StructField("body", BinaryType()),
+        StructField("partition_key", StringType()),
+        StructField("session_id", StringType()),
+        StructField("enqueued_time", TimestampType()),
+        StructField("sequence_number", LongType()),
+        StructField("delivery_count", IntegerType()),
+        StructField("subject", StringType()),
+        StructField("content_type", StringType()),
+        StructField("correlation_id", StringType()),
+        StructField("application_properties", MapType(StringType(), StringType())),
+    ]
+)
+
+_MESSAGE_COLUMNS = ("message_id", "partition_key", "session_id", "subject", "content_type", "correlation_id")
+
+
+class OncebusOptionError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class _Options:
+    connection_string: str
+    entity: str  # where to send (queue or topic), or the queue to read
+    kind: str  # "queue" | "topic"
+    subscription: str | None
+    max_messages_per_batch: int
+    receive_wait_seconds: float
+    partitions: int
+    message_id_column: str | None
+    message_id_prefix: str | None
+    send_batch_size: int
+
+    @classmethod
+    def parse(cls, options: dict[str, str], *, reading: bool) -> _Options:
+        lowered = {k.lower(): v for k, v in options.items()}
+        conn = lowered.get("connectionstring") or lowered.get("connection_string")
+        if not conn:
+            raise OncebusOptionError(
+                "the oncebus data source needs option 'connectionString' "
+                "(Endpoint=sb://...;SharedAccessKeyName=...;SharedAccessKey=...)"
+            )
+        queue, topic = lowered.get("queue"), lowered.get("topic")
+        subscription = lowered.get("subscription")
+        if reading:
+            if bool(queue) == bool(topic and subscription):
+                raise OncebusOptionError("reading needs either option 'queue', or options 'topic' and 'subscription'")
+        elif bool(queue) == bool(topic):
+            raise OncebusOptionError("writing needs exactly one of the options 'queue' or 'topic'")
+
+        def number(name: str, default: int, low: int = 1) -> int:
+            raw = lowered.get(name.lower())
+            if raw is None:
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                raise OncebusOptionError(f"option {name!r} must be an integer, not {raw!r}") from None
+            if value < low:
+                raise OncebusOptionError(f"option {name!r} must be at least {low}, not {value}")
+            return value
+
+        return cls(
+            connection_string=conn,
+            entity=str(queue or topic),
+            kind="queue" if queue else "topic",
+            subscription=subscription if not queue else None,
+            max_messages_per_batch=number("maxMessagesPerBatch", 1000),
+            receive_wait_seconds=float(lowered.get("receivewaitseconds", "1")),
+            partitions=number("numPartitions", 2),
+            message_id_column=lowered.get("messageidcolumn"),
+            message_id_prefix=lowered.get("messageidprefix"),
+            send_batch_size=number("sendBatchSize", 100),
+        )
+
+
+# ---------------------------------------------------------------------------------- reading
+@dataclass
+class _BufferedMessage:
+    row: tuple[Any, ...]
+    message: Any  # azure.servicebus.ServiceBusReceivedMessage, only in the driver-side reader
+    lock_span: float  # seconds the broker's lock lasted when the message arrived
+
+
+class _RowsPartition(InputPartition):
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        super().__init__(len(rows))
+        self.rows = rows
+
+
+def _to_row(message: Any) -> tuple[Any, ...]:
+    body = b"".join(message.body) if not isinstance(message.body, bytes | bytearray) else bytes(message.body)
+    properties = {
+        (k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
+        for k, v in (message.application_properties or {}).items()
+    }
+    enqueued = message.enqueued_time_utc
+    if enqueued is not None and enqueued.tzinfo is None:
+        enqueued = enqueued.replace(tzinfo=UTC)
+    return (
+        message.message_id,
+        body,
+        message.partition_key,
+        message.session_id,
+        enqueued,
+        message.sequence_number,
+        message.delivery_count,
+        message.subject,
+        message.content_type,
+        message.correlation_id,
+        properties,
+    )
+
+
+class OncebusStreamReader(DataSourceStreamReader):
+    """Offsets are ``{"run": <reader run id>, "n": <messages received in that run>}``."""
+
+    def __init__(self, options: _Options) -> None:
+        self.options = options
+        self.run = uuid.uuid4().hex
+        self._received = 0
+        self._buffer: dict[int, _BufferedMessage] = {}
+        self._client: Any = None
+        self._receiver: Any = None
+        self._renewer: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "run": self.run}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["options"])  # type: ignore[misc]
+        self.run = state["run"]
+
+    def _connect(self) -> Any:
+        if self._receiver is None:
+            from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
+
+            self._client = ServiceBusClient.from_connection_string(self.options.connection_string)
+            if self.options.subscription is None:
+                self._receiver = self._client.get_queue_receiver(
+                    self.options.entity, receive_mode=ServiceBusReceiveMode.PEEK_LOCK
+                )
+            else:
+                self._receiver = self._client.get_subscription_receiver(
+                    self.options.entity, self.options.subscription, receive_mode=ServiceBusReceiveMode.PEEK_LOCK
+                )
+            self._receiver.__enter__()
+            self._stopping.clear()
+            self._renewer = threading.Thread(target=self._renew_locks, name="oncebus-lock-renewal", daemon=True)
+            self._renewer.start()
+        return self._receiver
+
+    def _renew_locks(self) -> None:
+        """Keep the locks of received, not yet committed messages alive (the SDK's receiver is not
+        thread-safe, so every use of it holds ``_lock``)."""
+        from azure.servicebus.exceptions import ServiceBusError
+
+        while not self._stopping.wait(1.0):
+            now = datetime.now(UTC)
+            with self._lock:
+                due = [
+                    b
+                    for b in self._buffer.values()
+                    if b.message.locked_until_utc is not None
+                    and (b.message.locked_until_utc - now).total_seconds() < max(2.0, b.lock_span / 2)
+                ]
+                for buffered in due:
+                    try:
+                        self._receiver.renew_message_lock(buffered.message)
+                    except ServiceBusError:
+                        pass  # lock already lost: the broker will deliver the message again
+
+    def initialOffset(self) -> dict[str, Any]:
+        return {"run": self.run, "n": 0}
+
+    def getDefaultReadLimit(self) -> Any:
+        from pyspark.sql.streaming.datasource import ReadMaxRows
+
+        return ReadMaxRows(self.options.max_messages_per_batch)
+
+    def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
+        from pyspark.sql.streaming.datasource import ReadMaxRows
+
+        wanted = limit.max_rows if isinstance(limit, ReadMaxRows) else self.options.max_messages_per_batch
+        receiver = self._connect()
+        got: list[Any] = []
+        while len(got) < wanted:
+            with self._lock:
+                chunk = receiver.receive_messages(
+                    max_message_count=min(wanted - len(got), 500),
+                    max_wait_time=self.options.receive_wait_seconds if not got else 0.2,
+                )
+            if not chunk:
+                break
+            got.extend(chunk)
+        if not got:
+            return start if start.get("run") == self.run else {"run": self.run, "n": self._received}
+        now = datetime.now(UTC)
+        with self._lock:
+            for message in got:
+                span = (message.locked_until_utc - now).total_seconds() if message.locked_until_utc else 60.0
+                self._received += 1
+                self._buffer[self._received] = _BufferedMessage(_to_row(message), message, span)
+        return {"run": self.run, "n": self._received}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        if end.get("run") != self.run:
+            # a batch planned by an earlier run of the query: its messages were never completed,
+            # their locks lapse and the broker delivers them again in a later batch
+            return []
+        first = int(start["n"]) + 1 if start.get("run") == self.run else 1
+        with self._lock:
+            rows = [self._buffer[i].row for i in range(first, int(end["n"]) + 1) if i in self._buffer]
+        if not rows:
+            return []
+        count = max(1, min(self.options.partitions, len(rows)))
+        size = -(-len(rows) // count)
+        return [_RowsPartition(rows[i : i + size]) for i in range(0, len(rows), size)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, _RowsPartition)
+        yield from partition.rows
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark committed every batch up to ``end``: settle their messages now."""
+        if end.get("run") != self.run or self._receiver is None:
+            return
+        from azure.servicebus.exceptions import MessageLockLostError
+
+        upto = int(end["n"])
+        with self._lock:
+            done = sorted(i for i in self._buffer if i <= upto)
+            messages = [self._buffer.pop(i).message for i in done]
+            for message in messages:
+                try:
+                    self._receiver.complete_message(message)
+                except MessageLockLostError:
+                    pass  # delivered again later: at-least-once, and deduplicate() drops the copy
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._renewer is not None:
+            self._renewer.join(5)
+        if self._receiver is not None:
+            self._receiver.__exit__(None, None, None)
+        if self._client is not None:
+            self._client.close()
+        self._receiver = self._client = self._renewer = None
+
+
+# ---------------------------------------------------------------------------------- writing
+@dataclass
+class _SentCount(WriterCommitMessage):
+    messages: int
+
+
+def _message_id(prefix: str, batch: str, partition: int, content: str, occurrence: int) -> str:
+    digest = hashlib.sha256(f"{prefix}\x1f{batch}\x1f{partition}\x1f{content}\x1f{occurrence}".encode())
+    return digest.hexdigest()[:40]
+
+
+def _row_content(row: Any) -> str:
+    return json.dumps(row.asDict(recursive=True), sort_keys=True, default=_json_default, separators=(",", ":"))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return value.hex()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return str(value)
+
+
+class _Sender:
+    """Sends one partition's rows with deterministic message ids."""
+
+    def __init__(self, options: _Options, schema: StructType) -> None:
+        self.options = options
+        self.fields = schema.fieldNames()
+
+    def send(self, rows: Iterator[Any], batch: str) -> int:
+        from azure.servicebus import ServiceBusClient, ServiceBusMessage
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        prefix = self.options.message_id_prefix
+        if prefix is None:
+            query = context.getLocalProperty("sql.streaming.queryId") if context is not None else None
+            prefix = query or self.options.entity
+        id_column = self.options.message_id_column or ("message_id" if "message_id" in self.fields else None)
+        if id_column is not None and id_column not in self.fields:
+            raise OncebusOptionError(f"messageIdColumn {id_column!r} is not a column; columns: {self.fields}")
+        seen: dict[str, int] = {}
+        sent = 0
+        with ServiceBusClient.from_connection_string(self.options.connection_string) as client:
+            if self.options.kind == "queue":
+                sender_context = client.get_queue_sender(self.options.entity)
+            else:
+                sender_context = client.get_topic_sender(self.options.entity)
+            with sender_context as sender:
+                pending: list[Any] = []
+                for row in rows:
+                    values = row.asDict(recursive=True)
+                    content = _row_content(row)
+                    if id_column is not None and values.get(id_column) is not None:
+                        message_id = str(values[id_column])
+                    else:
+                        occurrence = seen.get(content, 0)
+                        seen[content] = occurrence + 1
+                        message_id = _message_id(prefix, batch, partition, content, occurrence)
+                    body = values.get("body")
+                    if body is None and "body" not in self.fields:
+                        body = content
+                    kwargs = {name: values.get(name) for name in _MESSAGE_COLUMNS[1:] if values.get(name) is not None}
+                    properties = values.get("application_properties")
+                    pending.append(
+                        ServiceBusMessage(
+                            bytes(body) if isinstance(body, bytes | bytearray) else str(body or ""),
+                            message_id=message_id,
+                            application_properties=dict(properties) if properties else None,
+                            **kwargs,
+                        )
+                    )
+                    if len(pending) >= self.options.send_batch_size:
+                        sent += _flush(sender, pending)
+                sent += _flush(sender, pending)
+        return sent
+
+
+def _flush(sender: Any, pending: list[Any]) -> int:
+    """Send in as few batch transfers as fit; each message keeps its id."""
+    count = 0
+    while pending:
+        batch = sender.create_message_batch()
+        taken = 0
+        for message in pending:
+            try:
+                batch.add_message(message)
+            except ValueError:
+                break
+            taken += 1
+        if taken == 0:  # one message alone over the batch limit: send it on its own to get the broker's error
+            sender.send_messages(pending[0])
+            taken = 1
+        else:
+            sender.send_messages(batch)
+        count += taken
+        del pending[:taken]
+    return count
+
+
+class OncebusWriter(DataSourceWriter):
+    def __init__(self, options: _Options, schema: StructType) -> None:
+        self.sender = _Sender(options, schema)
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return _SentCount(self.sender.send(iterator, "batch"))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass  # every send was acknowledged by the broker before write() returned
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass  # a retry sends the same ids again; the broker drops what it already has
+
+
+class OncebusStreamWriter(DataSourceStreamWriter):
+    def __init__(self, options: _Options, schema: StructType) -> None:
+        self.sender = _Sender(options, schema)
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        batch = context.getLocalProperty("streaming.sql.batchId") if context is not None else None
+        return _SentCount(self.sender.send(iterator, f"b{batch}"))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+
+class OncebusDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "oncebus"
+
+    def schema(self) -> StructType:
+        return SOURCE_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return OncebusStreamReader(_Options.parse(dict(self.options), reading=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return OncebusWriter(_Options.parse(dict(self.options), reading=False), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return OncebusStreamWriter(_Options.parse(dict(self.options), reading=False), schema)
+
+
+def register(spark: Any) -> None:
+    """Register the ``oncebus`` format with a SparkSession."""
+    spark.dataSource.register(OncebusDataSource)

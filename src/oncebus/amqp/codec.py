@@ -65,7 +65,7 @@ class Section:
         data.rewind()
         data.next()
         described = data.get_object()
-        return _copy(described.value)
+        return copy_value(described.value)
 
     def binary(self) -> bytes:
         """The payload of a data section."""
@@ -77,14 +77,14 @@ class Section:
         return value
 
 
-def _copy(value: Any) -> Any:
+def copy_value(value: Any) -> Any:
     """proton hands out memoryviews into its own buffer: copy them out."""
     if isinstance(value, memoryview):
         return bytes(value)
     if isinstance(value, dict):
-        return {_copy(k): _copy(v) for k, v in value.items()}
+        return {copy_value(k): copy_value(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_copy(v) for v in value]
+        return [copy_value(v) for v in value]
     return value
 
 
@@ -256,7 +256,7 @@ def encode_received(message: ReceivedMessage, *, lock_annotations: bool) -> byte
         else:
             rest.append(section.raw)
     header[4] = proton.uint(max(message.delivery_count - 1, 0))
-    annotations[SEQUENCE_NUMBER] = proton.long(message.sequence_number)
+    annotations[SEQUENCE_NUMBER] = int(message.sequence_number)
     annotations[ENQUEUED_TIME] = _ms(message.enqueued_time_utc)
     if message.scheduled_enqueue_time_utc is not None:
         annotations[SCHEDULED_ENQUEUE_TIME] = _ms(message.scheduled_enqueue_time_utc)
@@ -264,7 +264,7 @@ def encode_received(message: ReceivedMessage, *, lock_annotations: bool) -> byte
         annotations[PARTITION_KEY] = message.partition_key
     if message.dead_letter_source is not None:
         annotations[DEAD_LETTER_SOURCE] = message.dead_letter_source
-    annotations[MESSAGE_STATE] = proton.long(_SDK_STATES.get(message.state, 0))
+    annotations[MESSAGE_STATE] = int(_SDK_STATES.get(message.state, 0))
     if lock_annotations and message.locked_until_utc is not None:
         annotations[LOCKED_UNTIL] = _ms(message.locked_until_utc)
     out = bytearray(_encode_section(HEADER, header))

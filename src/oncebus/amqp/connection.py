@@ -14,17 +14,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import uuid
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 import cproton
 import proton
 
+from oncebus.amqp.errors import TRACKING_ID
 from oncebus.amqp.frames import FrameError, FrameScanner, IncomingDelivery
 from oncebus.amqp.sas import Grant
 
 if TYPE_CHECKING:
     from oncebus.amqp.server import AmqpServer
+    from oncebus.broker import SessionLock
 
 _LOG = logging.getLogger(__name__)
 _CONTAINER_ID = "oncebus"
@@ -78,6 +81,8 @@ class AmqpConnection(asyncio.Protocol):
         self._pump_again = False
         self._tick_handle: asyncio.TimerHandle | None = None
         self.response_links: dict[tuple[int, str], list[proton.Sender]] = {}
+        # session locks held by this connection's receive links, by (receivable path, session id)
+        self.sessions: dict[tuple[str, str], SessionLock] = {}
 
     # --- asyncio protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -90,10 +95,10 @@ class AmqpConnection(asyncio.Protocol):
         if self.closed:
             return
         try:
-            self.scanner.feed(data)
+            data = self.scanner.feed(data)
         except FrameError as exc:
             _LOG.warning("closing connection: %s", exc)
-            self.transport.condition = proton.Condition("amqp:decode-error", str(exc))
+            self.transport.condition = proton.Condition("amqp:decode-error", str(exc), {TRACKING_ID: str(uuid.uuid4())})
             self.transport.close_tail()
             self.pump()
             return
@@ -118,6 +123,15 @@ class AmqpConnection(asyncio.Protocol):
             self.transport.close_head()
         self._shutdown()
 
+    def close(self) -> None:
+        """Close the connection (server shutdown): send close, flush, drop the socket."""
+        if self.closed:
+            return
+        if self.connection.state & proton.Endpoint.LOCAL_ACTIVE:
+            self.connection.close()
+        self.pump()
+        self._shutdown()
+
     def _shutdown(self) -> None:
         if self.closed:
             return
@@ -130,8 +144,8 @@ class AmqpConnection(asyncio.Protocol):
             if handler is not None:
                 link.oncebus_handler = None
                 handler.on_closed()
-        for task in list(self.tasks):
-            task.cancel()
+        # broker work is never cancelled (a cancelled write would leave the broker's memory behind its
+        # store): running tasks finish, see ``closed`` and leave proton alone; link loops stop on their own
         if self.socket is not None:
             self.socket.close()
 
@@ -211,7 +225,9 @@ class AmqpConnection(asyncio.Protocol):
                 self._handle(event)
             except Exception:
                 _LOG.exception("error handling %s", event.type)
-                self.connection.condition = proton.Condition("amqp:internal-error", "oncebus failed; see its log")
+                self.connection.condition = proton.Condition(
+                    "amqp:internal-error", "oncebus failed; see its log", {TRACKING_ID: str(uuid.uuid4())}
+                )
                 self.connection.close()
             collector.pop()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 
 import proton
 
@@ -11,6 +12,7 @@ from oncebus.core import errors
 _LOG = logging.getLogger(__name__)
 
 INTERNAL_ERROR = "amqp:internal-error"
+TRACKING_ID = proton.symbol("com.microsoft:tracking-id")
 
 _STATUS: list[tuple[type[errors.OncebusError], int]] = [
     (errors.EntityNotFoundError, 404),
@@ -29,10 +31,12 @@ _STATUS: list[tuple[type[errors.OncebusError], int]] = [
 
 def condition_of(exc: BaseException) -> proton.Condition:
     """The AMQP error for ``exc`` (an unexpected exception is logged and reported as an internal error)."""
+    # the info map is always present: the SDK reads the error's third field unconditionally
+    info = {TRACKING_ID: str(uuid.uuid4())}
     if isinstance(exc, errors.OncebusError):
-        return proton.Condition(exc.condition, str(exc) or type(exc).__name__)
+        return proton.Condition(exc.condition, str(exc) or type(exc).__name__, info)
     _LOG.error("unexpected failure", exc_info=exc)
-    return proton.Condition(INTERNAL_ERROR, f"oncebus failed: {type(exc).__name__}: {exc}")
+    return proton.Condition(INTERNAL_ERROR, f"oncebus failed: {type(exc).__name__}: {exc}", info)
 
 
 def status_of(exc: BaseException) -> int:

@@ -59,14 +59,19 @@ class FrameScanner:
         self._handles: dict[tuple[int, int], _RemoteSender] = {}
         self._by_name: dict[str, _RemoteSender] = {}
 
-    def feed(self, data: bytes) -> None:
-        """Scan ``data`` (any split of the stream is fine); call before pushing the same bytes to proton."""
+    def feed(self, data: bytes) -> bytes:
+        """Scan ``data`` (any split of the stream); returns the complete frames to push to proton.
+
+        Frames come back unchanged; only whole frames are returned, the rest waits for more bytes.
+        """
         buffer = self._buffer
         buffer += data
         offset = 0
         end = len(buffer)
+        out = bytearray()
         while end - offset >= 8:
             if buffer[offset : offset + 4] == PROTOCOL_HEADER_PREFIX:
+                out += buffer[offset : offset + 8]
                 offset += 8
                 continue
             size, doff, frame_type, channel = struct.unpack_from(">IBBH", buffer, offset)
@@ -74,10 +79,13 @@ class FrameScanner:
                 raise FrameError(f"malformed frame header (size {size}, doff {doff})")
             if end - offset < size:
                 break
+            frame = bytes(buffer[offset : offset + size])
             if frame_type == _FRAME_TYPE_AMQP and size > doff * 4:
-                self._performative(channel, memoryview(buffer)[offset + doff * 4 : offset + size])
+                frame = self._performative(channel, frame, doff * 4)
+            out += frame
             offset += size
         del buffer[:offset]
+        return bytes(out)
 
     def pop(self, link_name: str) -> IncomingDelivery:
         """The next delivery proton will hand out on the remote sender link ``link_name``."""
@@ -86,20 +94,21 @@ class FrameScanner:
             raise FrameError(f"no transfer seen for a delivery on link {link_name!r}")
         return sender.deliveries.popleft()
 
-    def _performative(self, channel: int, body: memoryview) -> None:
-        reader = _Reader(body)
+    def _performative(self, channel: int, frame: bytes, start: int) -> bytes:
+        reader = _Reader(memoryview(frame)[start:])
         descriptor = reader.descriptor()
         if descriptor == _TRANSFER:
-            self._transfer(channel, reader)
-        elif descriptor == _ATTACH:
+            return self._transfer(channel, reader, frame, start)
+        if descriptor == _ATTACH:
             self._attach(channel, reader)
         elif descriptor == _DETACH:
             fields = reader.list_fields(1)
             if fields:
-                self._handles.pop((channel, fields[0]), None)
+                self._handles.pop((channel, fields[0]), None)  # type: ignore[arg-type]
         elif descriptor in (_END, _BEGIN):
             for key in [k for k in self._handles if k[0] == channel]:
                 del self._handles[key]
+        return frame
 
     def _attach(self, channel: int, reader: _Reader) -> None:
         fields = reader.list_fields(3)
@@ -113,7 +122,7 @@ class FrameScanner:
         self._handles[(channel, handle)] = sender
         self._by_name[name] = sender
 
-    def _transfer(self, channel: int, reader: _Reader) -> None:
+    def _transfer(self, channel: int, reader: _Reader, frame: bytes, start: int) -> bytes:
         fields = reader.list_fields(10)
         fields += [None] * (10 - len(fields))
         handle, _delivery_id, tag, message_format, _settled, more = fields[:6]
@@ -127,6 +136,7 @@ class FrameScanner:
             fmt = message_format if isinstance(message_format, int) else PLAIN_MESSAGE_FORMAT
             sender.deliveries.append(IncomingDelivery(tag, fmt))
         sender.in_progress = bool(more) and not aborted
+        return frame
 
     def forget(self, link_name: str) -> None:
         """The link is gone: drop what was noted for it."""
@@ -208,7 +218,13 @@ class _Reader:
         self.skip()
         return _Other
 
+    def _advance(self, n: int) -> None:
+        if self.pos + n > len(self.data):
+            raise FrameError("performative ends early")
+        self.pos += n
+
     def skip(self) -> None:
+        """Step over one value without decoding it."""
         code = self._byte()
         if code == 0x00:
             self.skip()  # descriptor
@@ -217,17 +233,22 @@ class _Reader:
         width = code >> 4
         if width == 0x4:
             return
-        fixed = {0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}.get(width)
+        fixed = _FIXED_WIDTHS.get(width)
         if fixed is not None:
-            self._take(fixed)
-            return
-        if width in (0xA, 0xC, 0xE):
-            self._take(self._byte())
-            return
-        if width in (0xB, 0xD, 0xF):
-            self._take(int(struct.unpack(">I", self._take(4))[0]))
-            return
-        raise FrameError(f"unknown AMQP constructor 0x{code:02x}")
+            self._advance(fixed)
+        elif width in (0xA, 0xC, 0xE):
+            self._advance(self._byte())
+        elif width in (0xB, 0xD, 0xF):
+            if self.pos + 4 > len(self.data):
+                raise FrameError("performative ends early")
+            (size,) = struct.unpack_from(">I", self.data, self.pos)
+            self.pos += 4
+            self._advance(size)
+        else:
+            raise FrameError(f"unknown AMQP constructor 0x{code:02x}")
+
+
+_FIXED_WIDTHS = {0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}
 
 
 class _OtherType:

@@ -192,16 +192,33 @@ class Namespace:
         if self._failure is not None:
             raise StoreError(f"the broker stopped after a store failure ({self._failure}); restart it")
 
-    async def _write(self, ops: Sequence[Op]) -> None:
-        """Submit one unit and wait until it is durable."""
+    async def _write(self, ops: Sequence[Op], on_commit: Callable[[], None] | None = None) -> None:
+        """Submit one unit and wait until it is durable.
+
+        ``on_commit`` runs on the loop once the unit is durable, even if the caller was cancelled
+        meanwhile, so memory never ends up behind the disk; a failed write stops the broker.
+        """
         self._check_alive()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if nobody waits
+
+        def committed(future: Future[None]) -> None:
+            error = future.exception()
+            if error is not None:
+                self._failure = error
+                if not done.done():
+                    done.set_exception(StoreError(f"the message store failed: {error}"))
+                return
+            if on_commit is not None:
+                on_commit()
+            if not done.done():
+                done.set_result(None)
+
         future = self.store.submit(ops)
         self._last_write = future
-        try:
-            await asyncio.wrap_future(future)
-        except Exception as exc:
-            self._failure = exc
-            raise StoreError(f"the message store failed: {exc}") from exc
+        future.add_done_callback(lambda f: loop.call_soon_threadsafe(committed, f))
+        await asyncio.shield(done)
 
     def _write_later(self, ops: Sequence[Op]) -> None:
         """Background writes (expiry, lock-expiry dead-lettering): nobody waits, failures stop the broker."""
@@ -253,6 +270,11 @@ class Namespace:
             self._waiters.discard(waiter)
         return True
 
+    async def wait_for_change(self, timeout: float) -> None:
+        """Return when messages may have become available (a send, an abandon, a tick) or after ``timeout`` s."""
+        loop = asyncio.get_running_loop()
+        await self._wait(loop.time() + timeout)
+
     def tick(self) -> None:
         """Apply everything due now (scheduled enqueues, lock and message expiry, history pruning)."""
         self._check_alive()
@@ -267,7 +289,7 @@ class Namespace:
                 entity.detector.index.expire(now)
                 if now - entity.last_prune_us >= PRUNE_EVERY_US:
                     entity.last_prune_us = now
-                    ops.append(PruneDedupKeys(entity.path, now - to_micros(entity.detector.window)))
+                    ops.append(PruneDedupKeys(entity.path, now - to_micros(entity.detector.window) + 1))
         self._write_later(ops)
         self._notify()
 
@@ -360,8 +382,8 @@ class Namespace:
         if name.lower() in self._entities:
             raise EntityAlreadyExistsError(f"a {self._entities[name.lower()].kind} named {name!r} already exists")
         props = QueueProperties.create(name, **properties)
-        await self._write([PutEntity(name.lower(), "queue", props.to_dict())])
         self._install_queue(props)
+        await self._write([PutEntity(name.lower(), "queue", props.to_dict())])
         return props
 
     async def create_topic(self, name: str, **properties: Any) -> TopicProperties:
@@ -370,8 +392,8 @@ class Namespace:
         if name.lower() in self._entities:
             raise EntityAlreadyExistsError(f"a {self._entities[name.lower()].kind} named {name!r} already exists")
         props = TopicProperties.create(name, **properties)
-        await self._write([PutEntity(name.lower(), "topic", props.to_dict())])
         self._install_topic(props)
+        await self._write([PutEntity(name.lower(), "topic", props.to_dict())])
         return props
 
     async def create_subscription(self, topic_name: str, name: str, **properties: Any) -> SubscriptionProperties:
@@ -381,8 +403,8 @@ class Namespace:
         if name.lower() in topic.subscriptions:
             raise EntityAlreadyExistsError(f"topic {topic_name!r} already has a subscription named {name!r}")
         props = SubscriptionProperties.create(name, **properties)
-        await self._write([PutEntity(subscription_path(topic.path, name), "subscription", props.to_dict())])
         self._install_subscription(topic.path, props)
+        await self._write([PutEntity(subscription_path(topic.path, name), "subscription", props.to_dict())])
         return props
 
     def get_queue(self, name: str) -> QueueProperties:
@@ -421,59 +443,63 @@ class Namespace:
         self._check_alive()
         entity = self._entity(name, "queue")
         props = entity.properties.updated(**changes)
-        await self._write([PutEntity(entity.path, "queue", props.to_dict())])
-        self._apply_entity_update(entity, props)
+        prune = self._apply_entity_update(entity, props)
+        await self._write([PutEntity(entity.path, "queue", props.to_dict()), prune])
         return props
 
     async def update_topic(self, name: str, **changes: Any) -> TopicProperties:
         self._check_alive()
         entity = self._entity(name, "topic")
         props = entity.properties.updated(**changes)
-        await self._write([PutEntity(entity.path, "topic", props.to_dict())])
-        self._apply_entity_update(entity, props)
+        prune = self._apply_entity_update(entity, props)
+        await self._write([PutEntity(entity.path, "topic", props.to_dict()), prune])
         return props
 
-    def _apply_entity_update(self, entity: _Entity, props: QueueProperties | TopicProperties) -> None:
+    def _apply_entity_update(self, entity: _Entity, props: QueueProperties | TopicProperties) -> PruneDedupKeys:
+        """Apply new properties; returns the pruning of keys that left the old window (for the same unit)."""
+        now = self._now()
+        prune = PruneDedupKeys(entity.path, now - to_micros(entity.detector.window) + 1)
         entity.properties = props
-        entity.detector.set_window(props.duplicate_detection_history_time_window, self._now())
+        entity.detector.set_window(props.duplicate_detection_history_time_window, now)
         if entity.receivable is not None and isinstance(props, QueueProperties):
             new = _settings(props, props.max_size_in_megabytes)
             entity.receivable.settings.__dict__.update(new.__dict__)
         for subscription in entity.subscriptions.values():
             subscription.receivable.settings.max_size_bytes = props.max_size_in_megabytes * 1024 * 1024
+        return prune
 
     async def update_subscription(self, topic_name: str, name: str, **changes: Any) -> SubscriptionProperties:
         self._check_alive()
         subscription = self._subscription(topic_name, name)
         topic = self._entity(topic_name, "topic")
         props = subscription.properties.updated(**changes)
-        await self._write([PutEntity(subscription.receivable.path, "subscription", props.to_dict())])
         subscription.properties = props
         new = _settings(props, topic.properties.max_size_in_megabytes)
         subscription.receivable.settings.__dict__.update(new.__dict__)
+        await self._write([PutEntity(subscription.receivable.path, "subscription", props.to_dict())])
         return props
 
     async def delete_queue(self, name: str) -> None:
         self._check_alive()
         entity = self._entity(name, "queue")
-        await self._write([DeleteEntity(entity.path)])
         del self._entities[entity.path]
         self._notify()
+        await self._write([DeleteEntity(entity.path)])
 
     async def delete_topic(self, name: str) -> None:
         self._check_alive()
         entity = self._entity(name, "topic")
-        await self._write([DeleteEntity(entity.path)])
         del self._entities[entity.path]
         self._notify()
+        await self._write([DeleteEntity(entity.path)])
 
     async def delete_subscription(self, topic_name: str, name: str) -> None:
         self._check_alive()
         subscription = self._subscription(topic_name, name)
         topic = self._entity(topic_name, "topic")
-        await self._write([DeleteEntity(subscription.receivable.path)])
         del topic.subscriptions[name.lower()]
         self._notify()
+        await self._write([DeleteEntity(subscription.receivable.path)])
 
     # ------------------------------------------------------------------------------ sending
     def _validate(self, entity: _Entity, messages: Sequence[Message], scheduled: bool) -> list[str | None]:
@@ -594,11 +620,14 @@ class Namespace:
             outcomes.append(SendOutcome(message_id, seq, False, late))
         if ops:
             ops.append(self._counters_op(entity))
-            await self._write(ops)
-            for receivable, copy in stored:
-                receivable.add(copy, self._now())
-            entity.counters["messages_stored"] += len(stored)
-            self._notify()
+
+            def visible() -> None:
+                for receivable, copy in stored:
+                    receivable.add(copy, self._now())
+                entity.counters["messages_stored"] += len(stored)
+                self._notify()
+
+            await self._write(ops, on_commit=visible)
         else:
             await self._barrier()
         return outcomes
@@ -928,11 +957,11 @@ class Namespace:
     async def set_session_state(self, session: SessionLock, state: bytes | None) -> None:
         receivable = self.receivable(session.path)
         self._session_lock(receivable, session)
-        await self._write([PutSessionState(receivable.path, session.session_id, state)])
         if state is None:
             receivable.session_states.pop(session.session_id, None)
         else:
             receivable.session_states[session.session_id] = bytes(state)
+        await self._write([PutSessionState(receivable.path, session.session_id, state)])
 
     def list_sessions(self, path: str) -> list[str]:
         return self.receivable(path).session_ids()

@@ -90,6 +90,8 @@ def _message_row(m: StoredMessage) -> tuple[object, ...]:
         m.wire,
         m.meta_json(),
     )
+
+
 _MAX_UNITS_PER_COMMIT = 512
 
 
@@ -171,6 +173,8 @@ class SqliteStore:
                 return
 
     def _commit(self, group: list[tuple[list[Op], Future[None]]]) -> None:
+        # a unit whose waiter was cancelled is still written: the broker's memory already has it
+        waiting = [(unit, future) for unit, future in group if future.set_running_or_notify_cancel()]
         ops = [op for unit, _ in group for op in unit]
         try:
             if ops:
@@ -186,10 +190,10 @@ class SqliteStore:
         except Exception as exc:  # the whole group failed; nothing of it is stored
             self._failure = exc
             error = StoreError(f"could not write to {self.path}: {exc}")
-            for _, future in group:
+            for _, future in waiting:
                 future.set_exception(error)
             return
-        for _, future in group:
+        for _, future in waiting:
             future.set_result(None)
 
     def _apply_all(self, ops: list[Op]) -> None:

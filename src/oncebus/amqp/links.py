@@ -1,0 +1,482 @@
+"""Link handlers: a client's sender to an entity, its receiver from an entity, and request-response nodes.
+
+Each handler belongs to one proton link of one :class:`AmqpConnection` and runs
+its broker work as tasks on the connection's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import proton
+
+from oncebus.amqp import codec
+from oncebus.amqp.errors import condition_of
+from oncebus.amqp.frames import FrameError
+from oncebus.core.errors import (
+    InvalidArgumentError,
+    MessageSizeExceededError,
+    OncebusError,
+    UnauthorizedError,
+)
+from oncebus.core.messages import Message, ReceivedMessage, ServiceBusReceiveMode
+
+if TYPE_CHECKING:
+    from oncebus.amqp.connection import AmqpConnection
+    from oncebus.broker import Namespace, SessionLock
+
+_LOG = logging.getLogger(__name__)
+
+SESSION_FILTER = proton.symbol("com.microsoft:session-filter")
+LOCKED_UNTIL_UTC = proton.symbol("com.microsoft:locked-until-utc")
+OPERATION_TIMEOUT = proton.symbol("com.microsoft:timeout")
+MAX_BATCH_SIZE = proton.symbol("com.microsoft:max-message-batch-size")
+TRACKING_ID = proton.symbol("com.microsoft:tracking-id")
+DOTNET_EPOCH_TICKS = 621_355_968_000_000_000
+DEFAULT_SESSION_WAIT_SECONDS = 65.0
+SEND_CREDIT = 64
+REQUEST_CREDIT = 16
+MAX_DELIVERIES_PER_RECEIVE = 256
+IDLE_POLL_SECONDS = 1.0
+
+
+def dotnet_ticks(moment_us: int) -> int:
+    """Microseconds since the Unix epoch as .NET ticks (100 ns since 0001-01-01), as Service Bus sends them."""
+    return DOTNET_EPOCH_TICKS + moment_us * 10
+
+
+def read_filter(terminus: proton.Terminus) -> dict[Any, Any]:
+    data = terminus.filter
+    data.rewind()
+    if data.next() is None:
+        return {}
+    value = data.get_object()
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def read_payload(link: proton.Receiver, delivery: proton.Delivery) -> bytes:
+    chunks = []
+    while True:
+        chunk = link.recv(max(delivery.pending, 1024))
+        if not chunk:
+            break
+        chunks.append(chunk)
+    link.advance()
+    return b"".join(chunks)
+
+
+def refuse(link: proton.Link, condition: proton.Condition) -> None:
+    """Answer an attach we cannot serve: attach with a null terminus, then detach with the error."""
+    if link.is_sender:
+        link.source.type = proton.Terminus.UNSPECIFIED
+        link.target.copy(link.remote_target)
+    else:
+        link.target.type = proton.Terminus.UNSPECIFIED
+        link.source.copy(link.remote_source)
+    link.open()
+    link.condition = condition
+    link.close()
+
+
+def close_with(link: proton.Link, condition: proton.Condition) -> None:
+    if link.state & proton.Endpoint.LOCAL_ACTIVE:
+        link.condition = condition
+        link.close()
+
+
+async def wait_for_change(namespace: Namespace, wake: asyncio.Future[None], timeout: float) -> None:
+    """Wait until the namespace reports a change, ``wake`` is set, or ``timeout`` passes.
+
+    The engine's receive waits the same way; it has no public call for "wait
+    for a change" yet, so this registers with its waiter set directly.
+    """
+    loop = asyncio.get_running_loop()
+    change: asyncio.Future[None] = loop.create_future()
+    waiters: set[asyncio.Future[None]] = namespace._waiters
+    waiters.add(change)
+    try:
+        await asyncio.wait((change, wake), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiters.discard(change)
+        if not change.done():
+            change.cancel()
+
+
+# ---------------------------------------------------------------------------------------- sending
+class SendLink:
+    """The client sends to a queue or topic: every transfer is judged and answered settled."""
+
+    def __init__(self, conn: AmqpConnection, link: proton.Receiver, entity: str, max_message_size: int) -> None:
+        self.conn = conn
+        self.link = link
+        self.entity = entity
+        self.max_message_size = max_message_size
+        self.queue: collections.deque[tuple[proton.Delivery, list[Message] | BaseException]] = collections.deque()
+        self.worker: asyncio.Task[None] | None = None
+        self.closed = False
+
+    def open(self) -> None:
+        link = self.link
+        link.target.copy(link.remote_target)
+        link.source.copy(link.remote_source)
+        link.rcv_settle_mode = proton.Link.RCV_FIRST
+        link.max_message_size = self.max_message_size
+        link.properties = {MAX_BATCH_SIZE: proton.ulong(self.max_message_size)}
+        link.oncebus_handler = self
+        link.open()
+        link.flow(SEND_CREDIT)
+
+    def on_flow(self) -> None:
+        pass
+
+    def on_delivery(self, delivery: proton.Delivery) -> None:
+        if delivery.partial:
+            return
+        facts = self.conn.incoming(delivery)
+        payload = read_payload(self.link, delivery)
+        if delivery.aborted:
+            delivery.settle()
+            self._top_up()
+            return
+        item: list[Message] | BaseException
+        try:
+            if len(payload) > self.max_message_size:
+                raise MessageSizeExceededError(
+                    f"the transfer is {len(payload)} bytes, over the link's max-message-size of "
+                    f"{self.max_message_size} bytes"
+                )
+            if not self.conn.authorized(self.entity):
+                raise UnauthorizedError(f"no valid token for {self.entity!r}: put a fresh token on $cbs")
+            item = codec.decode_transfer(payload, facts.message_format)
+        except FrameError:
+            raise
+        except (OncebusError, ValueError) as exc:
+            item = exc if isinstance(exc, OncebusError) else InvalidArgumentError(str(exc))
+        self.queue.append((delivery, item))
+        if self.worker is None or self.worker.done():
+            self.worker = self.conn.spawn(self._work())
+
+    async def _work(self) -> None:
+        namespace = self.conn.server.namespace
+        while self.queue:
+            delivery, item = self.queue.popleft()
+            outcome: BaseException | None = item if isinstance(item, BaseException) else None
+            if outcome is None:
+                assert not isinstance(item, BaseException)
+                try:
+                    await namespace.send(self.entity, item)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    outcome = exc
+            self._answer(delivery, outcome)
+            self._top_up()
+            self.conn.pump()
+
+    def _answer(self, delivery: proton.Delivery, error: BaseException | None) -> None:
+        if self.closed:
+            return
+        if delivery.settled:  # the client settled first (pre-settled send): nothing to answer
+            delivery.settle()
+            return
+        if error is None:
+            delivery.update(proton.Delivery.ACCEPTED)
+        else:
+            delivery.local.condition = condition_of(error)
+            delivery.update(proton.Delivery.REJECTED)
+        delivery.settle()
+
+    def _top_up(self) -> None:
+        if not self.closed and self.link.credit < SEND_CREDIT // 2:
+            self.link.flow(SEND_CREDIT - self.link.credit)
+
+    def on_closed(self) -> None:
+        self.closed = True
+
+
+# ---------------------------------------------------------------------------------------- receiving
+class ReceiveLink:
+    """The client receives from a queue, subscription or dead-letter queue, with credit and drain."""
+
+    def __init__(
+        self,
+        conn: AmqpConnection,
+        link: proton.Sender,
+        path: str,
+        mode: ServiceBusReceiveMode,
+        session: SessionLock | None,
+    ) -> None:
+        self.conn = conn
+        self.link = link
+        self.path = path
+        self.mode = mode
+        self.session = session
+        self.closed = False
+        self.wake: asyncio.Future[None] = conn.loop.create_future()
+        self.task: asyncio.Task[None] | None = None
+
+    def open(self) -> None:
+        link = self.link
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        if self.mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
+            link.snd_settle_mode = proton.Link.SND_SETTLED
+        else:
+            link.snd_settle_mode = proton.Link.SND_UNSETTLED
+        link.rcv_settle_mode = proton.Link.RCV_FIRST
+        if self.session is not None:
+            link.source.filter.clear()
+            link.source.filter.put_object({SESSION_FILTER: self.session.session_id})
+            link.properties = {LOCKED_UNTIL_UTC: int(dotnet_ticks(self.session.locked_until_us))}
+            self.conn.sessions[(self.session.path, self.session.session_id)] = self.session
+        link.oncebus_handler = self
+        link.open()
+        self.task = self.conn.spawn(self._deliver_loop())
+
+    def _poke(self) -> None:
+        if not self.wake.done():
+            self.wake.set_result(None)
+
+    def on_flow(self) -> None:
+        self._poke()
+
+    async def _deliver_loop(self) -> None:
+        namespace = self.conn.server.namespace
+        link = self.link
+        while not self.closed:
+            if self.wake.done():
+                self.wake = self.conn.loop.create_future()
+            credit = link.credit
+            if credit <= 0:
+                await wait_for_change(namespace, self.wake, IDLE_POLL_SECONDS)
+                continue
+            try:
+                messages = await namespace.receive(
+                    self.path,
+                    min(credit, MAX_DELIVERIES_PER_RECEIVE),
+                    receive_mode=self.mode,
+                    max_wait_time=0,
+                    session=self.session,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                close_with(link, condition_of(exc))
+                self.conn.pump()
+                return
+            if messages and self.closed:
+                for message in messages:  # the link went away while they were fetched: let them go
+                    if message.lock_token is not None:
+                        await namespace.abandon(self.path, message.lock_token)
+                return
+            if messages:
+                for message in messages:
+                    self._transfer(message)
+                self.conn.pump()
+                continue
+            if link.drain_mode:
+                link.drained()
+                self.conn.pump()
+            await wait_for_change(namespace, self.wake, IDLE_POLL_SECONDS)
+
+    def _transfer(self, message: ReceivedMessage) -> None:
+        payload = codec.encode_received(message, lock_annotations=self.session is None)
+        if self.mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE or message.lock_token is None:
+            delivery = self.link.delivery(uuid.uuid4().bytes)
+            self.link.send(payload)
+            self.link.advance()
+            delivery.settle()
+            return
+        delivery = self.link.delivery(message.lock_token.bytes_le)
+        delivery.oncebus_lock_token = message.lock_token
+        self.link.send(payload)
+        self.link.advance()
+
+    def on_delivery(self, delivery: proton.Delivery) -> None:
+        """The client settled (or proposed an outcome for) a delivery (``settled`` is the client's flag)."""
+        if getattr(delivery, "oncebus_done", False):
+            return
+        token: uuid.UUID | None = getattr(delivery, "oncebus_lock_token", None)
+        state = delivery.remote_state
+        if token is None or getattr(delivery, "oncebus_settling", False):
+            if delivery.settled and token is None:
+                delivery.oncebus_done = True
+                delivery.settle()
+            return
+        if not state and not delivery.settled:
+            return
+        delivery.oncebus_settling = True
+        remote = delivery.remote
+        info: dict[Any, Any] = {}
+        if state == proton.Delivery.REJECTED and remote.condition is not None and remote.condition.info:
+            info = {str(k): v for k, v in dict(remote.condition.info).items()}
+        settle = self._settlement(
+            token,
+            state,
+            failed=bool(remote.failed),
+            undeliverable=bool(remote.undeliverable),
+            annotations=dict(remote.annotations or {}),
+            info=info,
+        )
+        self.conn.spawn(self._settle(delivery, settle, state))
+
+    def _settlement(
+        self,
+        token: uuid.UUID,
+        state: int,
+        *,
+        failed: bool,
+        undeliverable: bool,
+        annotations: dict[Any, Any],
+        info: dict[str, Any],
+    ) -> Callable[[], Awaitable[None]]:
+        namespace = self.conn.server.namespace
+        path = self.path
+        if state == proton.Delivery.ACCEPTED:
+            return lambda: namespace.complete(path, token)
+        if state == proton.Delivery.MODIFIED and undeliverable:
+            return lambda: namespace.defer(path, token)
+        if state == proton.Delivery.REJECTED:
+            reason = info.get("DeadLetterReason")
+            description = info.get("DeadLetterErrorDescription")
+            return lambda: namespace.dead_letter(
+                path,
+                token,
+                reason=None if reason is None else str(reason),
+                error_description=None if description is None else str(description),
+            )
+        modify = {str(k): v for k, v in annotations.items()} or None
+        return lambda: namespace.abandon(path, token, modify)
+
+    async def _settle(self, delivery: proton.Delivery, settle: Callable[[], Awaitable[None]], state: int) -> None:
+        error: BaseException | None = None
+        try:
+            await settle()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = exc
+        if getattr(delivery, "oncebus_done", False) or self.closed:
+            return
+        delivery.oncebus_done = True
+        if delivery.settled:
+            delivery.settle()
+        elif error is not None:
+            delivery.local.condition = condition_of(error)
+            delivery.update(proton.Delivery.REJECTED)
+            delivery.settle()
+        else:
+            if state == proton.Delivery.MODIFIED:
+                delivery.local.failed = delivery.remote.failed
+                delivery.local.undeliverable = delivery.remote.undeliverable
+            delivery.update(state if state else proton.Delivery.ACCEPTED)
+            delivery.settle()
+        self.conn.pump()
+
+    def on_closed(self) -> None:
+        self.closed = True
+        self._poke()
+        if self.session is not None:
+            self.conn.sessions.pop((self.session.path, self.session.session_id), None)
+            session = self.session
+            self.conn.spawn(self.conn.server.namespace.close_session(session))
+
+
+# ---------------------------------------------------------------------------------------- nodes
+RequestHandler = Callable[["AmqpConnection", proton.Link, proton.Message], Awaitable[proton.Message | None]]
+
+
+class RequestLink:
+    """The client's request link to a node ($cbs, <entity>/$management)."""
+
+    def __init__(self, conn: AmqpConnection, link: proton.Receiver, node: str, handler: RequestHandler) -> None:
+        self.conn = conn
+        self.link = link
+        self.node = node
+        self.handler = handler
+        self.closed = False
+
+    def open(self) -> None:
+        link = self.link
+        link.target.copy(link.remote_target)
+        link.source.copy(link.remote_source)
+        link.rcv_settle_mode = proton.Link.RCV_FIRST
+        link.oncebus_handler = self
+        link.open()
+        link.flow(REQUEST_CREDIT)
+
+    def on_flow(self) -> None:
+        pass
+
+    def on_delivery(self, delivery: proton.Delivery) -> None:
+        if delivery.partial:
+            return
+        self.conn.incoming(delivery)
+        payload = read_payload(self.link, delivery)
+        request = proton.Message()
+        try:
+            request.decode(payload)
+        except proton.MessageException as exc:
+            delivery.local.condition = proton.Condition("amqp:decode-error", str(exc))
+            delivery.update(proton.Delivery.REJECTED)
+            delivery.settle()
+            return
+        delivery.update(proton.Delivery.ACCEPTED)
+        delivery.settle()
+        if self.link.credit < REQUEST_CREDIT // 2:
+            self.link.flow(REQUEST_CREDIT - self.link.credit)
+        self.conn.spawn(self._answer(request))
+
+    async def _answer(self, request: proton.Message) -> None:
+        response = await self.handler(self.conn, self.link, request)
+        if response is None or self.conn.closed:
+            return
+        response.correlation_id = request.id
+        target = self.conn.response_link(self.link, request.reply_to, self.node)
+        if target is None:
+            _LOG.warning("no response link for a request to %s (reply-to %r)", self.node, request.reply_to)
+            return
+        delivery = target.delivery(uuid.uuid4().bytes)
+        target.send(response.encode())
+        target.advance()
+        if target.snd_settle_mode == proton.Link.SND_SETTLED:
+            delivery.settle()
+        self.conn.pump()
+
+    def on_closed(self) -> None:
+        self.closed = True
+
+
+class ResponseLink:
+    """The client's receiver link a node answers on."""
+
+    def __init__(self, conn: AmqpConnection, link: proton.Sender, address: str) -> None:
+        self.conn = conn
+        self.link = link
+        self.address = address
+
+    def open(self) -> None:
+        link = self.link
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        link.oncebus_handler = self
+        link.open()
+        self.conn.add_response_link(link, self.address)
+        target = link.remote_target.address
+        if target and target.lower() != self.address.lower():
+            self.conn.add_response_link(link, target)
+
+    def on_flow(self) -> None:
+        pass
+
+    def on_delivery(self, delivery: proton.Delivery) -> None:
+        if delivery.settled:
+            delivery.settle()
+
+    def on_closed(self) -> None:
+        pass

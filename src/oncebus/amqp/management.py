@@ -1,0 +1,284 @@
+"""The ``<entity>/$management`` node: Service Bus request-response operations.
+
+Requests carry ``operation`` in their application properties and an AMQP map
+body; responses carry ``statusCode`` / ``statusDescription`` (and
+``errorCondition`` on failure) and an AMQP map body.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import proton
+
+from oncebus.amqp import codec
+from oncebus.amqp.errors import condition_of, status_of
+from oncebus.broker.paths import parse_path
+from oncebus.core.errors import InvalidArgumentError, SessionLockLostError, UnauthorizedError
+from oncebus.core.messages import Message, ServiceBusReceiveMode
+from oncebus.core.timeutil import datetime_to_us
+
+if TYPE_CHECKING:
+    from oncebus.amqp.connection import AmqpConnection
+    from oncebus.broker import Namespace, SessionLock
+
+_LOG = logging.getLogger(__name__)
+MANAGEMENT_SUFFIX = "$management"
+OPERATION_PREFIX = "com.microsoft:"
+
+Body = dict[str, Any]
+Operation = Callable[["_Request"], Awaitable[Body | None]]
+
+
+def entity_of_node(address: str) -> str:
+    """``amqps://host/orders/$management`` or ``orders/$management`` -> ``orders``."""
+    if "://" in address:
+        address = urlsplit(address).path
+    address = address.strip("/")
+    if address.lower().endswith(MANAGEMENT_SUFFIX):
+        address = address[: -len(MANAGEMENT_SUFFIX)]
+    return address.strip("/")
+
+
+def _items(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, proton.Array):
+        return list(value.elements)
+    if isinstance(value, list | tuple):
+        return list(value)
+    return [value]
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes | memoryview):
+        return bytes(value).decode("utf-8")
+    return str(value)
+
+
+def _uuid(value: Any) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(_text(value))
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{value!r} is not a lock token (a UUID)") from None
+
+
+def _ms(moment: datetime.datetime) -> proton.timestamp:
+    return proton.timestamp(datetime_to_us(moment) // 1000)
+
+
+class _Request:
+    def __init__(self, conn: AmqpConnection, entity: str, body: Body, properties: dict[str, Any]) -> None:
+        self.conn = conn
+        self.entity = entity
+        self.body = body
+        self.properties = properties
+
+    @property
+    def namespace(self) -> Namespace:
+        return self.conn.server.namespace
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.body.get(name, default)
+
+    def require(self, name: str) -> Any:
+        if name not in self.body or self.body[name] is None:
+            raise InvalidArgumentError(f"the request lacks {name!r}")
+        return self.body[name]
+
+    def session(self) -> SessionLock | None:
+        session_id = _text(self.get("session-id"))
+        if session_id is None:
+            return None
+        path = parse_path(self.entity).receivable
+        lock = self.conn.sessions.get((path, session_id))
+        if lock is None:
+            raise SessionLockLostError(
+                f"session {session_id!r} of {self.entity!r} is not locked by this client: accept the session first"
+            )
+        return lock
+
+
+# ---------------------------------------------------------------------------------------- operations
+async def _schedule(request: _Request) -> Body:
+    entries = _items(request.require("messages"))
+    by_time: dict[datetime.datetime, list[tuple[int, Message]]] = {}
+    for position, entry in enumerate(entries):
+        encoded = entry.get("message") if isinstance(entry, dict) else None
+        if not isinstance(encoded, bytes | bytearray | memoryview):
+            raise InvalidArgumentError(f"scheduled message {position + 1} lacks its encoded 'message'")
+        message = codec.decode_message(bytes(encoded))
+        when = message.scheduled_enqueue_time_utc
+        if when is None:
+            raise InvalidArgumentError(
+                f"scheduled message {position + 1} has no x-opt-scheduled-enqueue-time: set schedule_time_utc"
+            )
+        by_time.setdefault(when, []).append((position, message))
+    numbers: list[int] = [0] * len(entries)
+    for when, group in by_time.items():
+        sequence_numbers = await request.namespace.schedule_messages(
+            request.entity, [message for _, message in group], when
+        )
+        for (position, _), number in zip(group, sequence_numbers, strict=True):
+            numbers[position] = number
+    return {"sequence-numbers": proton.Array(proton.UNDESCRIBED, proton.Data.LONG, *numbers)}
+
+
+async def _cancel(request: _Request) -> None:
+    numbers = [int(n) for n in _items(request.require("sequence-numbers"))]
+    await request.namespace.cancel_scheduled_messages(request.entity, numbers)
+    return None
+
+
+async def _peek(request: _Request) -> Body | None:
+    start = int(request.get("from-sequence-number") or 0)
+    count = int(request.get("message-count") or 1)
+    session_id = _text(request.get("session-id"))
+    messages = request.namespace.peek_messages(
+        request.entity, max(count, 1), sequence_number=start, session_id=session_id
+    )
+    if not messages:
+        return None
+    return {"messages": [{"message": codec.encode_received(m, lock_annotations=False)} for m in messages]}
+
+
+async def _renew_lock(request: _Request) -> Body:
+    tokens = [_uuid(t) for t in _items(request.require("lock-tokens"))]
+    expirations = [_ms(await request.namespace.renew_lock(request.entity, token)) for token in tokens]
+    return {"expirations": proton.Array(proton.UNDESCRIBED, proton.Data.TIMESTAMP, *expirations)}
+
+
+async def _update_disposition(request: _Request) -> None:
+    status = _text(request.require("disposition-status"))
+    tokens = [_uuid(t) for t in _items(request.require("lock-tokens"))]
+    namespace = request.namespace
+    for token in tokens:
+        if status == "completed":
+            await namespace.complete(request.entity, token)
+        elif status == "abandoned":
+            modify = request.get("properties-to-modify")
+            await namespace.abandon(request.entity, token, dict(modify) if modify else None)
+        elif status == "defered":
+            await namespace.defer(request.entity, token)
+        elif status == "suspended":
+            await namespace.dead_letter(
+                request.entity,
+                token,
+                reason=_text(request.get("deadletter-reason")) or None,
+                error_description=_text(request.get("deadletter-description")) or None,
+            )
+        else:
+            raise InvalidArgumentError(
+                f"disposition-status {status!r} is not one of completed, abandoned, defered, suspended"
+            )
+    return None
+
+
+async def _receive_by_sequence_number(request: _Request) -> Body | None:
+    numbers = [int(n) for n in _items(request.require("sequence-numbers"))]
+    settle_mode = int(request.get("receiver-settle-mode") or 0)
+    mode = ServiceBusReceiveMode.RECEIVE_AND_DELETE if settle_mode == 0 else ServiceBusReceiveMode.PEEK_LOCK
+    messages = await request.namespace.receive_deferred_messages(
+        request.entity, numbers, receive_mode=mode, session=request.session()
+    )
+    if not messages:
+        return None
+    out = []
+    for message in messages:
+        entry: dict[str, Any] = {"message": codec.encode_received(message, lock_annotations=True)}
+        if message.lock_token is not None and mode == ServiceBusReceiveMode.PEEK_LOCK:
+            entry["lock-token"] = message.lock_token
+        out.append(entry)
+    return {"messages": out}
+
+
+def _required_session(request: _Request) -> SessionLock:
+    session = request.session()
+    if session is None:
+        raise InvalidArgumentError("the request lacks 'session-id'")
+    return session
+
+
+async def _get_session_state(request: _Request) -> Body:
+    state = await request.namespace.get_session_state(_required_session(request))
+    return {"session-state": None if state is None else bytes(state)}
+
+
+async def _set_session_state(request: _Request) -> None:
+    state = request.get("session-state")
+    if isinstance(state, str):
+        state = state.encode("utf-8")
+    await request.namespace.set_session_state(_required_session(request), None if state is None else bytes(state))
+    return None
+
+
+async def _renew_session_lock(request: _Request) -> Body:
+    expiry = await request.namespace.renew_session_lock(_required_session(request))
+    return {"expiration": _ms(expiry)}
+
+
+async def _get_message_sessions(request: _Request) -> Body | None:
+    skip = int(request.get("skip") or 0)
+    top = int(request.get("top") or 100)
+    sessions = request.namespace.list_sessions(request.entity)[skip : skip + top]
+    if not sessions:
+        return None
+    return {"skip": proton.int32(skip + len(sessions)), "sessions-ids": sessions}
+
+
+OPERATIONS: dict[str, Operation] = {
+    "schedule-message": _schedule,
+    "cancel-scheduled-message": _cancel,
+    "peek-message": _peek,
+    "renew-lock": _renew_lock,
+    "update-disposition": _update_disposition,
+    "receive-by-sequence-number": _receive_by_sequence_number,
+    "get-session-state": _get_session_state,
+    "set-session-state": _set_session_state,
+    "renew-session-lock": _renew_session_lock,
+    "get-message-sessions": _get_message_sessions,
+}
+
+
+def _response(status: int, description: str, body: Body | None, condition: str | None = None) -> proton.Message:
+    properties: dict[str, Any] = {"statusCode": proton.int32(status), "statusDescription": description}
+    if condition is not None:
+        properties["errorCondition"] = proton.symbol(condition)
+    return proton.Message(body=body if body is not None else None, properties=properties)
+
+
+async def handle_request(conn: AmqpConnection, link: proton.Link, request: proton.Message) -> proton.Message:
+    """Run one management request and build its response (errors become status codes and conditions)."""
+    properties = {str(k): v for k, v in (request.properties or {}).items()}
+    entity = entity_of_node(link.remote_target.address or "")
+    operation = _text(properties.get("operation")) or ""
+    name = operation[len(OPERATION_PREFIX) :] if operation.startswith(OPERATION_PREFIX) else operation
+    try:
+        if not conn.authorized(entity):
+            raise UnauthorizedError(f"no valid token for {entity!r}: put a token on $cbs first")
+        handler = OPERATIONS.get(name)
+        if handler is None:
+            raise InvalidArgumentError(
+                f"operation {operation!r} is not supported; supported: "
+                + ", ".join(OPERATION_PREFIX + n for n in OPERATIONS)
+            )
+        body = codec.copy_value(request.body) if isinstance(request.body, dict) else {}
+        body = {str(k): v for k, v in body.items()}
+        result = await handler(_Request(conn, entity, body, properties))
+    except Exception as exc:
+        _LOG.info("management %s on %r failed: %s", operation, entity, exc)
+        condition = condition_of(exc)
+        return _response(status_of(exc), condition.description or "", None, condition.name)
+    if result is None:
+        status = 204 if name in ("peek-message", "receive-by-sequence-number", "get-message-sessions") else 200
+        return _response(status, "No Content" if status == 204 else "OK", None)
+    return _response(200, "OK", result)

@@ -1,0 +1,154 @@
+"""The real azure-servicebus SDK against ``oncebus serve`` run as a subprocess on a free port."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).parent
+START_TIMEOUT = 30.0
+
+
+def topology(queues: dict[str, dict[str, Any]], topics: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> dict:
+    """An emulator-format config.json: queues {name: Properties}, topics {name: (Properties, {sub: Properties})}."""
+    return {
+        "UserConfig": {
+            "Namespaces": [
+                {
+                    "Name": "sbemulatorns",
+                    "Queues": [{"Name": name, "Properties": props} for name, props in queues.items()],
+                    "Topics": [
+                        {
+                            "Name": name,
+                            "Properties": props,
+                            "Subscriptions": [{"Name": sub, "Properties": sp} for sub, sp in subs.items()],
+                        }
+                        for name, (props, subs) in topics.items()
+                    ],
+                }
+            ]
+        }
+    }
+
+
+class ServerProcess:
+    """``oncebus serve`` (or the clocked test server) on a temp data dir; restartable on the same dir."""
+
+    def __init__(self, data_dir: Path, config: dict | None = None, *, clock_file: Path | None = None) -> None:
+        self.data_dir = data_dir
+        self.config_file: Path | None = None
+        if config is not None:
+            self.config_file = data_dir.parent / f"{data_dir.name}-config.json"
+            self.config_file.write_text(json.dumps(config))
+        self.clock_file = clock_file
+        self.process: subprocess.Popen[str] | None = None
+        self.connection_string = ""
+        self.output: list[str] = []
+
+    def command(self) -> list[str]:
+        if self.clock_file is not None:
+            cmd = [sys.executable, str(HERE / "clocked_server.py"), str(self.data_dir), str(self.clock_file)]
+            return cmd + ([str(self.config_file)] if self.config_file else [])
+        cmd = [sys.executable, "-c", "import sys; from oncebus.cli import main; sys.exit(main())"]
+        cmd += ["--data-dir", str(self.data_dir), "serve", "--port", "0"]
+        return cmd + (["--config", str(self.config_file)] if self.config_file else [])
+
+    def start(self) -> ServerProcess:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(
+            self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        ready = threading.Event()
+
+        def read() -> None:
+            assert self.process is not None and self.process.stdout is not None
+            for line in self.process.stdout:
+                self.output.append(line.rstrip())
+                if line.startswith("connection string: "):
+                    self.connection_string = line.split(": ", 1)[1].strip()
+                if line.strip() == "ready":
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(START_TIMEOUT) or not self.connection_string:
+            self.stop()
+            raise RuntimeError("oncebus serve did not start:\n" + "\n".join(self.output))
+        return self
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def cli(self, *args: str) -> str:
+        cmd = [sys.executable, "-c", "import sys; from oncebus.cli import main; sys.exit(main())"]
+        result = subprocess.run(
+            [*cmd, "--data-dir", str(self.data_dir), *args], capture_output=True, text=True, timeout=60
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"oncebus {' '.join(args)} failed: {result.stdout}{result.stderr}")
+        return result.stdout
+
+    def wrong_key_connection_string(self) -> str:
+        return self.connection_string.replace("SharedAccessKey=SAS_KEY_VALUE", "SharedAccessKey=not-the-key")
+
+
+QUEUES: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "dedup": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT10M"},
+    "lookalike": {"RequiresDuplicateDetection": True},
+    "modes": {},
+    "prefetch": {},
+    "iterate": {},
+    "settle": {"MaxDeliveryCount": 5},
+    "scheduled": {"RequiresDuplicateDetection": True},
+    "peek": {},
+    "locks": {"LockDuration": "PT5S"},
+    "lost": {"LockDuration": "PT5S"},
+    "small": {"MaxMessageSizeInKilobytes": 64},
+    "shrinking": {},
+    "badinput": {"RequiresDuplicateDetection": True},
+    "sessions": {"RequiresSession": True},
+    "nextsession": {"RequiresSession": True},
+    "sessionlost": {"RequiresSession": True, "LockDuration": "PT5S"},
+    "aio": {"RequiresDuplicateDetection": True},
+    "restart": {"RequiresDuplicateDetection": True},
+    "window20": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT20S"},
+}
+TOPICS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "events": ({"RequiresDuplicateDetection": True}, {"audit": {}, "billing": {}}),
+}
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    base = tmp_path_factory.mktemp("oncebus")
+    process = ServerProcess(base / "data", topology(QUEUES, TOPICS)).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def connection_string(server: ServerProcess) -> str:
+    return server.connection_string

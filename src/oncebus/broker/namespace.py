@@ -802,7 +802,7 @@ class Namespace:
         receivable, message = self._locked(path, lock_token)
         ops = receivable.remove(message)
         self._drop_session_token(receivable, message)
-        await self._write(ops)
+        await self._settle(ops)
 
     async def abandon(
         self, path: str, lock_token: uuid.UUID | str, properties_to_modify: dict[str, Any] | None = None
@@ -815,14 +815,14 @@ class Namespace:
         if message.sequence_number in receivable.messages:
             ops.append(PutMessage(message))
         self._notify()
-        await self._write(ops)
+        await self._settle(ops)
 
     async def defer(self, path: str, lock_token: uuid.UUID | str) -> None:
         receivable, message = self._locked(path, lock_token)
         self._drop_session_token(receivable, message)
         message.state = MessageState.DEFERRED
         receivable.unlock(message, self._now())
-        await self._write([PutMessage(message)])
+        await self._settle([PutMessage(message)])
 
     async def dead_letter(
         self,
@@ -836,6 +836,10 @@ class Namespace:
             raise InvalidArgumentError("a message in a dead-letter queue cannot be dead-lettered again")
         self._drop_session_token(receivable, message)
         ops = receivable.move_to_dead_letter(message, reason, error_description)
+        await self._settle(ops)
+
+    async def _settle(self, ops: list[Op]) -> None:
+        """Settlements are acknowledged once durable: a completed message never comes back after a crash."""
         await self._write(ops)
 
     def _drop_session_token(self, receivable: Receivable, message: StoredMessage) -> None:

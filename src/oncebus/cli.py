@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from oncebus import __version__
-from oncebus.broker.clock import SystemClock
+from oncebus.broker.clock import FileClock, SystemClock
 from oncebus.broker.control import ControlServer, dispatch, error_from_json
 from oncebus.broker.datadir import DataDir, resolve_data_dir
 from oncebus.broker.namespace import Namespace
@@ -126,7 +126,9 @@ async def _serve(args: argparse.Namespace) -> int:
     started = time.monotonic()
     store = SqliteStore(datadir.store_path)
     send_log = SendLogWriter(args.send_log) if args.send_log else None
-    namespace = await Namespace.open(store, SystemClock(), send_log=send_log)
+    clock_file = os.environ.get("ONCEBUS_CLOCK_FILE")  # tests only: time read from a file
+    clock = FileClock(clock_file) if clock_file else SystemClock()
+    namespace = await Namespace.open(store, clock, send_log=send_log)
     if args.config:
         from oncebus.broker.topology import apply_topology, load_topology
 
@@ -140,7 +142,7 @@ async def _serve(args: argparse.Namespace) -> int:
         "data_dir": str(datadir.path),
     }
     amqp_server = await _start_amqp(namespace, args, info)
-    timers = asyncio.create_task(namespace.run_timers())
+    timers = asyncio.create_task(namespace.run_timers(0.05 if clock_file else 0.5))
     datadir.write_server_info(info)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -7,13 +7,15 @@ the dedup index requires non-decreasing times.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Protocol
 
 from oncebus.core.timeutil import datetime_to_us, us_to_datetime
 
-__all__ = ["Clock", "ManualClock", "SystemClock", "datetime_to_us", "us_to_datetime"]
+__all__ = ["Clock", "FileClock", "ManualClock", "SystemClock", "datetime_to_us", "us_to_datetime"]
 
 
 class Clock(Protocol):
@@ -34,6 +36,32 @@ class SystemClock:
                 return self._last
             self._last = now
             return now
+
+
+class FileClock:
+    """For end-to-end tests of ``oncebus serve``: the time is read from a file the test writes.
+
+    The file holds an integer of microseconds since the epoch; until it exists the
+    system time is used. Never runs backwards. Enabled by ``ONCEBUS_CLOCK_FILE``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._stamp = -1
+        self._value = 0
+
+    def now_us(self) -> int:
+        try:
+            stamp = os.stat(self.path).st_mtime_ns
+        except FileNotFoundError:
+            self._value = max(self._value, time.time_ns() // 1_000)
+            return self._value
+        if stamp != self._stamp:
+            text = self.path.read_text().strip()
+            if text:
+                self._stamp = stamp
+                self._value = max(self._value, int(text))
+        return self._value
 
 
 class ManualClock:

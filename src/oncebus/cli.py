@@ -521,14 +521,20 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("entity", nargs="?")
     stats.add_argument("--json", action="store_true")
 
-    advise = commands.add_parser("advise", help="window advisor over a send log (needs the spark extra)")
+    advise = commands.add_parser(
+        "advise",
+        help="window advisor over a send log (needs the spark extra)",
+        description="Options: --share 0.999, --candidates PT1M,PT10M, --out DIR, --master URL.",
+    )
     advise.add_argument("log", help="send-log directory written by 'oncebus serve --send-log'")
-    advise.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the advisor")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command != "advise":
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         if args.command == "serve":
             return asyncio.run(_serve(args))
@@ -539,7 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise CliError(
                     f"'oncebus advise' needs the spark extra: pip install 'oncebus[spark]' ({exc})", EXIT_USAGE
                 ) from exc
-            return int(advise_main([args.log, *args.rest]) or 0)
+            return int(advise_main([args.log, *unknown]) or 0)
         target = _open_target(resolve_data_dir(args.data_dir))
         try:
             handler = {"send": _send, "receive": _receive, "peek": _peek, "stats": _stats}.get(args.command)

@@ -5,34 +5,20 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-try:
-    import pyarrow  # noqa: F401
-    import pyspark  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the install
-    collect_ignore_glob = ["test_*.py"]
-    _SKIP_REASON = f"pyspark is not importable ({exc}); install with: pip install -e '.[dev,spark]'"
-else:
-    _SKIP_REASON = ""
+pytest.importorskip("pyspark", reason="pyspark is not importable: install the extra, pip install -e '.[dev,spark]'")
+pytest.importorskip("pyarrow", reason="pyarrow is not importable: install the extra, pip install -e '.[dev,spark]'")
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _SKIP_REASON:
-        for item in items:
-            if "tests/spark" in str(item.fspath):
-                item.add_marker(pytest.mark.skip(reason=_SKIP_REASON))
+from pyspark.sql import SparkSession
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark() -> Iterator[SparkSession]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
     session = (
         SparkSession.builder.master("local[2]")
         .appName("oncebus-tests")

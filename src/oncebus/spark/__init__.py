@@ -5,11 +5,13 @@
 * :func:`deduplicate_stream`: the exact rule on a streaming DataFrame, state
   kept as Parquet under a path you give.
 * :func:`advise`: the window advisor over a broker's send log.
+* :func:`register`: the ``oncebus`` data source (read a queue or subscription, write a queue or topic).
 """
 
 from __future__ import annotations
 
 from oncebus.spark._advisor import advise, write_advice
+from oncebus.spark._datasource import OncebusDataSource, register
 from oncebus.spark._dedup import deduplicate
 from oncebus.spark._settings import EntitySettings
 from oncebus.spark._stream import DEFAULT_MAX_OUT_OF_ORDER, deduplicate_stream, flush_stream
@@ -17,9 +19,11 @@ from oncebus.spark._stream import DEFAULT_MAX_OUT_OF_ORDER, deduplicate_stream, 
 __all__ = [
     "DEFAULT_MAX_OUT_OF_ORDER",
     "EntitySettings",
+    "OncebusDataSource",
     "advise",
     "deduplicate",
     "deduplicate_stream",
     "flush_stream",
+    "register",
     "write_advice",
 ]

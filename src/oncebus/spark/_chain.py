@@ -2,7 +2,9 @@
 
 Input rows arrive sorted by (h1, h2, kind, t, tie-break): ``kind`` 0 is a
 *seed* row carrying a key's first-accepted time ``t0`` from earlier batches
-(streaming), ``kind`` 1 a send. Per key, the rule is the core's:
+(streaming), ``kind`` 1 a send. A send with a negative window bypasses the
+rule (no message_id, or duplicate detection disabled): it is kept and records
+nothing. Per key, the rule is the core's:
 
 * a send at ``t`` with ``t < t0 + W`` is a duplicate (``t0`` unchanged);
 * any other send is kept and sets ``t0 = t``.
@@ -72,7 +74,9 @@ def keep_mask(
         base = np.where(seeded & has, np.maximum(base, seed_t0), np.where(seeded, seed_t0, base))
         has |= seeded
 
-    send = ~seed
+    bypass = w < 0
+    keep[bypass & ~seed] = True
+    send = ~seed & ~bypass
     covered = send & has[gid] & (t < base[gid] + w)
     candidate = np.flatnonzero(send & ~covered)
     if len(candidate):
@@ -89,7 +93,7 @@ def keep_mask(
             _walk_chains(np.unique(gid[beyond]), gid, candidate, t, w, keep)
 
     last = groups - 1
-    kept_last = np.flatnonzero(keep & (gid == last))
+    kept_last = np.flatnonzero(keep & send & (gid == last))
     if len(kept_last):
         t0_last: int | None = int(t[kept_last[-1]])
     else:

@@ -33,8 +33,9 @@ def deduplicate(
 ) -> DataFrame:
     """Drop the rows Azure Service Bus duplicate detection would drop; keep the input's columns.
 
-    The rule (``shared/design/semantics.md``, the same code path as
-    ``oncebus.core.DuplicateDetector``): a row at time ``t`` whose key was first
+    The rule (``shared/design/semantics.md``; the tests hold the survivors equal
+    to ``oncebus.core.DuplicateDetector``'s on the shared scenarios and on
+    generated million-row traces): a row at time ``t`` whose key was first
     accepted at ``t0`` is a duplicate when ``t < t0 + window``; duplicates never
     refresh ``t0`` (a fixed window, not a sliding one). Rows are judged per key
     in time order, whatever their order in ``df``.
@@ -57,6 +58,11 @@ def deduplicate(
     (``on_invalid="raise"``). A row with a null message_id is kept and records
     nothing (the broker would give it a fresh id); so is every row of an entity
     whose ``requires_duplicate_detection`` is false.
+
+    ``partition_key_col`` and ``session_id_col`` left at their default names
+    may be missing from ``df`` (then treated as null); pass ``None`` to ignore
+    such a column. Keys are compared by a 128-bit digest of (entity, key text),
+    as the core's index does.
 
     Equal times of one key are ordered by ``order_col`` (ascending; e.g. an
     offset or sequence number), else by the row's orderable columns in schema
@@ -82,6 +88,7 @@ def deduplicate(
         time_col=time_col,
         entity_col=entity_col,
         order_col=order_col,
+        entity_settings_given=bool(entity_settings),
     )
     if mode == "approximate":
         return _approximate(df, columns, default, per_entity, on_invalid)
@@ -93,8 +100,7 @@ def deduplicate(
             "oncebus.spark.deduplicate_stream (exact, state in a path you give) or mode='approximate'"
         )
     prepared = _plan.prepare(df, columns, default, per_entity, on_invalid)
-    kept = _plan.apply_rule(prepared.where(~F.col(_plan.BYPASS)), columns)
-    return kept.unionByName(_plan.bypassed(prepared, columns)).select(*columns.user)
+    return _plan.apply_rule(prepared, columns).select(*columns.user)
 
 
 def _approximate(
@@ -111,6 +117,7 @@ def _approximate(
         raise InvalidArgumentError("mode='approximate' needs time_col to be a timestamp (Spark watermarks need one)")
     prepared = _plan.prepare(df, columns, default, per_entity, on_invalid)
     delay = f"{int(default.window.total_seconds() * 1_000_000)} microseconds"
-    judged = prepared.where(~F.col(_plan.BYPASS)).withWatermark(columns.time, delay)
+    bypass = F.col(_plan.W_US) < 0
+    judged = prepared.where(~bypass).withWatermark(columns.time, delay)
     deduped = judged.dropDuplicatesWithinWatermark([_plan.H1, _plan.H2]).select(*columns.user)
-    return deduped.unionByName(prepared.where(F.col(_plan.BYPASS)).select(*columns.user))
+    return deduped.unionByName(prepared.where(bypass).select(*columns.user))

@@ -17,11 +17,10 @@ from oncebus.spark._settings import EntitySettings
 
 PREFIX = "__oncebus_"
 H1, H2, T_US, W_US, KIND = _chain.H1, _chain.H2, _chain.T, _chain.W, _chain.KIND
-BYPASS = PREFIX + "bypass"
 PARTITIONED = PREFIX + "partitioned"
 ENABLED = PREFIX + "enabled"
 INVALID = PREFIX + "invalid"
-DERIVED = (H1, H2, T_US, W_US, BYPASS)
+DERIVED = (H1, H2, T_US, W_US)
 
 OnInvalid = Literal["drop", "raise"]
 _DEFAULT_NAMES = {"partition_key": "partition_key_col", "session_id": "session_id_col"}
@@ -49,7 +48,10 @@ def resolve_columns(
     time_col: str,
     entity_col: str | None,
     order_col: str | Sequence[str] | None,
+    entity_settings_given: bool = False,
 ) -> Columns:
+    if entity_settings_given and entity_col is None:
+        raise InvalidArgumentError("entity_settings needs entity_col: the column naming each row's entity")
     schema = {f.name: f.dataType for f in df.schema.fields}
     user = tuple(schema)
     if any(name.startswith(PREFIX) for name in user):
@@ -133,7 +135,11 @@ def prepare(
     per_entity: Mapping[str, EntitySettings],
     on_invalid: OnInvalid,
 ) -> DataFrame:
-    """The input's columns plus H1, H2, T_US, W_US, BYPASS; invalid rows dropped (or an error raised)."""
+    """The input's columns plus H1, H2, T_US, W_US; invalid rows dropped (or an error raised).
+
+    W_US is the entity's window in microseconds, or -1 for a row that bypasses the rule (kept, recorded
+    nowhere): no message_id (the broker would give it a fresh one) or duplicate detection disabled.
+    """
     if on_invalid not in ("drop", "raise"):
         raise InvalidArgumentError(f"on_invalid must be 'drop' or 'raise', not {on_invalid!r}")
     message_id = F.col(columns.message_id)
@@ -149,13 +155,13 @@ def prepare(
         enabled.alias(ENABLED),
         t_us.cast("long").alias(T_US),
     )
-    invalid = invalid_column(message_id, partition_key, session_id, F.col(PARTITIONED), F.col(ENABLED)) | F.col(
-        T_US
-    ).isNull()
+    invalid = (
+        invalid_column(message_id, partition_key, session_id, F.col(PARTITIONED), F.col(ENABLED)) | F.col(T_US).isNull()
+    )
     if on_invalid == "raise":
-        reason = F.when(
-            F.col(T_US).isNull(), F.lit(f"oncebus.spark: invalid row: {columns.time} is null")
-        ).otherwise(invalid_reason_column(message_id, partition_key, session_id))
+        reason = F.when(F.col(T_US).isNull(), F.lit(f"oncebus.spark: invalid row: {columns.time} is null")).otherwise(
+            invalid_reason_column(message_id, partition_key, session_id)
+        )
         out = out.where(F.when(invalid, F.raise_error(reason)).otherwise(F.lit(True)))
     else:
         out = out.where(~invalid)
@@ -166,16 +172,15 @@ def prepare(
         h1.alias(H1),
         h2.alias(H2),
         F.col(T_US),
-        F.col(W_US),
-        (message_id.isNull() | ~F.col(ENABLED)).alias(BYPASS),
+        F.when(message_id.isNull() | ~F.col(ENABLED), F.lit(-1).cast("long")).otherwise(F.col(W_US)).alias(W_US),
     )
 
 
 def apply_rule(
     prepared: DataFrame, columns: Columns, seeds: DataFrame | None = None, partitions: int | None = None
 ) -> DataFrame:
-    """Rows of ``prepared`` (not bypassed) the rule keeps, with H1, H2, T_US; ``seeds`` (H1, H2, T_US)
-    gives prior first-accepted times."""
+    """Rows of ``prepared`` the rule keeps, with H1, H2, T_US, W_US (-1: bypassed, records no key);
+    ``seeds`` (H1, H2, T_US) gives prior first-accepted times."""
     sends = prepared.select(
         *[F.col(name) for name in columns.user], F.col(H1), F.col(H2), F.col(T_US), F.col(W_US), F.lit(1).alias(KIND)
     )
@@ -194,10 +199,4 @@ def apply_rule(
     spread = sends.repartition(partitions, H1) if partitions else sends.repartition(H1)
     ordered = spread.sortWithinPartitions(H1, H2, KIND, T_US, *columns.order)
     kept = ordered.mapInArrow(_chain.apply_rule, ordered.schema)
-    return kept.select(*[F.col(name) for name in columns.user], F.col(H1), F.col(H2), F.col(T_US))
-
-
-def bypassed(prepared: DataFrame, columns: Columns) -> DataFrame:
-    return prepared.where(F.col(BYPASS)).select(
-        *[F.col(name) for name in columns.user], F.col(H1), F.col(H2), F.col(T_US)
-    )
+    return kept.select(*[F.col(name) for name in columns.user], F.col(H1), F.col(H2), F.col(T_US), F.col(W_US))

@@ -1,0 +1,306 @@
+"""Exact duplicate detection in Spark against Spark's approximate built-in and the core, one run.
+
+    python bench/spark_dedup.py                    # ratios on one generated trace (default 2,000,000 rows)
+    python bench/spark_dedup.py --rows 1000000 --files 4
+    python bench/spark_dedup.py --held-30m         # streaming with ~30 million keys held (several minutes)
+
+Ratio mode, on the same trace (out of order within 2 s; two entities: "orders"
+20 s window, "mytopic" 60 s window and partitioned):
+
+* exact streaming (``deduplicate_stream``), the trace as Parquet files read one
+  file per micro-batch, kept rows written as Parquet;
+* Spark's approximate ``dropDuplicatesWithinWatermark`` (``deduplicate(...,
+  mode="approximate")``, one 60 s window for every entity), same files, same sink;
+* exact batch (``deduplicate``) over the same files, kept rows written as Parquet;
+* the core, ``oncebus.core.DuplicateDetector``, in pure Python on one core, fed
+  the rows in (time, seq) order (validation, key and verdict per row; the sort
+  is not timed).
+
+The held-30m mode streams ``rate-micro-batch`` rows at 50,000 sends/s of event
+time (3 % resends, a tenth of them after the window) through a 10-minute window,
+so about 30 million keys are held; after the state is full it reports rows/s
+and the latency of each measured batch. Benchmarks never assert on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from oncebus.spark import EntitySettings, deduplicate, deduplicate_stream, flush_stream
+from oncebus.spark._reference import core_survivors
+from oncebus.spark._trace import DEFAULT_ENTITIES, generate_trace
+
+SETTINGS = {
+    e.name: EntitySettings(window=timedelta(microseconds=e.window_us), partitioned=e.partitioned)
+    for e in DEFAULT_ENTITIES
+}
+BOUND = timedelta(seconds=2)
+
+
+def session(memory: str) -> SparkSession:
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("oncebus bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.memory", memory)
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def manifests(state: Path) -> list[dict[str, Any]]:
+    folder = state / "batches"
+    if not folder.exists():
+        return []
+    return [json.loads((folder / n).read_text()) for n in sorted(os.listdir(folder)) if n.endswith(".json")]
+
+
+def ratio_mode(args: argparse.Namespace) -> None:
+    spark = session("4g")
+    work = Path(tempfile.mkdtemp(prefix="oncebus-bench-"))
+    try:
+        trace = generate_trace(args.rows, rate=args.rate, max_out_of_order_us=2_000_000, seed=3)
+        source = work / "in"
+        source.mkdir()
+        step = -(-len(trace) // args.files)
+        for i in range(args.files):
+            pq.write_table(trace.slice(i * step, step), source / f"part-{i:04d}.parquet")
+        rows = len(trace)
+        print(f"trace: {rows:,} rows, {args.files} files, rate {args.rate:,.0f}/s of event time, out of order < 2 s")
+
+        schema = spark.read.parquet(str(source)).schema
+        # warm the Python workers and the JIT on a small slice, untimed
+        deduplicate(
+            spark.read.parquet(str(source)).limit(10_000),
+            entity_col="entity",
+            entity_settings=SETTINGS,
+            order_col="seq",
+        ).write.format("noop").mode("overwrite").save()
+
+        results: list[tuple[str, float, int, str]] = []
+
+        def stream_source() -> DataFrame:
+            return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(source))
+
+        # exact streaming (ours)
+        options: dict[str, Any] = {
+            "entity_col": "entity",
+            "entity_settings": SETTINGS,
+            "order_col": "seq",
+            "state_path": str(work / "state"),
+            "output_path": str(work / "out-stream"),
+        }
+        started = time.perf_counter()
+        query = deduplicate_stream(stream_source(), max_out_of_order=BOUND, trigger={"availableNow": True}, **options)
+        query.awaitTermination()
+        flush_stream(stream_source(), **options)
+        seconds = time.perf_counter() - started
+        stream_kept = {r[0] for r in spark.read.parquet(str(work / "out-stream")).select("seq").collect()}
+        latencies = [m["seconds"]["total"] for m in manifests(work / "state")]
+        results.append(
+            (
+                "exact streaming (ours)",
+                seconds,
+                len(stream_kept),
+                f"batch latency median {statistics.median(latencies):.2f} s, max {max(latencies):.2f} s",
+            )
+        )
+
+        # Spark's approximate built-in
+        approx = deduplicate(stream_source(), "PT1M", mode="approximate", entity_col="entity")
+        started = time.perf_counter()
+        q = (
+            approx.writeStream.format("parquet")
+            .option("path", str(work / "out-approx"))
+            .option("checkpointLocation", str(work / "cp-approx"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+        seconds = time.perf_counter() - started
+        approx_kept = {r[0] for r in spark.read.parquet(str(work / "out-approx")).select("seq").collect()}
+
+        # exact batch (ours)
+        started = time.perf_counter()
+        deduplicate(
+            spark.read.parquet(str(source)), entity_col="entity", entity_settings=SETTINGS, order_col="seq"
+        ).write.mode("overwrite").parquet(str(work / "out-batch"))
+        batch_seconds = time.perf_counter() - started
+        batch_kept = {r[0] for r in spark.read.parquet(str(work / "out-batch")).select("seq").collect()}
+
+        # the core, one core, pure Python
+        t_us = trace["enqueued_time"].cast(pa.int64()).to_numpy()
+        seq = trace["seq"].to_numpy()
+        order = np.lexsort((seq, t_us)).tolist()
+        cols = [trace[c].to_pylist() for c in ("entity", "message_id", "partition_key", "session_id")]
+        feed = [(cols[0][i], cols[1][i], cols[2][i], cols[3][i], int(t_us[i]), int(seq[i])) for i in order]
+        started = time.perf_counter()
+        core_kept = set(core_survivors(feed, EntitySettings(), SETTINGS))
+        core_seconds = time.perf_counter() - started
+
+        wrong = len(approx_kept ^ core_kept)
+        results.append(
+            (
+                "approximate dropDuplicatesWithinWatermark",
+                seconds,
+                len(approx_kept),
+                f"{wrong:,} rows differ from the exact result",
+            )
+        )
+        results.append(("exact batch (ours)", batch_seconds, len(batch_kept), ""))
+        results.append(("core DuplicateDetector, 1 core", core_seconds, len(core_kept), ""))
+
+        print(f"\n{'way':<44} {'seconds':>8} {'rows/s':>11} {'kept':>10}  exact?")
+        rate = {}
+        for name, secs, kept, note in results:
+            rate[name] = rows / secs
+            exact = (
+                "yes"
+                if (
+                    name.startswith("approx") is False
+                    and (
+                        (name.startswith("exact streaming") and stream_kept == core_kept)
+                        or (name.startswith("exact batch") and batch_kept == core_kept)
+                        or name.startswith("core")
+                    )
+                )
+                else "no"
+            )
+            print(f"{name:<44} {secs:>8.2f} {rows / secs:>11,.0f} {kept:>10,}  {exact}  {note}")
+        names = [r[0] for r in results]
+        print("\nratios:")
+        print(f"  exact streaming / approximate built-in : {rate[names[0]] / rate[names[1]]:.2f}")
+        print(f"  exact batch / core (1 core)            : {rate[names[2]] / rate[names[3]]:.2f}")
+        print(f"  exact streaming / core (1 core)        : {rate[names[0]] / rate[names[3]]:.2f}")
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def held_mode(args: argparse.Namespace) -> None:
+    spark = session("8g")
+    work = Path(tempfile.mkdtemp(prefix="oncebus-bench-held-"))
+    rate, batch_rows = 50_000, args.batch_rows
+    window = timedelta(minutes=10)
+    try:
+        source = (
+            spark.readStream.format("rate-micro-batch")
+            .option("rowsPerBatch", batch_rows)
+            .option("numPartitions", 2)
+            .option("advanceMillisPerBatch", int(batch_rows / rate * 1000))
+            .load()
+        )
+        v = F.col("value")
+
+        def uniform(salt: int) -> Any:
+            return F.pmod(F.xxhash64(v, F.lit(salt)), F.lit(1_000_000))
+
+        back = F.when(
+            uniform(2) < 100_000,  # a tenth of the resends come after the window
+            F.lit(window.total_seconds() * rate) + F.pmod(F.xxhash64(v, F.lit(4)), F.lit(10_000_000)),
+        ).otherwise(F.pmod(F.xxhash64(v, F.lit(5)), F.lit(30 * rate)))
+        first = F.when((uniform(1) < 30_000) & (v - back >= 0), v - back).otherwise(v)
+        event_us = (
+            F.lit(1_795_000_000_000_000) + v * (1_000_000 // rate) - F.pmod(F.xxhash64(v, F.lit(3)), F.lit(2_000_000))
+        )
+        sends = source.select(
+            F.concat(F.lit("m"), first.cast("long").cast("string")).alias("message_id"),
+            F.timestamp_micros(event_us.cast("long")).alias("enqueued_time"),
+            v.alias("seq"),
+            F.concat(F.lit("body-"), v.cast("string")).alias("body"),
+        )
+
+        def sink(df: DataFrame, batch_id: int) -> None:
+            df.write.format("noop").mode("overwrite").save()
+
+        query = deduplicate_stream(
+            sends,
+            window,
+            state_path=str(work / "state"),
+            foreach_batch=sink,
+            max_out_of_order=BOUND,
+            order_col="seq",
+            trigger={"processingTime": "0 seconds"},
+        )
+        print(f"{batch_rows:,} rows per micro-batch = {batch_rows / rate:.0f} s of sends at {rate:,}/s; window 10 min")
+        print(f"{'batch':>5} {'keys held':>12} {'seconds':>8} {'rows/s':>9}  phases")
+        measured: list[dict[str, Any]] = []
+        shown = 0
+        while len(measured) < args.measure_batches:
+            time.sleep(1)
+            if query.exception() is not None:
+                raise RuntimeError(str(query.exception()))
+            done = manifests(work / "state")
+            for m in done[shown:]:
+                total = m["seconds"]["total"]
+                full = m["keys_held"] >= args.target_keys
+                print(
+                    f"{m['batch_id']:>5} {m['keys_held']:>12,} {total:>8.2f} {batch_rows / total:>9,.0f}  "
+                    f"{m['seconds']}{'  (measured)' if full else ''}",
+                    flush=True,
+                )
+                if full:
+                    measured.append(m)
+            shown = len(done)
+        # Spark's own clock per batch (offsets, our foreachBatch, commit); the manifest's "total" is ours only
+        progress = {p["batchId"]: p["durationMs"]["triggerExecution"] / 1000 for p in query.recentProgress}
+        query.stop()
+        latency = [progress.get(m["batch_id"], m["seconds"]["total"]) for m in measured]
+        rows = batch_rows * len(measured)
+        keys = statistics.mean(m["keys_held"] for m in measured)
+        print(
+            f"\nexact streaming with {keys / 1e6:.1f} M keys held: {rows / sum(latency):,.0f} rows/s "
+            f"over {len(measured)} batches of {batch_rows:,} rows; batch latency (Spark triggerExecution) "
+            f"median {statistics.median(latency):.2f} s, max {max(latency):.2f} s"
+        )
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--files", type=int, default=8, help="micro-batches in ratio mode (one file each)")
+    parser.add_argument("--rate", type=float, default=20_000.0, help="sends per second of event time in the trace")
+    parser.add_argument("--held-30m", action="store_true", help="streaming with about 30 million keys held")
+    parser.add_argument("--batch-rows", type=int, default=2_000_000, help="rows per micro-batch (held-30m mode)")
+    parser.add_argument("--target-keys", type=int, default=28_000_000, help="keys held before measuring")
+    parser.add_argument("--measure-batches", type=int, default=5)
+    args = parser.parse_args()
+    if args.held_30m:
+        held_mode(args)
+    else:
+        ratio_mode(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -539,7 +539,7 @@ class Namespace:
                 raise InvalidArgumentError(f"{where}: body must be bytes")
             total += message.size
             if entity.detector.enabled and message.message_id is not None:
-                keys.append(entity.detector.key_of(message.message_id, message.partition_key, message.session_id))
+                keys.append(entity.detector.key_of_valid(message.message_id, message.partition_key, message.session_id))
             else:
                 keys.append(None)
         if not scheduled and len(messages) > 1 and total > max(limit, 1024 * 1024):
@@ -583,7 +583,6 @@ class Namespace:
         ops: list[Op] = []
         outcomes: list[SendOutcome] = []
         stored: list[tuple[Receivable, StoredMessage]] = []
-        window_us = to_micros(entity.detector.window)
         for message, key in zip(batch, keys, strict=True):
             message_id = message.message_id if message.message_id is not None else uuid.uuid4().hex
             verdict = entity.detector.judge(key, now) if key is not None else None
@@ -597,7 +596,7 @@ class Namespace:
                         "outcome": "duplicate"
                         if verdict and verdict.duplicate
                         else ("late" if verdict and verdict.late_resend_delay_us is not None else "new"),
-                        "window_us": window_us,
+                        "window_us": to_micros(entity.detector.window),
                     }
                 )
             if verdict is not None and verdict.duplicate:

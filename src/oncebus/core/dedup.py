@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import NamedTuple
 
 from oncebus.core.durations import to_micros
-from oncebus.core.keys import dedup_key, key_digest
+from oncebus.core.keys import dedup_key, effective_partition_key, key_digest, key_text
 
 _BLOCK_BITS = 12
 _BLOCK = 1 << _BLOCK_BITS  # entries per log block
@@ -62,15 +62,19 @@ class _DigestLog:
 
     def find(self, hi: int, lo: int) -> tuple[int, int]:
         """(slot, t0) of the digest, or (-1, 0) when absent."""
-        slots, mask = self._slots, self._mask
+        slots, mask, blocks = self._slots, self._mask, self._blocks
+        head, base = self._head, self._block_base
+        head_mod = head % _REF_MOD
         i = hi & mask
         while True:
             ref = slots[i]
             if not ref:
                 return -1, 0
-            block, k = self._entry(self._seq_of(ref))
-            if block[k] == hi and block[k + 1] == lo:
-                return i, block[k + 2]
+            off = head + ((ref - 1 - head_mod) % _REF_MOD) - base  # the hot path: _seq_of and _entry inlined
+            block = blocks[off >> _BLOCK_BITS]
+            k = (off & _BLOCK_MASK) * 3
+            if block[k] == hi and block[k + 1] == lo:  # type: ignore[index]
+                return i, block[k + 2]  # type: ignore[index]
             i = (i + 1) & mask
 
     def append(self, hi: int, lo: int, t0: int) -> None:
@@ -203,6 +207,7 @@ class DedupIndex:
         self._expired = _DigestLog()
         self._expired_capacity = recently_expired_capacity
         self._now_us = 0
+        self._next_expiry_us = 0  # nothing can expire before this time (0: check)
 
     @property
     def window(self) -> timedelta:
@@ -212,6 +217,7 @@ class DedupIndex:
         """Change the window at ``now_us``: keys that left the old window stay gone; held keys get the new one."""
         self._tick(now_us)
         self._window_us = to_micros(value)
+        self._next_expiry_us = 0
 
     def __len__(self) -> int:
         return len(self._held)
@@ -235,7 +241,8 @@ class DedupIndex:
         if now_us < self._now_us:
             raise ValueError(f"time went backwards: {now_us} us after {self._now_us} us")
         self._now_us = now_us
-        self.expire(now_us)
+        if now_us >= self._next_expiry_us:
+            self.expire(now_us)
 
     def expire(self, now_us: int) -> int:
         """Move keys with ``t0 + W <= now`` out of the window; returns how many moved."""
@@ -257,10 +264,15 @@ class DedupIndex:
                 expired.append(hi, lo, t0)
         # forget recently expired keys one more window after they left
         while True:
-            oldest = expired.oldest()
-            if oldest is None or oldest[2] > limit - self._window_us:
+            oldest_expired = expired.oldest()
+            if oldest_expired is None or oldest_expired[2] > limit - self._window_us:
                 break
             expired.pop_oldest()
+        # with nothing held, the next key appended (at now or later) can expire no sooner than now + W
+        next_expiry = oldest[2] + self._window_us if oldest is not None else now_us + self._window_us
+        if oldest_expired is not None:
+            next_expiry = min(next_expiry, oldest_expired[2] + 2 * self._window_us)
+        self._next_expiry_us = next_expiry
         return moved
 
     def peek(self, key: str, now_us: int) -> Verdict:
@@ -280,13 +292,14 @@ class DedupIndex:
         slot, t0 = self._held.find(hi, lo)
         if slot >= 0:
             return Verdict(True, t0)
-        late: int | None = None
-        slot, t0 = self._expired.find(hi, lo)
-        if slot >= 0:
-            late = now_us - t0
-            self._expired.remove(slot)
+        if self._expired._live:
+            slot, t0 = self._expired.find(hi, lo)
+            if slot >= 0:
+                self._expired.remove(slot)
+                self._held.append(hi, lo, now_us)
+                return Verdict(False, None, now_us - t0)
         self._held.append(hi, lo, now_us)
-        return Verdict(False, None, late)
+        return _NEW
 
     def restore(self, key: str, first_accepted_us: int) -> None:
         """Rebuild from durable history; call in ``first_accepted_us`` order."""
@@ -295,6 +308,7 @@ class DedupIndex:
             return
         self._now_us = max(self._now_us, first_accepted_us)
         self._held.append(hi, lo, first_accepted_us)
+        self._next_expiry_us = 0
 
 
 class DuplicateDetector:
@@ -326,6 +340,12 @@ class DuplicateDetector:
 
     def key_of(self, message_id: str, partition_key: str | None = None, session_id: str | None = None) -> str:
         return dedup_key(message_id, partition_key, session_id, partitioned=self.partitioned).text
+
+    def key_of_valid(self, message_id: str, partition_key: str | None, session_id: str | None) -> str:
+        """``key_of`` for ids already checked with ``validate_ids`` (the broker's hot path)."""
+        if not self.partitioned:
+            return message_id
+        return key_text(message_id, effective_partition_key(message_id, partition_key, session_id))
 
     def judge(self, key: str, now_us: int) -> Verdict:
         if not self.enabled:

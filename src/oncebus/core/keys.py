@@ -24,20 +24,25 @@ class DedupKey:
 
     @property
     def text(self) -> str:
-        if self.partition_key is None:
-            return self.message_id
-        # length prefix keeps (pk, id) pairs apart whatever characters they hold
-        return f"{len(self.partition_key)}:{self.partition_key}{self.message_id}"
+        return key_text(self.message_id, self.partition_key)
 
     @property
     def digest(self) -> tuple[int, int]:
         return key_digest(self.text)
 
 
+def key_text(message_id: str, partition_key: str | None) -> str:
+    """The canonical text of a key; ``partition_key`` is None on entities that are not partitioned."""
+    if partition_key is None:
+        return message_id
+    # length prefix keeps (pk, id) pairs apart whatever characters they hold
+    return f"{len(partition_key)}:{partition_key}{message_id}"
+
+
 def key_digest(text: str) -> tuple[int, int]:
     """128-bit BLAKE2b digest of a key's text, as two unsigned 64-bit halves."""
-    raw = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-    return int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
+    value = int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest(), "little")
+    return value & 0xFFFFFFFFFFFFFFFF, value >> 64
 
 
 def validate_ids(message_id: str | None, partition_key: str | None, session_id: str | None) -> None:

@@ -16,50 +16,50 @@ from typing import Any, Protocol
 from oncebus.core.messages import StoredMessage
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PutEntity:
     path: str  # lower case: "orders", "events", "events/subscriptions/audit"
     kind: str  # "queue" | "topic" | "subscription"
     properties: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DeleteEntity:
     path: str  # deletes the entity, its messages, sessions, dedup history and sub-entities
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PutMessage:
     message: StoredMessage
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DeleteMessage:
     path: str
     sequence_number: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PutDedupKey:
     entity: str
     key: str
     first_accepted_us: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PruneDedupKeys:
     entity: str
     accepted_before_us: int  # delete keys with first_accepted_us < this
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PutSessionState:
     path: str
     session_id: str
     state: bytes | None  # None deletes
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PutCounters:
     entity: str
     next_sequence_number: int

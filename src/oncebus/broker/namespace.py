@@ -583,9 +583,10 @@ class Namespace:
         ops: list[Op] = []
         outcomes: list[SendOutcome] = []
         stored: list[tuple[Receivable, StoredMessage]] = []
+        index = entity.detector.index  # keys are None when duplicate detection is off
         for message, key in zip(batch, keys, strict=True):
             message_id = message.message_id if message.message_id is not None else uuid.uuid4().hex
-            verdict = entity.detector.judge(key, now) if key is not None else None
+            verdict = index.judge(key, now) if key is not None else None
             if self.send_log is not None and key is not None:
                 self.send_log(
                     {
@@ -611,11 +612,13 @@ class Namespace:
             entity.next_sequence_number += 1
             entity.counters["accepted"] += 1
             record = self._stored(entity, message, message_id, seq, now, scheduled_us)
+            dedup_key = None if key is None else (entity.path, key, now)
             for receivable, copy in self._fan_out(entity, message, record):
                 stored.append((receivable, copy))
-                ops.append(PutMessage(copy))
-            if key is not None:
-                ops.append(PutDedupKey(entity.path, key, now))
+                ops.append(PutMessage(copy, dedup_key))
+                dedup_key = None  # written once, with the first copy
+            if dedup_key is not None:  # a topic without subscriptions still remembers the key
+                ops.append(PutDedupKey(*dedup_key))
             outcomes.append(SendOutcome(message_id, seq, False, late))
         if ops:
             ops.append(self._counters_op(entity))

@@ -4,7 +4,7 @@ A send at time ``t`` whose key was first accepted at ``t0`` is a duplicate
 when ``t < t0 + W`` (``W`` the entity's current history window). Duplicates
 never refresh ``t0``. See ``shared/design/semantics.md``.
 
-The index keeps, per held key, a 128-bit digest and ``t0`` (microseconds) in
+The index keeps, per held key, a 128-bit digest (keyed SipHash, see ``key_digest``) and ``t0`` (microseconds) in
 an append-only, time-ordered log of fixed-size blocks, and an open-addressing
 hash table of 32-bit references into that log (the shape of nats-server's
 ``ddmap`` + ``ddarr``). A check is O(1) whatever the window; expiry pops the

@@ -31,6 +31,8 @@ class DeleteEntity:
 @dataclass(slots=True)
 class PutMessage:
     message: StoredMessage
+    # the send's dedup key, written in the same unit: (entity, key text, first accepted us)
+    dedup_key: tuple[str, str, int] | None = None
 
 
 @dataclass(slots=True)

@@ -70,7 +70,9 @@ class MemoryStore:
                     del self.dedup[dkey]
                 for skey in [k for k in self.sessions if _owned_by(k[0], path)]:
                     del self.sessions[skey]
-            case PutMessage(message=message):
+            case PutMessage(message=message, dedup_key=dedup_key):
+                if dedup_key is not None:
+                    self.dedup[(dedup_key[0], dedup_key[1])] = dedup_key[2]
                 stored = message.copy_for(message.path)
                 stored.lock_token = None
                 stored.locked_until_us = None

@@ -213,6 +213,9 @@ class SqliteStore:
         for op in ops:
             if isinstance(op, PutMessage):
                 messages.append(_message_row(op.message))
+                if op.dedup_key is not None:
+                    entity, key, t0 = op.dedup_key
+                    keys.append((entity, t0, key))
             elif isinstance(op, PutDedupKey):
                 keys.append((op.entity, op.first_accepted_us, op.key))
             elif isinstance(op, PutCounters):
@@ -245,8 +248,10 @@ class SqliteStore:
                     db.execute(f"DELETE FROM {table} WHERE {column} = ? OR {column} LIKE ? ESCAPE '\\'", (path, like))
                 db.execute("DELETE FROM counters WHERE entity = ? OR entity LIKE ? ESCAPE '\\'", (path, like))
                 db.execute("DELETE FROM dedup_key WHERE entity = ?", (path,))
-            case PutMessage(message=m):
+            case PutMessage(message=m, dedup_key=dedup_key):
                 db.execute(_INSERT_MESSAGE, _message_row(m))
+                if dedup_key is not None:
+                    db.execute(_INSERT_KEY, (dedup_key[0], dedup_key[2], dedup_key[1]))
             case DeleteMessage(path=path, sequence_number=seq):
                 db.execute("DELETE FROM message WHERE path = ? AND sequence_number = ?", (path, seq))
             case PutDedupKey(entity=entity, key=key, first_accepted_us=t0):

@@ -100,7 +100,7 @@ def test_streaming_sink_killed_mid_batch_replays_without_duplicates(broker: Serv
     marker = tmp_path / "hung"
     args = (broker.connection_string, "sunk", str(inputs), str(tmp_path / "ckpt"), str(marker))
     first = _job("sink_job", *args)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 300
     while not marker.exists():
         assert first.poll() is None, first.stdout.read() if first.stdout else ""
         assert time.monotonic() < deadline, "the sink job never reached row 150"
@@ -136,7 +136,7 @@ def test_streaming_source_killed_and_restarted_loses_nothing(broker: ServerProce
         return ids
 
     first = _job("source_job", *args)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 300
     while len(kept()) < 80:
         assert first.poll() is None, first.stdout.read() if first.stdout else ""
         assert time.monotonic() < deadline, "the source job produced nothing"
@@ -148,7 +148,7 @@ def test_streaming_source_killed_and_restarted_loses_nothing(broker: ServerProce
     time.sleep(1)
     with ServiceBusClient.from_connection_string(conn) as client, client.get_queue_sender("in") as sender:
         sender.send_messages(ServiceBusMessage("later", message_id="later"))
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 360
     while len(set(kept()) - {"later"}) < 300:
         assert second.poll() is None, second.stdout.read() if second.stdout else ""
         assert time.monotonic() < deadline, f"only {len(set(kept()))} of 300 arrived"

@@ -91,6 +91,7 @@ def test_bad_options_are_named(spark: SparkSession) -> None:
         spark.createDataFrame([(1,)], "n INT").write.format("oncebus").mode("append").option("queue", "q").save()
 
 
+@pytest.mark.timeout(900)
 def test_streaming_sink_killed_mid_batch_replays_without_duplicates(broker: ServerProcess, tmp_path: Path) -> None:
     inputs = tmp_path / "in"
     inputs.mkdir()
@@ -116,6 +117,7 @@ def test_streaming_sink_killed_mid_batch_replays_without_duplicates(broker: Serv
     assert max(counts.values()) == 1
 
 
+@pytest.mark.timeout(900)
 def test_streaming_source_killed_and_restarted_loses_nothing(broker: ServerProcess, tmp_path: Path) -> None:
     conn = broker.connection_string
     with ServiceBusClient.from_connection_string(conn) as client, client.get_queue_sender("in") as sender:

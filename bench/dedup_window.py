@@ -25,6 +25,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from oncebus.broker import Message, Namespace, SystemClock
+from oncebus.broker.runtime import tune_gc
 from oncebus.core.dedup import DedupIndex
 from oncebus.store.sqlite import SqliteStore
 
@@ -72,6 +73,7 @@ async def _send_rates(db: Path, messages: int, senders: int, rounds: int) -> tup
     """
     store = SqliteStore(db)
     ns = await Namespace.open(store, SystemClock())
+    tune_gc()  # as `oncebus serve` does
     for name, dedup in (("q-on", True), ("q-off", False)):
         await ns.create_queue(name, requires_duplicate_detection=dedup, max_size_in_megabytes=81920)
     body = os.urandom(1024)

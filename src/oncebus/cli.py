@@ -29,6 +29,7 @@ from oncebus.broker.clock import FileClock, SystemClock
 from oncebus.broker.control import ControlServer, dispatch, error_from_json
 from oncebus.broker.datadir import DataDir, resolve_data_dir
 from oncebus.broker.namespace import Namespace
+from oncebus.broker.runtime import tune_gc
 from oncebus.core.durations import parse_duration
 from oncebus.core.errors import InvalidArgumentError, OncebusError
 from oncebus.store.sendlog import SendLogWriter
@@ -133,6 +134,7 @@ async def _serve(args: argparse.Namespace) -> int:
         from oncebus.broker.topology import apply_topology, load_topology
 
         await apply_topology(namespace, load_topology(args.config))
+    tune_gc()
     control = ControlServer(namespace)
     await control.start()
     info: dict[str, Any] = {

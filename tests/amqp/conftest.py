@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-HERE = Path(__file__).parent
 START_TIMEOUT = 30.0
 
 
@@ -41,7 +40,7 @@ def topology(queues: dict[str, dict[str, Any]], topics: dict[str, tuple[dict[str
 
 
 class ServerProcess:
-    """``oncebus serve`` (or the clocked test server) on a temp data dir; restartable on the same dir."""
+    """``oncebus serve`` on a temp data dir (optionally on a test clock file); restartable on the same dir."""
 
     def __init__(self, data_dir: Path, config: dict | None = None, *, clock_file: Path | None = None) -> None:
         self.data_dir = data_dir
@@ -55,15 +54,15 @@ class ServerProcess:
         self.output: list[str] = []
 
     def command(self) -> list[str]:
-        if self.clock_file is not None:
-            cmd = [sys.executable, str(HERE / "clocked_server.py"), str(self.data_dir), str(self.clock_file)]
-            return cmd + ([str(self.config_file)] if self.config_file else [])
         cmd = [sys.executable, "-c", "import sys; from oncebus.cli import main; sys.exit(main())"]
         cmd += ["--data-dir", str(self.data_dir), "serve", "--port", "0"]
         return cmd + (["--config", str(self.config_file)] if self.config_file else [])
 
     def start(self) -> ServerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("ONCEBUS_CLOCK_FILE", None)
+        if self.clock_file is not None:  # the broker's time is read from this file (integer microseconds)
+            env["ONCEBUS_CLOCK_FILE"] = str(self.clock_file)
         self.process = subprocess.Popen(
             self.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
         )
@@ -126,6 +125,8 @@ QUEUES: dict[str, dict[str, Any]] = {
     "peek": {},
     "locks": {"LockDuration": "PT5S"},
     "lost": {"LockDuration": "PT5S"},
+    "renew": {"LockDuration": "PT5S"},
+    "renewaio": {"LockDuration": "PT5S"},
     "small": {"MaxMessageSizeInKilobytes": 64},
     "shrinking": {},
     "badinput": {"RequiresDuplicateDetection": True},

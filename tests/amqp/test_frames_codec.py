@@ -5,17 +5,29 @@ from __future__ import annotations
 import random
 import struct
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
+import proton
 import pytest
-from azure.servicebus._pyamqp._decode import decode_payload
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus._pyamqp._decode import decode_frame, decode_payload
 from azure.servicebus._pyamqp._encode import encode_frame, encode_payload
 from azure.servicebus._pyamqp.message import Header, Message, Properties
-from azure.servicebus._pyamqp.performatives import AttachFrame, TransferFrame
+from azure.servicebus._pyamqp.performatives import (
+    AttachFrame,
+    BeginFrame,
+    DispositionFrame,
+    OpenFrame,
+    TransferFrame,
+)
 from azure.servicebus._pyamqp.utils import amqp_timestamp_value
+from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
+from azure.servicebus.amqp import AmqpAnnotatedMessage
 
 from oncebus.amqp import codec
+from oncebus.amqp.connection import raw_delivery_tag
 from oncebus.amqp.frames import BATCH_MESSAGE_FORMAT, FrameError, FrameScanner
+from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.messages import MessageState, ReceivedMessage
 
 
@@ -165,3 +177,238 @@ def test_encode_received_adds_broker_annotations_and_keeps_the_message() -> None
     assert decoded.properties.message_id == b"m"
     assert decoded.application_properties[b"DeadLetterReason"] == b"poison"
     assert decoded.data == [b"hello"]
+
+
+# --- delivery-id renumbering (the SDK's threads can reuse or reorder a session's delivery-ids) ------
+def _frames_of(stream: bytes) -> list[tuple[int, int, list[object]]]:
+    """(channel, performative code, fields) of every AMQP frame in ``stream`` (headers skipped)."""
+    found = []
+    offset = 0
+    while offset < len(stream):
+        if stream[offset : offset + 4] == b"AMQP":
+            offset += 8
+            continue
+        size, doff, _type, channel = struct.unpack_from(">IBBH", stream, offset)
+        if size > doff * 4:
+            code, fields = decode_frame(memoryview(stream[offset + doff * 4 : offset + size]))
+            found.append((channel, code, fields))
+        offset += size
+    return found
+
+
+class _ProtonServer:
+    """A real proton server engine behind the scanner, answering opens the way the connection does."""
+
+    def __init__(self) -> None:
+        self.scanner = FrameScanner()
+        self.transport = proton.Transport(proton.Transport.SERVER)
+        self.connection = proton.Connection()
+        self.transport.bind(self.connection)
+        self.collector = proton.Collector()
+        self.connection.collect(self.collector)
+        self.deliveries: list[proton.Delivery] = []
+        self.written = b""
+
+    def push(self, data: bytes) -> None:
+        self.transport.push(self.scanner.feed(data))
+        self.pump()
+
+    def pump(self) -> None:
+        while (event := self.collector.peek()) is not None:
+            kind = event.type
+            if kind == proton.Event.CONNECTION_REMOTE_OPEN:
+                self.connection.open()
+            elif kind == proton.Event.SESSION_REMOTE_OPEN:
+                event.session.open()
+            elif kind == proton.Event.LINK_REMOTE_OPEN:
+                event.link.open()
+                event.link.flow(100)
+            elif kind == proton.Event.DELIVERY and not event.delivery.partial:
+                if event.delivery not in self.deliveries:
+                    self.deliveries.append(event.delivery)
+            self.collector.pop()
+        while (pending := self.transport.pending()) > 0:
+            self.written += self.scanner.outgoing(self.transport.peek(pending))
+            self.transport.pop(pending)
+        assert self.transport.condition is None, self.transport.condition
+
+
+def test_racing_delivery_ids_are_renumbered_for_proton_and_outcomes_mapped_back() -> None:
+    server = _ProtonServer()
+    open_frame = OpenFrame._make(["client"] + [None] * (len(OpenFrame._fields) - 1))
+    begin = BeginFrame(None, 5, 1000, 1000, None, None, None, None)
+    server.push(b"AMQP\x00\x01\x00\x00" + frame(0, open_frame) + frame(3, begin) + frame(3, attach("mgmt", 0)))
+    # the client's ids: 5, 6, 6 (a second thread read the same counter), 9 (its increments), 7 (late),
+    # then a two-frame delivery numbered 7 again; proton wants 5, 6, 7, 8, 9, 10
+    theirs = [5, 6, 6, 9, 7]
+    stream = b"".join(
+        frame(3, transfer(0, b"m%d" % i, delivery_id=d, delivery_tag=b"t%d" % i, message_format=0))
+        for i, d in enumerate(theirs)
+    )
+    stream += frame(3, transfer(0, b"big-1", delivery_id=7, delivery_tag=b"t5", message_format=0, more=True))
+    stream += frame(3, transfer(0, b"big-2", delivery_id=7, more=False))
+    for i in range(0, len(stream), 7):  # any split of the stream
+        server.push(stream[i : i + 7])
+    assert server.scanner.renumbered == 4
+    assert [server.scanner.pop("mgmt").tag for _ in range(6)] == [b"t%d" % i for i in range(6)]
+    received = []
+    for delivery in server.deliveries:
+        received.append((raw_delivery_tag(delivery), delivery.link.recv(100)))
+        delivery.link.advance()
+    assert received == [(b"t%d" % i, b"m%d" % i) for i in range(5)] + [(b"t5", b"big-1big-2")]
+
+    # the client settles its own transfers (role=sender; the SDK never does, mapped anyway):
+    # its id 6 names our 6 and 7, its 7..9 our 8, 9 and 10
+    out = server.scanner.feed(
+        frame(3, DispositionFrame(False, 6, None, False, None, None))
+        + frame(3, DispositionFrame(False, 7, 9, False, None, None))
+    )
+    assert [(fields[1], fields[2]) for _, code, fields in _frames_of(out) if code == 0x15] == [(6, 7), (8, 10)]
+
+    # our outcomes (role=receiver) go back in the client's numbering: accept 5..8, reject 9 and 10
+    server.written = b""
+    for delivery in server.deliveries[:4]:
+        delivery.update(proton.Delivery.ACCEPTED)
+        delivery.settle()
+    for delivery in server.deliveries[4:]:
+        delivery.update(proton.Delivery.REJECTED)
+        delivery.settle()
+    server.pump()
+    outcomes = [
+        (fields[0], fields[1], fields[2], fields[3], next(iter(fields[4])))
+        for _, code, fields in _frames_of(server.written)
+        if code == 0x15
+    ]
+    accepted = sorted(
+        {i for role, a, b, settled, state in outcomes if state == "accepted" for i in range(a, (b or a) + 1)}
+    )
+    rejected = sorted(
+        {i for role, a, b, settled, state in outcomes if state == "rejected" for i in range(a, (b or a) + 1)}
+    )
+    assert all(role is True and settled is True for role, _, _, settled, _ in outcomes)
+    assert sorted((a, b or a, state) for _, a, b, _, state in outcomes) == [
+        (5, 6, "accepted"),  # ours 5..7
+        (7, 7, "rejected"),  # ours 9 (rejected is never batched)
+        (7, 7, "rejected"),  # ours 10
+        (9, 9, "accepted"),  # ours 8
+    ]
+    assert accepted == [5, 6, 9]  # ours 5, 6, 7, 8
+    assert rejected == [7]  # ours 9, 10
+    assert server.scanner._sessions[3].theirs == {}  # settled: nothing left to map
+
+
+def test_scanner_passes_frames_through_unchanged_when_the_client_numbers_in_sequence() -> None:
+    scanner = FrameScanner()
+    stream = frame(0, attach("q", 0)) + b"".join(
+        frame(0, transfer(0, b"x", delivery_id=d, delivery_tag=b"t", message_format=0)) for d in range(3)
+    )
+    assert scanner.feed(stream) == stream
+    assert scanner.renumbered == 0
+
+
+def _sdk_encoding(message: ServiceBusMessage | AmqpAnnotatedMessage) -> bytes:
+    """The bytes the SDK puts on the wire for ``message`` (one inner message of a batch)."""
+    annotated = message.raw_amqp_message if isinstance(message, ServiceBusMessage) else message
+    out = bytearray()
+    encode_payload(out, PyamqpTransport.to_outgoing_amqp_message(annotated))
+    return bytes(out)
+
+
+def test_the_fast_decoder_reads_what_proton_reads() -> None:
+    scheduled = datetime(2031, 5, 6, 7, 8, 9, 123000, tzinfo=UTC)
+    messages: list[ServiceBusMessage | AmqpAnnotatedMessage] = [
+        ServiceBusMessage(b"x" * 1024, message_id="m-1"),
+        ServiceBusMessage(b"plain"),
+        ServiceBusMessage(
+            "text body",
+            message_id="m-2",
+            session_id="s",
+            partition_key="s",
+            correlation_id="c",
+            subject="subj",
+            content_type="application/json",
+            reply_to="r",
+            reply_to_session_id="rs",
+            to="t",
+            time_to_live=timedelta(seconds=90, milliseconds=5),
+            scheduled_enqueue_time_utc=scheduled,
+            application_properties={"i": 7, "f": 1.5, "b": True, "s": "v", "bin": b"\x01\x02", "neg": -3},
+        ),
+        AmqpAnnotatedMessage(data_body=[b"a", b"b"], properties={"message_id": uuid.UUID(int=5)}),
+        AmqpAnnotatedMessage(data_body=b"d", properties={"message_id": 42, "correlation_id": b"\xff\x00"}),
+        AmqpAnnotatedMessage(value_body={"k": [1, 2]}, properties={"message_id": "v"}),
+        AmqpAnnotatedMessage(sequence_body=[[1, "a"]], properties={"message_id": "q"}),
+        AmqpAnnotatedMessage(
+            data_body=b"d", annotations={"x-opt-partition-key": "pk", "custom": 3}, delivery_annotations={"da": 1}
+        ),
+    ]
+    fast = 0
+    for message in messages:
+        wire = _sdk_encoding(message)
+        expected = codec.decode_message_with_proton(wire)
+        assert codec.decode_message(wire) == expected
+        try:
+            codec._decode_fast(wire)
+            fast += 1
+        except codec._Unusual:
+            pass
+    assert fast == len(messages) - 2  # the value and sequence bodies go through proton
+    with pytest.raises(InvalidArgumentError):
+        codec.decode_message(_sdk_encoding(messages[0])[:-3])  # truncated: proton's path reports it
+
+
+def _received(wire: bytes | None, **changes: object) -> ReceivedMessage:
+    fields: dict[str, object] = {
+        "body": b"hello",
+        "message_id": "m",
+        "sequence_number": 300,
+        "enqueued_time_utc": datetime(2030, 1, 1, tzinfo=UTC),
+        "delivery_count": 2,
+        "state": MessageState.ACTIVE,
+        "lock_token": uuid.uuid4(),
+        "locked_until_utc": datetime(2030, 1, 1, 0, 1, tzinfo=UTC),
+        "expires_at_utc": None,
+        "session_id": None,
+        "partition_key": None,
+        "correlation_id": None,
+        "subject": None,
+        "content_type": None,
+        "reply_to": None,
+        "reply_to_session_id": None,
+        "to": None,
+        "application_properties": {},
+        "time_to_live": None,
+        "scheduled_enqueue_time_utc": None,
+        "dead_letter_reason": None,
+        "dead_letter_error_description": None,
+        "dead_letter_source": None,
+        "wire": wire,
+    }
+    fields.update(changes)
+    return ReceivedMessage(**fields)  # type: ignore[arg-type]
+
+
+def test_the_fast_encoder_gives_receivers_what_proton_gives() -> None:
+    scheduled = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
+    with_everything = AmqpAnnotatedMessage(
+        data_body=b"d",
+        header={"time_to_live": 60_000, "priority": 7},
+        annotations={"x-opt-partition-key": "old", "custom": 3, "x-opt-sequence-number": 1},
+        delivery_annotations={"da": 1},
+        application_properties={"k": "v"},
+        properties={"message_id": "e"},
+    )
+    cases = [
+        _received(_sdk_encoding(ServiceBusMessage(b"x" * 1024, message_id="m-1"))),
+        _received(_sdk_encoding(with_everything), partition_key="pk", scheduled_enqueue_time_utc=scheduled),
+        _received(_sdk_encoding(with_everything), locked_until_utc=None, dead_letter_source="q", sequence_number=-5),
+        _received(_sdk_encoding(AmqpAnnotatedMessage(value_body=[1, 2], properties={"message_id": "v"}))),
+        _received(None, message_id="fields", state=MessageState.DEFERRED, sequence_number=2**40),
+    ]
+    for received in cases:
+        for locks in (True, False):
+            wire = received.wire if received.wire is not None else codec._fields_encoding(received)
+            slow = codec.encode_received_with_proton(received, wire, lock_annotations=locks)
+            fast = codec._encode_received_fast(received, wire, lock_annotations=locks)  # no fallback
+            assert fast == slow  # the very bytes proton's path writes
+            assert codec.encode_received(received, lock_annotations=locks) == slow

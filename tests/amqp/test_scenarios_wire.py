@@ -1,8 +1,9 @@
 """Every scenario of tests/data/scenarios.json over the wire, with the real SDK.
 
-The server runs as a subprocess whose clock the test sets (``clocked_server.py``),
-so steps happen at their exact offsets; one more test waits for a real 20 s
-window against ``oncebus serve`` itself (marked slow).
+The server is ``oncebus serve`` run as a subprocess whose clock the test sets
+(``ONCEBUS_CLOCK_FILE``: the broker reads its time from that file), so steps
+happen at their exact offsets; one more test waits for a real 20 s window
+against the system clock (marked slow).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def queue_name(scenario: dict[str, Any]) -> str:
 
 
 class TestClock:
-    """Writes the broker's time (microseconds since the epoch) to the file the clocked server reads."""
+    """Writes the broker's time (microseconds since the epoch) to the file ``ONCEBUS_CLOCK_FILE`` names."""
 
     __test__ = False
 

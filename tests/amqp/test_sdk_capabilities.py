@@ -224,13 +224,11 @@ def test_renew_lock_and_auto_lock_renewer(connection_string: str) -> None:
             time.sleep(1)
             renewed = receiver.renew_message_lock(got[0])
             assert renewed > before
-            # one message per receiver: the renewer renews each registered message from its own thread,
-            # and the pyamqp SDK's concurrent requests can repeat a delivery-id (see the AMQP notes)
             renewer = AutoLockRenewer(max_lock_renewal_duration=30)
             renewer.register(receiver, got[1])
             receiver.complete_message(got[0])
             time.sleep(7)  # longer than the 5 s lock: only renewal keeps the locks
-            renewer.close()  # waits for its thread, so nothing else talks on the connection meanwhile
+            renewer.close()
             assert got[1].locked_until_utc > datetime.now(UTC)
             receiver.complete_message(got[1])
         assert drain(client, "locks") == []

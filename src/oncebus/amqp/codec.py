@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import struct
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import proton
+from cproton import pn_message_get_content_type
 
 from oncebus.amqp.frames import BATCH_MESSAGE_FORMAT, PLAIN_MESSAGE_FORMAT, FrameError, _Reader
 from oncebus.core.errors import InvalidArgumentError
@@ -152,8 +154,154 @@ def _timestamp_to_datetime(value: Any) -> datetime.datetime | None:
     raise InvalidArgumentError(f"x-opt-scheduled-enqueue-time must be a timestamp, not {type(value).__name__}")
 
 
+class _Unusual(Exception):
+    """The fast decoder met something it leaves to proton (same result, just slower)."""
+
+
+_UNPACK_U32 = struct.Struct(">I").unpack_from
+_UNPACK_U64 = struct.Struct(">Q").unpack_from
+_UNPACK_I64 = struct.Struct(">q").unpack_from
+
+
+def _scalar(data: bytes, pos: int) -> tuple[Any, int]:
+    """A null, string, symbol, binary, uuid, integer or timestamp at ``pos`` (anything else is unusual)."""
+    code = data[pos]
+    pos += 1
+    if code == 0x40:
+        return None, pos
+    if code == 0xA1 or code == 0xA3:
+        end = pos + 1 + data[pos]
+        return data[pos + 1 : end].decode("utf-8"), end
+    if code == 0xB1 or code == 0xB3:
+        end = pos + 4 + _UNPACK_U32(data, pos)[0]
+        return data[pos + 4 : end].decode("utf-8"), end
+    if code == 0xA0:
+        end = pos + 1 + data[pos]
+        return data[pos + 1 : end], end
+    if code == 0xB0:
+        end = pos + 4 + _UNPACK_U32(data, pos)[0]
+        return data[pos + 4 : end], end
+    if code == 0x98:
+        return uuid.UUID(bytes=data[pos : pos + 16]), pos + 16
+    if code == 0x43 or code == 0x44:
+        return 0, pos
+    if code == 0x52 or code == 0x53:
+        return data[pos], pos + 1
+    if code == 0x70:
+        return _UNPACK_U32(data, pos)[0], pos + 4
+    if code == 0x80:
+        return _UNPACK_U64(data, pos)[0], pos + 8
+    if code == 0x83:
+        return _UNPACK_I64(data, pos)[0], pos + 8
+    raise _Unusual
+
+
+def _compound(data: bytes, pos: int, list_codes: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(first item position, item count, end) of the list at ``pos``; ``list_codes`` = (list0, list8, list32)."""
+    code = data[pos]
+    if code == list_codes[0]:
+        return pos + 1, 0, pos + 1
+    if code == list_codes[1]:
+        return pos + 3, data[pos + 2], pos + 2 + data[pos + 1]
+    if code == list_codes[2]:
+        return pos + 9, _UNPACK_U32(data, pos + 5)[0], pos + 5 + _UNPACK_U32(data, pos + 1)[0]
+    raise _Unusual
+
+
+_LIST_CODES = (0x45, 0xC0, 0xD0)
+
+
+def _decode_fast(payload: bytes) -> Message:
+    """:func:`decode_message` for the usual shape, without proton; raises :class:`_Unusual` otherwise.
+
+    Reads the properties and the data sections itself (all a Service Bus batch's inner messages
+    usually hold); the other sections, rarer and of many types, are decoded (and checked) by proton.
+    """
+    data = payload
+    end = len(data)
+    pos = 0
+    ttl_ms: int | None = None
+    partition_key: Any = None
+    scheduled: Any = None
+    props: list[Any] = []
+    application: dict[Any, Any] = {}
+    bodies: list[bytes] = []
+    try:
+        while pos < end:
+            if data[pos] != 0x00 or data[pos + 1] != 0x53:
+                raise _Unusual
+            code = data[pos + 2]
+            start = pos
+            pos += 3
+            if code == DATA:
+                value, pos = _scalar(data, pos)
+                if not isinstance(value, bytes):
+                    raise _Unusual
+                bodies.append(value)
+            elif code == PROPERTIES:
+                item, count, list_end = _compound(data, pos, _LIST_CODES)
+                if count > 13:
+                    raise _Unusual
+                for _ in range(count):
+                    value, item = _scalar(data, item)
+                    props.append(value)
+                if item != list_end:
+                    raise _Unusual
+                pos = list_end
+            elif HEADER <= code <= FOOTER and code not in (AMQP_SEQUENCE, AMQP_VALUE):
+                # header, annotations, application properties, footer: rarer; proton decodes (and checks) them
+                reader = _Reader(memoryview(data)[start:])
+                reader.descriptor()
+                reader.skip()
+                pos = start + reader.pos
+                value = Section(code, data[start:pos]).value()
+                if code == HEADER and value and len(value) > 2:
+                    ttl_ms = value[2]
+                elif code == MESSAGE_ANNOTATIONS and value:
+                    partition_key = value.get(PARTITION_KEY)
+                    scheduled = value.get(SCHEDULED_ENQUEUE_TIME)
+                    if scheduled is not None and not isinstance(scheduled, int):
+                        raise _Unusual  # proton's path reports it
+                elif code == APPLICATION_PROPERTIES and value:
+                    application = value
+            else:  # an amqp-value or amqp-sequence body, or not a section at all
+                raise _Unusual
+    except (IndexError, struct.error, UnicodeDecodeError, ValueError, FrameError, proton.DataException):
+        raise _Unusual from None
+    if pos != end or not bodies:
+        raise _Unusual
+    props += [None] * (13 - len(props))
+    message_id, _user, to, subject, reply_to, correlation_id, content_type = props[:7]
+    group_id, reply_to_group_id = props[10], props[12]
+    return Message(
+        body=bodies[0] if len(bodies) == 1 else b"".join(bodies),
+        message_id=_text(message_id),
+        session_id=_text(group_id),
+        partition_key=_text(partition_key),
+        correlation_id=_text(correlation_id),
+        subject=_text(subject),
+        content_type=_text(content_type),
+        reply_to=_text(reply_to),
+        reply_to_session_id=_text(reply_to_group_id),
+        to=_text(to),
+        application_properties={str(k): _json_safe(v) for k, v in application.items()},
+        time_to_live=datetime.timedelta(seconds=ttl_ms / 1000) if ttl_ms else None,
+        scheduled_enqueue_time_utc=_timestamp_to_datetime(scheduled),
+        wire=payload,
+    )
+
+
 def decode_message(payload: bytes) -> Message:
     """One encoded AMQP message as the broker's :class:`Message` (``wire`` = the encoding)."""
+    payload = bytes(payload)
+    try:
+        return _decode_fast(payload)
+    except _Unusual:
+        return decode_message_with_proton(payload)
+
+
+def decode_message_with_proton(payload: bytes) -> Message:
+    """:func:`decode_message` through proton's decoder: every shape, slower."""
     sections = split_sections(payload)
     decoded = proton.Message()
     try:
@@ -183,7 +331,8 @@ def decode_message(payload: bytes) -> Message:
         partition_key=_text(annotations.get(PARTITION_KEY)),
         correlation_id=_text(decoded.correlation_id),
         subject=_text(decoded.subject),
-        content_type=_text(decoded.content_type),
+        # not ``decoded.content_type``: proton wraps a missing one as symbol('None')
+        content_type=_text(pn_message_get_content_type(decoded._msg)),
         reply_to=_text(decoded.reply_to),
         reply_to_session_id=_text(decoded.reply_to_group_id),
         to=_text(decoded.address),
@@ -194,12 +343,38 @@ def decode_message(payload: bytes) -> Message:
     )
 
 
+def _data_sections(payload: bytes) -> list[bytes]:
+    """The payloads of the data sections of an encoded message (a batch's inner messages)."""
+    try:
+        found = []
+        pos = 0
+        end = len(payload)
+        while pos < end:
+            if payload[pos] == 0x00 and payload[pos + 1] == 0x53 and payload[pos + 2] == DATA:
+                value, pos = _scalar(payload, pos + 3)
+                if not isinstance(value, bytes):
+                    raise _Unusual
+                found.append(value)
+            else:
+                reader = _Reader(memoryview(payload)[pos:])
+                code = reader.descriptor()
+                if code is None or not HEADER <= code <= FOOTER:
+                    raise _Unusual
+                reader.skip()
+                pos += reader.pos
+        if pos != end:
+            raise _Unusual
+        return found
+    except (_Unusual, IndexError, struct.error, UnicodeDecodeError, FrameError):
+        return [s.binary() for s in split_sections(payload) if s.code == DATA]  # reports what is wrong
+
+
 def decode_transfer(payload: bytes, message_format: int) -> list[Message]:
     """The messages one transfer carries, judged by the message format read from the transfer frame."""
     if message_format == PLAIN_MESSAGE_FORMAT:
         return [decode_message(payload)]
     if message_format == BATCH_MESSAGE_FORMAT:
-        inner = [s.binary() for s in split_sections(payload) if s.code == DATA]
+        inner = _data_sections(payload)
         if not inner:
             raise InvalidArgumentError("a batch transfer (message format 0x80013700) holds no messages")
         return [decode_message(encoded) for encoded in inner]
@@ -235,9 +410,127 @@ def _ms(moment: datetime.datetime) -> proton.timestamp:
     return proton.timestamp(datetime_to_us(moment) // 1000)
 
 
+def _symbol8(name: str) -> bytes:
+    raw = name.encode("ascii")
+    return bytes((0xA3, len(raw))) + raw
+
+
+def _long(value: int) -> bytes:
+    return b"\x55" + struct.pack(">b", value) if -128 <= value <= 127 else b"\x81" + struct.pack(">q", value)
+
+
+def _string(value: str) -> bytes:
+    raw = value.encode("utf-8")
+    return bytes((0xA1, len(raw))) + raw if len(raw) < 256 else b"\xb1" + struct.pack(">I", len(raw)) + raw
+
+
+def _timestamp(moment: datetime.datetime) -> bytes:
+    return b"\x83" + struct.pack(">q", datetime_to_us(moment) // 1000)
+
+
+def _uint(value: int) -> bytes:
+    if value == 0:
+        return b"\x43"
+    return bytes((0x52, value)) if value < 256 else b"\x70" + struct.pack(">I", value)
+
+
+def _described_list(code: int, fields: list[bytes]) -> bytes:
+    body = b"".join(fields)
+    return bytes((0x00, 0x53, code, 0xD0)) + struct.pack(">II", len(body) + 4, len(fields)) + body
+
+
+def _described_map(code: int, pairs: list[bytes]) -> bytes:
+    body = b"".join(pairs)
+    return bytes((0x00, 0x53, code, 0xD1)) + struct.pack(">II", len(body) + 4, len(pairs)) + body
+
+
+_SEQUENCE_NUMBER_KEY = _symbol8(str(SEQUENCE_NUMBER))
+_ENQUEUED_TIME_KEY = _symbol8(str(ENQUEUED_TIME))
+_SCHEDULED_KEY = _symbol8(str(SCHEDULED_ENQUEUE_TIME))
+_PARTITION_KEY_KEY = _symbol8(str(PARTITION_KEY))
+_DEAD_LETTER_SOURCE_KEY = _symbol8(str(DEAD_LETTER_SOURCE))
+_MESSAGE_STATE_KEY = _symbol8(str(MESSAGE_STATE))
+_LOCKED_UNTIL_KEY = _symbol8(str(LOCKED_UNTIL))
+
+
+def _encode_received_fast(message: ReceivedMessage, wire: bytes, *, lock_annotations: bool) -> bytes:
+    """:func:`encode_received` without proton for a message that is not dead-lettered.
+
+    The stored sections are copied as they are; the header's fields and the message annotations'
+    entries are copied raw, with the broker's values put in (same entries, same order as proton's path).
+    """
+    header: list[bytes] = [b"\x40"] * 4
+    original: list[tuple[bytes, bytes]] = []  # message annotations: (raw key, raw value)
+    rest: list[bytes] = []
+    view = memoryview(wire)
+    pos, end = 0, len(wire)
+    try:
+        while pos < end:
+            if wire[pos] != 0x00 or wire[pos + 1] != 0x53:
+                raise _Unusual
+            code = wire[pos + 2]
+            start = pos
+            reader = _Reader(view[pos + 3 :])
+            if code == HEADER or code == MESSAGE_ANNOTATIONS:
+                spans = reader.field_spans() if code == HEADER else reader.map_spans()
+                raw = [bytes(view[pos + 3 + a : pos + 3 + b]) for a, b in spans]
+                if code == HEADER:
+                    if len(raw) > 5:
+                        raise _Unusual
+                    header[: min(len(raw), 4)] = raw[:4]
+                else:
+                    original = list(zip(raw[0::2], raw[1::2], strict=True))
+            else:
+                reader.skip()
+            pos += 3 + reader.pos
+            if code == DELIVERY_ANNOTATIONS or code == HEADER or code == MESSAGE_ANNOTATIONS:
+                continue
+            if not HEADER <= code <= FOOTER:
+                raise _Unusual
+            rest.append(wire[start:pos])
+    except (IndexError, struct.error, FrameError):
+        raise _Unusual from None
+    if pos != end:
+        raise _Unusual
+    ours = {
+        _SEQUENCE_NUMBER_KEY: _long(int(message.sequence_number)),
+        _ENQUEUED_TIME_KEY: _timestamp(message.enqueued_time_utc),
+    }
+    if message.scheduled_enqueue_time_utc is not None:
+        ours[_SCHEDULED_KEY] = _timestamp(message.scheduled_enqueue_time_utc)
+    if message.partition_key is not None:
+        ours[_PARTITION_KEY_KEY] = _string(message.partition_key)
+    if message.dead_letter_source is not None:
+        ours[_DEAD_LETTER_SOURCE_KEY] = _string(message.dead_letter_source)
+    ours[_MESSAGE_STATE_KEY] = _long(int(_SDK_STATES.get(message.state, 0)))
+    if lock_annotations and message.locked_until_utc is not None:
+        ours[_LOCKED_UNTIL_KEY] = _timestamp(message.locked_until_utc)
+    pairs: list[bytes] = []
+    for key, value in original:  # a key the broker sets keeps its place, as in a dict
+        name, _ = _scalar(key, 0) if key[0] in (0xA3, 0xB3) else (None, 0)
+        mine = None if name is None else _symbol8(name)
+        pairs += (key, ours.pop(mine, value) if mine is not None else value)
+    for key, value in ours.items():
+        pairs += (key, value)
+    out = _described_list(HEADER, [*header, _uint(max(message.delivery_count - 1, 0))])
+    return out + _described_map(MESSAGE_ANNOTATIONS, pairs) + b"".join(rest)
+
+
 def encode_received(message: ReceivedMessage, *, lock_annotations: bool) -> bytes:
     """The encoding a receiver gets: the stored message, a fresh header and the broker's annotations."""
-    sections = split_sections(message.wire if message.wire is not None else _fields_encoding(message))
+    wire = message.wire if message.wire is not None else _fields_encoding(message)
+    dead_lettered = message.dead_letter_reason is not None or message.dead_letter_error_description is not None
+    if not dead_lettered:
+        try:
+            return _encode_received_fast(message, wire, lock_annotations=lock_annotations)
+        except (_Unusual, UnicodeDecodeError):
+            pass
+    return encode_received_with_proton(message, wire, lock_annotations=lock_annotations)
+
+
+def encode_received_with_proton(message: ReceivedMessage, wire: bytes, *, lock_annotations: bool) -> bytes:
+    """:func:`encode_received` through proton: every case (dead-lettered messages get properties added)."""
+    sections = split_sections(wire)
     header: list[Any] = [None, None, None, None, None]
     annotations: dict[Any, Any] = {}
     properties: dict[Any, Any] | None = None

@@ -95,7 +95,10 @@ class AmqpConnection(asyncio.Protocol):
         if self.closed:
             return
         try:
+            renumbered = self.scanner.renumbered
             data = self.scanner.feed(data)
+            if renumbered == 0 and self.scanner.renumbered:
+                _LOG.info("the client numbered deliveries out of sequence (a known SDK thread race); renumbering")
         except FrameError as exc:
             _LOG.warning("closing connection: %s", exc)
             self.transport.condition = proton.Condition("amqp:decode-error", str(exc), {TRACKING_ID: str(uuid.uuid4())})
@@ -202,6 +205,14 @@ class AmqpConnection(asyncio.Protocol):
                 return
             data = self.transport.peek(pending)
             self.transport.pop(pending)
+            try:
+                data = self.scanner.outgoing(data)
+            except FrameError:  # proton wrote something the scanner cannot follow: a bug here, never the client's
+                _LOG.exception("cannot follow the outgoing frames; closing the connection")
+                if self.socket is not None:
+                    self.socket.close()
+                self._shutdown()
+                return
             if self.socket is not None and data:
                 self.socket.write(data)
 

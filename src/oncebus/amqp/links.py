@@ -90,21 +90,8 @@ def close_with(link: proton.Link, condition: proton.Condition) -> None:
 
 
 async def wait_for_change(namespace: Namespace, wake: asyncio.Future[None], timeout: float) -> None:
-    """Wait until the namespace reports a change, ``wake`` is set, or ``timeout`` passes.
-
-    The engine's receive waits the same way; it has no public call for "wait
-    for a change" yet, so this registers with its waiter set directly.
-    """
-    loop = asyncio.get_running_loop()
-    change: asyncio.Future[None] = loop.create_future()
-    waiters: set[asyncio.Future[None]] = namespace._waiters
-    waiters.add(change)
-    try:
-        await asyncio.wait((change, wake), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiters.discard(change)
-        if not change.done():
-            change.cancel()
+    """Wait until the namespace reports a change, ``wake`` is set, or ``timeout`` passes."""
+    await namespace.wait_for_change(timeout, wake)
 
 
 # ---------------------------------------------------------------------------------------- sending

@@ -270,10 +270,19 @@ class Namespace:
             self._waiters.discard(waiter)
         return True
 
-    async def wait_for_change(self, timeout: float) -> None:
-        """Return when messages may have become available (a send, an abandon, a tick) or after ``timeout`` s."""
+    async def wait_for_change(self, timeout: float, wake: asyncio.Future[None] | None = None) -> None:
+        """Return when messages may have become available (a send, an abandon, a tick), when ``wake``
+        completes, or after ``timeout`` seconds."""
         loop = asyncio.get_running_loop()
-        await self._wait(loop.time() + timeout)
+        change: asyncio.Future[None] = loop.create_future()
+        self._waiters.add(change)
+        try:
+            waits: set[asyncio.Future[None]] = {change} if wake is None else {change, wake}
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._waiters.discard(change)
+            if not change.done():
+                change.cancel()
 
     def tick(self) -> None:
         """Apply everything due now (scheduled enqueues, lock and message expiry, history pruning)."""

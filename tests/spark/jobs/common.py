@@ -1,4 +1,4 @@
-"""A local[2] SparkSession for job processes the Spark tests start and kill."""
+"""The local[2] SparkSession of the Spark tests: the suite's fixture and the job processes it starts and kills."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import sys
 from pyspark.sql import SparkSession
 
 
-def local_session(name: str) -> SparkSession:
+def local_session(name: str, driver_memory: str = "1g") -> SparkSession:
+    """The settings of shared/design/spark-notes.md for fast local tests; the venv's Python on workers."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -22,6 +23,7 @@ def local_session(name: str) -> SparkSession:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.memory", driver_memory)
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .getOrCreate()
     )

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,6 +44,3 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFact
     factory = StoreFactory(request.param, tmp_path)
     yield factory
     factory.close()
-
-
-__all__ = ["Callable", "StoreFactory", "run"]

@@ -7,7 +7,7 @@ from datetime import timedelta
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oncebus.core.dedup import DedupIndex, Verdict
+from oncebus.core.dedup import DedupIndex, Verdict, judge_key_sends
 
 S = 1_000_000  # microseconds per second
 
@@ -146,3 +146,18 @@ def test_recently_expired_is_bounded() -> None:
     assert index.recently_expired == 10
     assert index.judge("k99", 20 * S + 101).late_resend_delay_us == 20 * S + 2
     assert index.judge("k0", 20 * S + 102).late_resend_delay_us is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(windows, st.lists(st.integers(0, 3 * 600 * S), max_size=30), st.one_of(st.none(), st.integers(0, 10 * S)))
+def test_per_key_chain_equals_the_index(window: int, offsets: list[int], prior: int | None) -> None:
+    """``judge_key_sends`` (for callers grouping sends by key) gives the index's verdicts."""
+    times = sorted(offsets)
+    index = DedupIndex(timedelta(microseconds=window), recently_expired_capacity=0)
+    start = 0
+    if prior is not None:
+        index.judge("k", prior)
+        start = prior
+    expected = [not index.judge("k", start + t).duplicate for t in times]
+    kept, _ = judge_key_sends(prior, [start + t for t in times], window)
+    assert kept == expected

@@ -93,9 +93,7 @@ class _Entity:
     receivable: Receivable | None = None  # queues
     subscriptions: dict[str, _Subscription] = field(default_factory=dict)  # topics
     next_sequence_number: int = 1
-    counters: dict[str, int] = field(
-        default_factory=lambda: {"accepted": 0, "duplicates": 0, "late_resends": 0, "messages_stored": 0}
-    )
+    counters: dict[str, int] = field(default_factory=lambda: {"accepted": 0, "duplicates": 0, "late_resends": 0})
     late_delays_us: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=LATE_DELAYS_KEPT))
     last_prune_us: int = 0
 
@@ -633,9 +631,9 @@ class Namespace:
             ops.append(self._counters_op(entity))
 
             def visible() -> None:
+                committed_at = self._now()
                 for receivable, copy in stored:
-                    receivable.add(copy, self._now())
-                entity.counters["messages_stored"] += len(stored)
+                    receivable.add(copy, committed_at)
                 self._notify()
 
             await self._write(ops, on_commit=visible)

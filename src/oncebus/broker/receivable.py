@@ -143,12 +143,6 @@ class Receivable:
         return [DeleteMessage(self.path, message.sequence_number)]
 
     # --- receiving ------------------------------------------------------------------------------
-    def has_available(self, session_id: str | None = None) -> bool:
-        heap = self._heap(session_id)
-        while heap and heap[0][1] not in self._available_set:
-            heapq.heappop(heap)
-        return bool(heap)
-
     def _heap(self, session_id: str | None) -> list[tuple[int, int]]:
         if self.settings.requires_session and not self.is_dead_letter:
             return self._session_available.get(session_id or "", [])

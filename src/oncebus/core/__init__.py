@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oncebus.core.dedup import DedupIndex, DuplicateDetector, Verdict
+from oncebus.core.dedup import DedupIndex, DuplicateDetector, Verdict, is_duplicate, judge_key_sends
 from oncebus.core.durations import format_duration, parse_duration
 from oncebus.core.entities import (
     QueueProperties,
@@ -22,6 +22,8 @@ __all__ = [
     "Verdict",
     "dedup_key",
     "format_duration",
+    "is_duplicate",
+    "judge_key_sends",
     "parse_duration",
     "validate_duplicate_window",
     "validate_ids",

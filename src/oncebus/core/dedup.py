@@ -185,6 +185,29 @@ class _DigestLog:
         return blocks * 24 * _BLOCK + len(self._slots) * 4 + 8 * len(self._blocks)
 
 
+def is_duplicate(t_us: int, first_accepted_us: int | None, window_us: int) -> bool:
+    """The rule for one send: a duplicate when its key was first accepted at ``t0`` and ``t < t0 + W``."""
+    return first_accepted_us is not None and t_us < first_accepted_us + window_us
+
+
+def judge_key_sends(
+    first_accepted_us: int | None, times_us: list[int], window_us: int
+) -> tuple[list[bool], int | None]:
+    """The rule over one key's sends in time order: which are kept, and the key's ``t0`` after them.
+
+    A kept send sets ``t0``; a duplicate never moves it. For callers that group sends by key
+    (the Spark pipeline) rather than judging a time-ordered stream with a ``DedupIndex``.
+    """
+    kept = []
+    t0 = first_accepted_us
+    for t_us in times_us:
+        duplicate = is_duplicate(t_us, t0, window_us)
+        kept.append(not duplicate)
+        if not duplicate:
+            t0 = t_us
+    return kept, t0
+
+
 class Verdict(NamedTuple):
     """The rule's answer for one send."""
 
@@ -234,9 +257,6 @@ class DedupIndex:
         """Bytes of the held keys' structures (the recently-expired table not included)."""
         return self._held.nbytes()
 
-    def nbytes_recently_expired(self) -> int:
-        return self._expired.nbytes()
-
     def _tick(self, now_us: int) -> None:
         if now_us < self._now_us:
             raise ValueError(f"time went backwards: {now_us} us after {self._now_us} us")
@@ -274,16 +294,6 @@ class DedupIndex:
             next_expiry = min(next_expiry, oldest_expired[2] + 2 * self._window_us)
         self._next_expiry_us = next_expiry
         return moved
-
-    def peek(self, key: str, now_us: int) -> Verdict:
-        """The verdict a send of ``key`` at ``now_us`` would get, recording nothing."""
-        self._tick(now_us)
-        hi, lo = key_digest(key)
-        slot, t0 = self._held.find(hi, lo)
-        if slot >= 0:
-            return Verdict(True, t0)
-        slot, t0 = self._expired.find(hi, lo)
-        return Verdict(False, None, now_us - t0 if slot >= 0 else None)
 
     def judge(self, key: str, now_us: int) -> Verdict:
         """Apply the rule to one send: a new key is recorded with ``t0 = now``."""

@@ -9,6 +9,10 @@ nothing. Per key, the rule is the core's:
 * a send at ``t`` with ``t < t0 + W`` is a duplicate (``t0`` unchanged);
 * any other send is kept and sets ``t0 = t``.
 
+The numpy fast path below is ``oncebus.core.dedup.is_duplicate`` applied
+element-wise; keys that need the chain walked call ``judge_key_sends`` from the
+core. ``tests/spark/test_chain.py`` holds both to the core's ``DedupIndex``.
+
 Most keys are decided with vectorised numpy: sends covered by the seed are
 dropped, the first remaining send is kept, later ones within ``W`` of it are
 dropped. Only keys whose remaining sends span at least ``W`` (a resend after
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+
+from oncebus.core.dedup import judge_key_sends
 
 H1 = "__oncebus_h1"
 H2 = "__oncebus_h2"
@@ -106,15 +112,12 @@ def _walk_chains(
 ) -> None:
     """The chain rule row by row for keys with sends spanning more than one window."""
     rows = candidate[np.isin(gid[candidate], hard)]
-    current_gid = -1
-    t0 = 0
-    for row, g, time, window in zip(rows.tolist(), gid[rows].tolist(), t[rows].tolist(), w[rows].tolist(), strict=True):
-        if g != current_gid:
-            current_gid, t0 = g, time  # the first candidate, already kept
-            continue
-        if time >= t0 + window:
-            keep[row] = True
-            t0 = time
+    groups = gid[rows]
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    for start, end in zip(starts.tolist(), [*starts[1:].tolist(), len(rows)], strict=True):
+        chain = rows[start:end]
+        kept, _ = judge_key_sends(None, t[chain].tolist(), int(w[chain[0]]))  # the core's rule, row by row
+        keep[chain[np.array(kept)]] = True
 
 
 def apply_rule(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -42,8 +42,16 @@ def topology(queues: dict[str, dict[str, Any]], topics: dict[str, tuple[dict[str
 class ServerProcess:
     """``oncebus serve`` on a temp data dir (optionally on a test clock file); restartable on the same dir."""
 
-    def __init__(self, data_dir: Path, config: dict | None = None, *, clock_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        config: dict | None = None,
+        *,
+        clock_file: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
+        self.env = dict(env or {})
         self.config_file: Path | None = None
         if config is not None:
             self.config_file = data_dir.parent / f"{data_dir.name}-config.json"
@@ -61,6 +69,7 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("ONCEBUS_CLOCK_FILE", None)
+        env.update(self.env)  # e.g. ONCEBUS_AMQP_HANDSHAKE_TIMEOUT: the AMQP limits (oncebus.amqp.limits)
         if self.clock_file is not None:  # the broker's time is read from this file (integer microseconds)
             env["ONCEBUS_CLOCK_FILE"] = str(self.clock_file)
         self.process = subprocess.Popen(
@@ -108,6 +117,18 @@ class ServerProcess:
         if result.returncode != 0:
             raise RuntimeError(f"oncebus {' '.join(args)} failed: {result.stdout}{result.stderr}")
         return result.stdout
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    @property
+    def port(self) -> int:
+        return int(self.connection_string.split("sb://", 1)[1].split(";", 1)[0].rsplit(":", 1)[1])
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     def wrong_key_connection_string(self) -> str:
         return self.connection_string.replace("SharedAccessKey=SAS_KEY_VALUE", "SharedAccessKey=not-the-key")

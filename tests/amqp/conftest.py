@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,24 @@ class ServerProcess:
         return self.connection_string.replace("SharedAccessKey=SAS_KEY_VALUE", "SharedAccessKey=not-the-key")
 
 
+class TestClock:
+    """Writes the broker's time (microseconds since the epoch) to the file ``ONCEBUS_CLOCK_FILE`` names."""
+
+    __test__ = False
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.now_us = time.time_ns() // 1000
+        self.set(self.now_us)
+
+    def set(self, now_us: int) -> None:
+        assert now_us >= self.now_us, "the broker's clock only moves forward"
+        self.now_us = now_us
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(str(now_us))
+        temporary.replace(self.path)
+
+
 QUEUES: dict[str, dict[str, Any]] = {
     "plain": {},
     "dedup": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT10M"},
@@ -157,6 +176,9 @@ QUEUES: dict[str, dict[str, Any]] = {
     "aio": {"RequiresDuplicateDetection": True},
     "restart": {"RequiresDuplicateDetection": True},
     "window20": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT20S"},
+    "valuebody": {},
+    "typedids": {"RequiresDuplicateDetection": True},
+    "badfields": {"RequiresDuplicateDetection": True},
 }
 TOPICS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "events": ({"RequiresDuplicateDetection": True}, {"audit": {}, "billing": {}}),

@@ -59,7 +59,7 @@ def attach_frame(name: str, handle: int, address: str, *, sender: bool, channel:
         "name": name,
         "handle": handle,
         "role": not sender,
-        "send_settle_mode": 0 if sender else 1,
+        "send_settle_mode": 0,
         "rcv_settle_mode": 0,
         "source": Source(address=None if sender else address),
         "target": Target(address=address if sender else None),
@@ -207,8 +207,8 @@ class RawClient:
     def put_token(self, entity: str, *, expiry: int | None = None, handles: tuple[int, int] = (100, 101)) -> int:
         """Authorise ``entity`` through $cbs; returns the status code."""
         sender, receiver = handles
-        self.send(attach_frame("cbs-sender", sender, "$cbs", sender=True))
-        self.send(attach_frame("cbs-receiver", receiver, "$cbs", sender=False))
+        self.send(attach_frame(f"cbs-sender-{sender}", sender, "$cbs", sender=True))
+        self.send(attach_frame(f"cbs-receiver-{receiver}", receiver, "$cbs", sender=False))
         self.send(flow_frame(receiver, 10))
         self.expect(ATTACH)
         self.expect(ATTACH)
@@ -216,7 +216,7 @@ class RawClient:
         token = make_token(audience, DEFAULT_KEY_NAME, DEFAULT_KEY, expiry or int(time.time()) + 3600)
         request = Message(
             value=token,
-            properties=Properties(message_id=str(uuid.uuid4()), reply_to="cbs-receiver"),
+            properties=Properties(message_id=str(uuid.uuid4()), reply_to=f"cbs-receiver-{receiver}"),
             application_properties={
                 "operation": "put-token",
                 "type": "servicebus.windows.net:sastoken",

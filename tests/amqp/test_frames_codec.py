@@ -415,3 +415,80 @@ def test_the_fast_encoder_gives_receivers_what_proton_gives() -> None:
             fast = codec._encode_received_fast(received, wire, lock_annotations=locks)  # no fallback
             assert fast == slow  # the very bytes proton's path writes
             assert codec.encode_received(received, lock_annotations=locks) == slow
+
+
+# ------------------------------------------------------------------------------ typed message ids (issue 7, item 3)
+def _with_id(message_id: object) -> bytes:
+    return _sdk_encoding(AmqpAnnotatedMessage(data_body=b"d", properties={"message_id": message_id}))
+
+
+def test_message_ids_keep_their_amqp_type_and_distinct_binary_ids_stay_distinct() -> None:
+    binary = [bytes.fromhex("01ff10"), bytes.fromhex("01fe10"), bytes.fromhex("018010")]
+    decoded = [codec.decode_message(_with_id(value)).message_id for value in binary]
+    assert decoded == binary  # never UTF-8 with replacement (which made all three "\x01\ufffd\x10")
+    assert all(type(value) is bytes for value in decoded)
+    assert codec.decode_message(_with_id(uuid.UUID(int=5))).message_id == uuid.UUID(int=5)
+    ulong = codec.decode_message(_with_id(42)).message_id
+    assert ulong == 42 and type(ulong) is int
+    assert codec.decode_message(_with_id("text")).message_id == "text"
+    # the general path agrees
+    for value in [*binary, uuid.UUID(int=5), 42, "text"]:
+        assert codec.decode_message_general(_with_id(value)).message_id == value
+    # a batch's inner messages too
+    inner = [_with_id(value) for value in binary]
+    envelope = bytearray()
+    encode_payload(envelope, Message(data=inner, properties=Properties(message_id=binary[0])))
+    batch = codec.decode_transfer(bytes(envelope), BATCH_MESSAGE_FORMAT)
+    assert [m.message_id for m in batch] == binary
+
+
+def _properties_with_id(encoded_id: bytes) -> bytes:
+    body = encoded_id
+    return b"\x00\x53\x73\xc0" + bytes((len(body) + 1, 1)) + body + b"\x00\x53\x75\xa0\x01d"
+
+
+@pytest.mark.parametrize(
+    ("encoded_id", "kind"),
+    [(b"\xa3\x03sym", "symbol"), (b"\x81" + struct.pack(">q", 7), "long"), (b"\x71\x00\x00\x00\x07", "int")],
+)
+def test_a_message_id_of_a_type_amqp_does_not_allow_is_refused(encoded_id: bytes, kind: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=f"string, binary, uuid or ulong .*not {kind}"):
+        codec.decode_message(_properties_with_id(encoded_id))
+
+
+def test_a_ulong_message_id_goes_back_to_receivers_as_a_ulong() -> None:
+    received = _received(None, message_id=2**40)
+    wire = codec._fields_encoding(received)  # a message that arrived without an AMQP encoding
+    sections = codec.split_sections(wire)
+    properties = next(s for s in sections if s.code == codec.PROPERTIES)
+    assert properties.raw[3:].startswith(b"\xc0") or properties.raw[3:].startswith(b"\xd0")
+    first_field = properties.raw[6:] if properties.raw[3] == 0xC0 else properties.raw[12:]
+    assert first_field[0] == 0x80  # ulong, not long (0x81)
+    out = codec.encode_received(received, lock_annotations=False)
+    assert decode_payload(memoryview(out)).properties.message_id == 2**40
+    # a stored encoding goes back as it came, whatever the id's type
+    for value in (42, uuid.UUID(int=9), bytes.fromhex("01ff10")):
+        wire = _with_id(value)
+        again = decode_payload(memoryview(codec.encode_received(_received(wire), lock_annotations=True)))
+        assert again.properties.message_id == value
+
+
+def test_a_value_body_with_binary_map_keys_round_trips_exactly() -> None:
+    """The SDK sample AmqpAnnotatedMessage(value_body={b"key": [-123, b"data", False]}) (issue 8, item 4)."""
+    value = {b"key": [-123, b"data", False]}
+    wire = _sdk_encoding(AmqpAnnotatedMessage(value_body=value, properties={"message_id": "v"}))
+    message = codec.decode_message(wire)
+    assert message.wire == wire
+    out = codec.encode_received(_received(message.wire), lock_annotations=True)
+    assert decode_payload(memoryview(out)).value == value
+
+
+def test_deeply_nested_values_are_a_decode_error_not_a_recursion_error() -> None:
+    nested = b"\x45"
+    for _ in range(10_000):
+        nested = b"\xd0" + struct.pack(">II", len(nested) + 4, 1) + nested
+    with pytest.raises(InvalidArgumentError, match="nested too deeply"):
+        codec.decode_message(b"\x00\x53\x77" + nested)
+    annotations = b"\x00\x53\x72\xd1" + struct.pack(">II", len(nested) + 7, 2) + b"\xa3\x01k" + nested
+    with pytest.raises(InvalidArgumentError, match="nested too deeply"):
+        codec.decode_message(annotations + b"\x00\x53\x75\xa0\x01d")

@@ -379,10 +379,10 @@ def test_restart_between_two_sends_of_the_same_message_id(server: ServerProcess)
         assert drain(client, "restart") == [(message_id, b"first")]
 
 
-def test_an_amqp_value_body_round_trips_exactly(connection_string: str) -> None:
+def test_an_amqp_value_body_round_trips_exactly(server: ServerProcess) -> None:
     """The SDK's own sample (issue 8, item 4): a map with a binary key holding a list."""
     value = {b"key": [-123, b"data", False]}
-    with ServiceBusClient.from_connection_string(connection_string) as client:
+    with ServiceBusClient.from_connection_string(server.connection_string) as client:
         with client.get_queue_sender("valuebody") as sender:
             sender.send_messages(AmqpAnnotatedMessage(value_body=value, properties={"message_id": "value"}))
             sender.send_messages(
@@ -395,9 +395,9 @@ def test_an_amqp_value_body_round_trips_exactly(connection_string: str) -> None:
     assert list(got[1].body) == [[1, b"two", None]]
 
 
-def test_a_non_string_partition_key_refuses_that_message_only(connection_string: str) -> None:
+def test_a_non_string_partition_key_refuses_that_message_only(server: ServerProcess) -> None:
     """Never stringified (5 and "5" would share a dedup key); the sender's link and connection stay usable."""
-    with ServiceBusClient.from_connection_string(connection_string, retry_total=0) as client:
+    with ServiceBusClient.from_connection_string(server.connection_string, retry_total=0) as client:
         with client.get_queue_sender("badfields") as sender:
             for annotations in ({"x-opt-partition-key": 5}, {"x-opt-partition-key": b"pk"}):
                 odd = AmqpAnnotatedMessage(data_body=b"x", properties={"message_id": "odd"}, annotations=annotations)
@@ -412,11 +412,11 @@ def test_a_non_string_partition_key_refuses_that_message_only(connection_string:
     reason="needs the engine to take typed message ids (core/store/broker: str | bytes | UUID | int, "
     "type kept in the dedup key); the AMQP codec already passes them typed",
 )
-def test_distinct_binary_and_typed_message_ids_never_collide(connection_string: str) -> None:
+def test_distinct_binary_and_typed_message_ids_never_collide(server: ServerProcess) -> None:
     """Issue 7, item 3: 01ff10, 01fe10, 0180 10 were one key (UTF-8 with replacement); ids come back typed."""
     ids: list[object] = [bytes.fromhex("01ff10"), bytes.fromhex("01fe10"), bytes.fromhex("018010")]
     ids += [uuid.UUID(int=1), 1, "1"]  # the uuid, the ulong and the string "1" are three ids too
-    with ServiceBusClient.from_connection_string(connection_string) as client:
+    with ServiceBusClient.from_connection_string(server.connection_string) as client:
         with client.get_queue_sender("typedids") as sender:
             for message_id in ids:
                 sender.send_messages(AmqpAnnotatedMessage(data_body=b"x", properties={"message_id": message_id}))

@@ -61,7 +61,32 @@ def performative(code: int, fields: list[bytes], channel: int, frame_type: int =
 
 
 _index = st.integers(0, 10**6)
-mutations = st.one_of(
+_SERVICE_BUS_KEYS = [
+    "x-opt-partition-key",
+    "x-opt-scheduled-enqueue-time",
+    "x-opt-enqueued-time",
+    "x-opt-sequence-number",
+    "x-opt-locked-until",
+    "x-opt-via-partition-key",
+]
+# a message's sections: header (5 fields), properties (13), annotations and application properties (maps), a value body
+section_mutations = st.one_of(
+    st.tuples(st.just("section"), _index, st.just(0x70), st.integers(0, 4), amqp_values.map(encode_value), st.none()),
+    st.tuples(st.just("section"), _index, st.just(0x73), st.integers(0, 12), amqp_values.map(encode_value), st.none()),
+    st.tuples(
+        st.just("section"),
+        _index,
+        st.just(0x72),
+        st.just(0),
+        amqp_values.map(encode_value),
+        st.one_of(st.sampled_from(_SERVICE_BUS_KEYS).map(proton.symbol), _keys).map(encode_value),
+    ),
+    st.tuples(
+        st.just("section"), _index, st.just(0x74), st.just(0), amqp_values.map(encode_value), _keys.map(encode_value)
+    ),
+    st.tuples(st.just("section"), _index, st.just(0x77), st.just(0), amqp_values.map(encode_value), st.none()),
+)
+frame_mutations = st.one_of(
     st.tuples(st.just("flip"), _index, st.integers(0, 4096), st.integers(1, 255)),
     st.tuples(st.just("truncate"), _index, st.integers(0, 4096)),
     st.tuples(st.just("drop"), _index),
@@ -87,6 +112,7 @@ mutations = st.one_of(
         st.integers(0, 3),
     ),
 )
+mutations = st.one_of(frame_mutations, section_mutations)  # half of them aimed at the messages
 
 
 def _replace_field(piece: bytes, index: int, value: bytes) -> bytes:
@@ -111,6 +137,74 @@ def _replace_field(piece: bytes, index: int, value: bytes) -> bytes:
     return struct.pack(">I", 4 + len(out)) + out
 
 
+def _split_payload(piece: bytes) -> tuple[bytes, bytes] | None:
+    """(frame up to the end of its transfer performative, payload) of a transfer frame, else None."""
+    if len(piece) < 12 or piece[:4] == b"AMQP":
+        return None
+    doff = piece[4] * 4
+    try:
+        reader = Reader(memoryview(piece)[doff:])
+        if reader.descriptor() != 0x14:
+            return None
+        reader.skip()
+    except (DecodeError, IndexError, ValueError):
+        return None
+    end = doff + reader.pos
+    return piece[:end], piece[end:]
+
+
+def _sections(payload: bytes) -> list[tuple[int, bytes]] | None:
+    out = []
+    position = 0
+    try:
+        while position < len(payload):
+            reader = Reader(memoryview(payload)[position:])
+            code = reader.descriptor()
+            reader.skip()
+            out.append((code or 0, payload[position : position + reader.pos]))
+            position += reader.pos
+    except (DecodeError, IndexError, ValueError):
+        return None
+    return out
+
+
+def _mutate_section(piece: bytes, code: int, index: int, value: bytes, key: bytes | None) -> bytes:
+    """A transfer's message with a field of section ``code`` replaced (a map section gains ``key: value``)."""
+    split = _split_payload(piece)
+    if split is None:
+        return piece
+    head, payload = split
+    sections = _sections(payload)
+    if sections is None:
+        return piece
+    found = [i for i, (c, _) in enumerate(sections) if c == code]
+    if code in (0x70, 0x73):  # header, properties: lists
+        fields: list[bytes] = []
+        if found:
+            raw = sections[found[0]][1]
+            try:
+                reader = Reader(memoryview(raw))
+                reader.descriptor()
+                fields = [raw[a:b] for a, b in reader.field_spans()]
+            except (DecodeError, IndexError, ValueError):
+                return piece
+        fields += [b"\x40"] * (index + 1 - len(fields))
+        fields[index] = value
+        body = b"".join(fields)
+        section = bytes((0, 0x53, code)) + b"\xd0" + struct.pack(">II", len(body) + 4, len(fields)) + body
+    elif code in (0x72, 0x74):  # message annotations, application properties: maps
+        body = (key or b"\x40") + value
+        section = bytes((0, 0x53, code)) + b"\xd1" + struct.pack(">II", len(body) + 4, 2) + body
+    else:  # an amqp-value body
+        section = bytes((0, 0x53, code)) + value
+    if found:
+        sections[found[0]] = (code, section)
+    else:
+        sections.insert(0 if code < 0x75 else len(sections), (code, section))
+    frame = head + b"".join(raw for _, raw in sections)
+    return struct.pack(">I", len(frame)) + frame[4:]
+
+
 def apply(writes: list[Write], ops: list[tuple[Any, ...]]) -> list[Write]:
     """The recorded writes with ``ops`` applied to their pieces."""
     flat: list[tuple[int, bytes]] = [(w, piece) for w, write in enumerate(writes) for piece in write.pieces]
@@ -118,6 +212,11 @@ def apply(writes: list[Write], ops: list[tuple[Any, ...]]) -> list[Write]:
         if not flat:
             break
         kind, at = op[0], op[1] % len(flat)
+        if kind == "section":  # aimed at the transfers (the messages) only
+            transfers = [i for i, (_, p) in enumerate(flat) if _split_payload(p) is not None]
+            if not transfers:
+                continue
+            at = transfers[op[1] % len(transfers)]
         w, piece = flat[at]
         if kind == "flip" and piece:
             i = op[2] % len(piece)
@@ -144,6 +243,8 @@ def apply(writes: list[Write], ops: list[tuple[Any, ...]]) -> list[Write]:
         elif kind == "inflate" and len(piece) > 8 and piece[:4] != b"AMQP":
             body = piece[8:] * op[2]
             flat[at] = (w, struct.pack(">I", 8 + len(body)) + piece[4:8] + body)
+        elif kind == "section":
+            flat[at] = (w, _mutate_section(piece, op[2], op[3], op[4], op[5]))
         elif kind == "generate":
             flat.insert(at, (w, performative(op[2], op[3], op[4])))
     regrouped: list[Write] = [Write([], writes[i].answered) for i in range(len(writes))]

@@ -218,7 +218,7 @@ class ReplayResult:
     received: int
 
 
-def replay(port: int, writes: list[Write], *, answer_wait: float = 0.3, linger: float = 0.05) -> ReplayResult:
+def replay(port: int, writes: list[Write], *, answer_wait: float = 0.15, linger: float = 0.05) -> ReplayResult:
     """Send each write; where the SDK waited for the server's answer, wait for it too (at most ``answer_wait``)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

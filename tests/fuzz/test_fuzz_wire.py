@@ -77,6 +77,7 @@ def test_mutated_sdk_sessions_never_hurt_the_server_or_other_clients(
             checker.check()
     finally:
         checker.close()
+    print(f"fuzz: {stats}")
     assert stats["examples"] >= min(EXAMPLES, 50)
     assert stats["closed_by_server"] > 0  # some mutations are protocol errors the server closed on
     # nothing acknowledged was lost, also across a restart

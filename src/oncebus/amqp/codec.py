@@ -318,6 +318,7 @@ def _message(
         for key in application:
             if not isinstance(key, str):
                 raise InvalidArgumentError(f"application property keys must be strings, not {_amqp_type(key)} {key!r}")
+    _check_reencodable(header, annotations, application)
     return Message(
         body=body,
         message_id=message_id_of(message_id),  # type: ignore[arg-type]  (core takes str | bytes | UUID | int)
@@ -334,6 +335,38 @@ def _message(
         scheduled_enqueue_time_utc=_scheduled_time(annotations.get(SCHEDULED_ENQUEUE_TIME)),
         wire=wire,
     )
+
+
+def _check_reencodable(
+    header: list[Any] | None, annotations: Mapping[Any, Any], application: Mapping[Any, Any] | None
+) -> None:
+    """Refuse now what the delivery path could not encode again (it would be undeliverable after the ack).
+
+    Receivers get a fresh header, the broker's message annotations merged into the sender's, and, for a
+    dead-lettered message, the application properties with the reason added: all re-encoded by proton.
+    """
+    for code, what, build in (
+        (HEADER, "header", lambda: list(header[:5]) if header else None),
+        (
+            MESSAGE_ANNOTATIONS,
+            "message annotations",
+            lambda: proton.AnnotationDict(annotations) if annotations else None,
+        ),
+        (
+            APPLICATION_PROPERTIES,
+            "application properties",
+            lambda: proton.PropertyDict(application) if application else None,
+        ),
+    ):
+        try:
+            value = build()
+            if value:
+                _encode_section(code, value)
+        except Exception as exc:
+            raise InvalidArgumentError(
+                f"the message's {what} hold a value AMQP does not allow there ({type(exc).__name__}: {exc}); "
+                "message annotation keys are symbols or ulongs, application property keys strings, symbols ASCII"
+            ) from None
 
 
 def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:

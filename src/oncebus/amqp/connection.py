@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import cproton
 import proton
 
-from oncebus.amqp.errors import TRACKING_ID
+from oncebus.amqp.errors import INTERNAL_ERROR, TRACKING_ID
 from oncebus.amqp.frames import (
     AMQP_HEADER,
     FrameError,
@@ -130,9 +130,20 @@ class AmqpConnection(asyncio.Protocol):
         except FrameError as exc:
             self.protocol_error(exc.condition, str(exc), not_amqp=isinstance(exc, NotAmqpError))
             return
+        except Exception:  # a bug here must still end in a clean close, never a half-open socket
+            _LOG.exception("cannot read the client's frames")
+            self.protocol_error(INTERNAL_ERROR, "oncebus failed to read the frames; see its log")
+            return
         if self.scanner.opened and self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
+        try:
+            self._push(data)
+        except Exception:
+            _LOG.exception("failed to handle the client's frames")
+            self.protocol_error(INTERNAL_ERROR, "oncebus failed to handle the frames; see its log")
+
+    def _push(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
             capacity = self.transport.capacity()

@@ -438,7 +438,7 @@ class FrameScanner:
             self._attach(channel, frame, start)
         elif code == DETACH:
             fields = self._fields(frame, start, 1)
-            if fields and isinstance(fields[0], int):
+            if isinstance(fields[0], int) and not isinstance(fields[0], bool):
                 self._handles.pop((channel, fields[0]), None)
                 self._attached.discard((channel, fields[0]))
         elif code in (END, BEGIN):
@@ -457,8 +457,10 @@ class FrameScanner:
 
     def _attach(self, channel: int, frame: memoryview, start: int) -> None:
         name, handle, role = self._fields(frame, start, 3)
-        if not isinstance(name, str) or not isinstance(handle, int):
-            raise FrameError("an attach without a link name or handle", DECODE_ERROR)
+        if not isinstance(name, str) or not isinstance(handle, int) or isinstance(handle, bool):
+            raise FrameError("an attach without a link name (string) or handle (uint)", DECODE_ERROR)
+        if not isinstance(role, bool):
+            raise FrameError(f"the attach's role is {type(role).__name__} {role!r}, not a boolean", DECODE_ERROR)
         self._attached.add((channel, handle))
         if len(self._attached) > self.limits.max_links_per_connection:
             raise FrameError(
@@ -480,6 +482,16 @@ class FrameScanner:
         fields = self._fields(frame, start, 10)
         handle, delivery_id, tag, message_format, _settled, more = fields[:6]
         aborted = fields[9]
+        for name, value, kinds in (
+            ("handle", handle, (int,)),
+            ("delivery-id", delivery_id, (int, type(None))),
+            ("delivery-tag", tag, (bytes, type(None))),
+            ("message-format", message_format, (int, type(None))),
+            ("more", more, (bool, type(None))),
+            ("aborted", aborted, (bool, type(None))),
+        ):
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                raise FrameError(f"the transfer's {name} field is {type(value).__name__} {value!r}", DECODE_ERROR)
         sender = self._handles.get((channel, handle))  # type: ignore[arg-type]
         if sender is None:
             raise FrameError(f"a transfer on handle {handle} of channel {channel}, not attached", UNATTACHED_HANDLE)

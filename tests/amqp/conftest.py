@@ -13,9 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import azure.servicebus
 import pytest
 
 START_TIMEOUT = 30.0
+# the azure-servicebus under test: CI runs these tests with 7.15 and 7.14 (.ci/run)
+SDK_VERSION = tuple(int(part) for part in azure.servicebus.__version__.split(".")[:2])
 
 
 def topology(queues: dict[str, dict[str, Any]], topics: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> dict:

@@ -26,7 +26,7 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
-from tests.amqp.conftest import ServerProcess
+from tests.amqp.conftest import SDK_VERSION, ServerProcess
 
 
 def drain(client: ServiceBusClient, path: str, **kwargs: object) -> list[tuple[str | None, bytes]]:
@@ -134,7 +134,9 @@ def test_prefetch_and_close_releases_unreceived_messages(connection_string: str)
             got = receiver.receive_messages(max_message_count=1, max_wait_time=5)
             assert [m.message_id for m in got] == ["p0"]
             receiver.complete_message(got[0])
-        # the prefetched but unreceived messages were released on close, not left locked
+        if SDK_VERSION < (7, 15):
+            return  # 7.14 leaves prefetched messages locked on close (until the lock expires, as Service Bus does)
+        # the prefetched but unreceived messages were released on close (7.15 releases them), not left locked
         assert sorted(m for m, _ in drain(client, "prefetch")) == [f"p{i}" for i in range(1, 6)]
 
 
@@ -255,7 +257,10 @@ def test_message_size_limits(server: ServerProcess) -> None:
             with pytest.raises(MessageSizeExceededError):
                 for i in range(100):
                     batch.add_message(ServiceBusMessage(b"y" * 1024, message_id=f"b{i}"))
-            sender.send_messages(batch)
+                # 7.14 sizes batches at 256 KiB whatever the link's max-message-size says: the server refuses it
+                sender.send_messages(batch)
+            if SDK_VERSION >= (7, 15):
+                sender.send_messages(batch)  # what fitted
         with client.get_queue_sender("shrinking") as sender:
             sender.send_messages(ServiceBusMessage(b"fits", message_id="fits"))
             # the entity shrinks while the link is open: the broker itself refuses the message

@@ -633,9 +633,19 @@ _PARTITION_KEY_KEY = _symbol8(str(PARTITION_KEY))
 _DEAD_LETTER_SOURCE_KEY = _symbol8(str(DEAD_LETTER_SOURCE))
 _MESSAGE_STATE_KEY = _symbol8(str(MESSAGE_STATE))
 _LOCKED_UNTIL_KEY = _symbol8(str(LOCKED_UNTIL))
+_LOCK_TOKEN_KEY = _symbol8(str(LOCK_TOKEN))
 
 
-def _encode_received_fast(message: ReceivedMessage, wire: bytes, *, lock_annotations: bool) -> bytes:
+def _delivery_annotations(lock_token: uuid.UUID | None) -> bytes:
+    """The lock token as Service Bus gives it with a message received by sequence number (SDK 7.14 reads it)."""
+    if lock_token is None:
+        return b""
+    return _described_map(DELIVERY_ANNOTATIONS, [_LOCK_TOKEN_KEY, b"\x98" + lock_token.bytes])
+
+
+def _encode_received_fast(
+    message: ReceivedMessage, wire: bytes, *, lock_annotations: bool, lock_token: uuid.UUID | None = None
+) -> bytes:
     """:func:`encode_received` without proton for a message that is not dead-lettered.
 
     The stored sections are copied as they are; the header's fields and the message annotations'
@@ -694,23 +704,27 @@ def _encode_received_fast(message: ReceivedMessage, wire: bytes, *, lock_annotat
         pairs += (key, ours.pop(mine, value) if mine is not None else value)
     for key, value in ours.items():
         pairs += (key, value)
-    out = _described_list(HEADER, [*header, _uint(max(message.delivery_count - 1, 0))])
+    out = _described_list(HEADER, [*header, _uint(max(message.delivery_count - 1, 0))]) + _delivery_annotations(
+        lock_token
+    )
     return out + _described_map(MESSAGE_ANNOTATIONS, pairs) + b"".join(rest)
 
 
-def encode_received(message: ReceivedMessage, *, lock_annotations: bool) -> bytes:
+def encode_received(message: ReceivedMessage, *, lock_annotations: bool, lock_token: uuid.UUID | None = None) -> bytes:
     """The encoding a receiver gets: the stored message, a fresh header and the broker's annotations."""
     wire = message.wire if message.wire is not None else _fields_encoding(message)
     dead_lettered = message.dead_letter_reason is not None or message.dead_letter_error_description is not None
     if not dead_lettered:
         try:
-            return _encode_received_fast(message, wire, lock_annotations=lock_annotations)
+            return _encode_received_fast(message, wire, lock_annotations=lock_annotations, lock_token=lock_token)
         except (_Unusual, UnicodeDecodeError):
             pass
-    return encode_received_with_proton(message, wire, lock_annotations=lock_annotations)
+    return encode_received_with_proton(message, wire, lock_annotations=lock_annotations, lock_token=lock_token)
 
 
-def encode_received_with_proton(message: ReceivedMessage, wire: bytes, *, lock_annotations: bool) -> bytes:
+def encode_received_with_proton(
+    message: ReceivedMessage, wire: bytes, *, lock_annotations: bool, lock_token: uuid.UUID | None = None
+) -> bytes:
     """:func:`encode_received` through proton: every case (dead-lettered messages get properties added)."""
     sections = split_sections(wire)
     header: list[Any] = [None, None, None, None, None]
@@ -742,7 +756,7 @@ def encode_received_with_proton(message: ReceivedMessage, wire: bytes, *, lock_a
     annotations[MESSAGE_STATE] = int(_SDK_STATES.get(message.state, 0))
     if lock_annotations and message.locked_until_utc is not None:
         annotations[LOCKED_UNTIL] = _ms(message.locked_until_utc)
-    out = bytearray(_encode_section(HEADER, header))
+    out = bytearray(_encode_section(HEADER, header)) + _delivery_annotations(lock_token)
     out += _encode_section(MESSAGE_ANNOTATIONS, proton.AnnotationDict(annotations))
     if dead_lettered:
         properties = properties if properties is not None else {}

@@ -112,9 +112,21 @@ _SASL_PERFORMATIVES = {
     0x43: "sasl-response",
     SASL_OUTCOME: "sasl-outcome",
 }
-# every field of the performatives proton shortens (trailing defaults left out, which is legal AMQP):
-# azure-servicebus 7.14 reads them by position and fails with "list index out of range" without them
-FULL_FIELD_COUNTS = {OPEN: 10, TRANSFER: 11}
+# the field counts of the AMQP performatives: proton leaves out trailing fields that hold their default
+# (legal AMQP), azure-servicebus 7.14 reads fields by position (open's properties are frame[9], a transfer's
+# payload follows its 11th field, a detach's error is frame[2], ...) and fails with "list index out of range";
+# so every performative oncebus sends carries every field (an absent one as null, which means its default)
+FULL_FIELD_COUNTS = {
+    OPEN: 10,
+    BEGIN: 8,
+    ATTACH: 14,
+    FLOW: 11,
+    TRANSFER: 11,
+    DISPOSITION: 6,
+    DETACH: 3,
+    END: 1,
+    CLOSE: 1,
+}
 _SEQUENCE_MASK = 0xFFFFFFFF
 _HEADER, _SASL, _AMQP = "header", "sasl", "amqp"
 
@@ -246,6 +258,20 @@ def pad_fields(frame: bytes | memoryview, start: int, wanted: int) -> bytes | No
     head = bytes(frame[4:at])
     rest = bytes(frame[stop:])
     return struct.pack(">I", 4 + len(head) + len(listed) + len(rest)) + head + listed + rest
+
+
+_FRAME_HEADER = 8
+
+
+def _split(frames: bytes) -> list[bytes]:
+    """Whole frames (as this module writes them: data offset 2) one by one."""
+    out = []
+    offset = 0
+    while offset < len(frames):
+        (size,) = struct.unpack_from(">I", frames, offset)
+        out.append(frames[offset : offset + size])
+        offset += size
+    return out
 
 
 def error_list(condition: str, description: str) -> bytes:
@@ -609,19 +635,21 @@ class FrameScanner:
 
     def _outgoing(self, channel_bytes: bytes, frame: memoryview, start: int) -> bytes | None:
         code = _descriptor_code(frame, start)
-        channel = struct.unpack(">H", channel_bytes)[0]
         if code == TRANSFER:
             return pad_fields(frame, start, FULL_FIELD_COUNTS[TRANSFER])
+        channel = struct.unpack(">H", channel_bytes)[0]
         if code == DISPOSITION:
             remote = self._local_to_remote.get(channel)
             session = None if remote is None else self._sessions.get(remote)
-            if session is None or not session.theirs:
-                return None
-            return self._outgoing_disposition(session, frame, start)
-        if code == OPEN:
+            if session is not None and session.theirs:
+                mapped = self._outgoing_disposition(session, frame, start)
+                if mapped is not None:
+                    return b"".join(
+                        pad_fields(f, _FRAME_HEADER, FULL_FIELD_COUNTS[DISPOSITION]) or f for f in _split(mapped)
+                    )
+        elif code == OPEN:
             self.sent_open = True
-            return pad_fields(frame, start, FULL_FIELD_COUNTS[OPEN])
-        if code == CLOSE:
+        elif code == CLOSE:
             self.sent_close = True
         elif code == BEGIN:
             fields = self._fields(frame, start, 1)
@@ -629,7 +657,8 @@ class FrameScanner:
                 self._local_to_remote[channel] = fields[0]
         elif code == END:
             self._local_to_remote.pop(channel, None)
-        return None
+        wanted = FULL_FIELD_COUNTS.get(code) if code is not None else None
+        return None if wanted is None else pad_fields(frame, start, wanted)
 
     def _outgoing_disposition(self, session: _SessionIds, frame: memoryview, start: int) -> bytes | None:
         parsed = _Frame(frame, start)

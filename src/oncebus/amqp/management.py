@@ -194,9 +194,11 @@ async def _receive_by_sequence_number(request: _Request) -> Body | None:
         return None
     out = []
     for message in messages:
-        entry: dict[str, Any] = {"message": codec.encode_received(message, lock_annotations=True)}
-        if message.lock_token is not None and mode == ServiceBusReceiveMode.PEEK_LOCK:
-            entry["lock-token"] = message.lock_token
+        locked = message.lock_token is not None and mode == ServiceBusReceiveMode.PEEK_LOCK
+        token = message.lock_token if locked else None
+        entry: dict[str, Any] = {"message": codec.encode_received(message, lock_annotations=True, lock_token=token)}
+        if token is not None:
+            entry["lock-token"] = token
         out.append(entry)
     return {"messages": out}
 

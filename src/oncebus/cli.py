@@ -113,10 +113,15 @@ def _open_target(data_dir: Path) -> _Remote | _Local:
 
 # ---------------------------------------------------------------------------------- serve
 def _serve(args: argparse.Namespace) -> int:
+    for option, value in (("--port", args.port), ("--tls-port", args.tls_port), ("--http-port", args.http_port)):
+        if value is not None and not (0 if option == "--port" else -1) <= value <= 65535:
+            raise CliError(f"{option} {value}: use a port from 0 to 65535 (0 picks a free one)", EXIT_USAGE)
     options = ServeOptions(
         data_dir=resolve_data_dir(args.data_dir),
         host=args.host,
         port=args.port,
+        tls_port=args.tls_port,
+        http_port=args.http_port,
         keys=_keys(args),
         config=args.config,
         send_log=args.send_log,
@@ -410,8 +415,26 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the broker on the data directory")
-    serve.add_argument("--host", default="127.0.0.1", help="AMQP listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=5672, help="AMQP port (default 5672; 0 picks a free one)")
+    serve.add_argument("--host", default="127.0.0.1", help="listen address of every port (default 127.0.0.1)")
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=5672,
+        help="the main port: AMQP, AMQP over TLS, HTTPS and HTTP (default 5672; 0 picks a free one)",
+    )
+    serve.add_argument(
+        "--tls-port",
+        type=int,
+        default=None,
+        help="TLS-only port for UseDevelopmentEmulator=false clients (default 5671, or a free one with --port 0; "
+        "-1: none)",
+    )
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="plain-HTTP port like the emulator's (default 5300, or a free one with --port 0; -1: none)",
+    )
     serve.add_argument("--config", help="topology file in the Service Bus emulator's config.json format")
     serve.add_argument("--send-log", help="directory to record every send attempt in (JSON lines)")
     serve.add_argument("--key", action="append", help="SAS key NAME=KEY (repeatable)")

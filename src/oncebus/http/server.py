@@ -22,6 +22,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
 
@@ -145,6 +146,10 @@ class HttpProtocol(asyncio.Protocol):
             if event is h11.PAUSED:
                 return
             if isinstance(event, h11.Request):
+                head = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
+                if head > self.limits.max_header_bytes:
+                    self._error(431, f"the request head is {head} bytes; at most {self.limits.max_header_bytes}")
+                    return
                 self._request = event
                 self._body = bytearray()
                 length = _content_length(event)
@@ -183,6 +188,7 @@ class HttpProtocol(asyncio.Protocol):
                 self._write(
                     h11.Response(
                         status_code=status,
+                        reason=_reason(status),
                         headers=[
                             (b"content-type", b"text/plain; charset=utf-8"),
                             (b"content-length", str(len(body)).encode()),
@@ -243,7 +249,8 @@ class HttpProtocol(asyncio.Protocol):
                 headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", [])]
                 if not any(k.lower() == b"server" for k, _ in headers):
                     headers.append((b"server", SERVER_HEADER))
-                self._write(h11.Response(status_code=int(message["status"]), headers=headers))
+                status = int(message["status"])
+                self._write(h11.Response(status_code=status, headers=headers, reason=_reason(status)))
             elif kind == "http.response.body" and started:
                 data = bytes(message.get("body", b""))
                 if data:
@@ -297,6 +304,13 @@ class HttpProtocol(asyncio.Protocol):
         else:
             self._arm(self.limits.keepalive_timeout)
         self._process()
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
 
 
 def _content_length(request: h11.Request) -> int | None:

@@ -21,6 +21,25 @@ MOUNTED_EXACT = ("/", "/metrics")
 MOUNTED_PREFIXES = ("/dashboard", "/api/dashboard")
 
 
+WEBSOCKET_TEXT = (
+    "AMQP over WebSockets is not served by oncebus: with an emulator connection string the SDK "
+    "(azure-servicebus 7.15) drops the endpoint's port and opens ws://<host>/$servicebus/websocket on port 80 "
+    "(sync) or 443 (aio); use the default TransportType.Amqp\n"
+)
+
+
+async def _text(send: Send, status: int, text: str) -> None:
+    body = text.encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 def is_mounted_path(path: str) -> bool:
     return path in MOUNTED_EXACT or any(path == p or path.startswith(p + "/") for p in MOUNTED_PREFIXES)
 
@@ -44,9 +63,11 @@ class HttpApp:
             await self._lifespan(receive, send)
             return
         if scope["type"] != "http":
-            return  # WebSocket upgrades are not served (h11 answers the handshake with an HTTP error)
+            return  # HttpProtocol makes only http scopes; WebSocket upgrades get a 501 below
         path = str(scope["path"])
-        if path == "/health" and scope["method"] in ("GET", "HEAD"):
+        if any(k.lower() == b"upgrade" and v.lower() == b"websocket" for k, v in scope["headers"]):
+            await _text(send, 501, WEBSOCKET_TEXT)
+        elif path == "/health" and scope["method"] in ("GET", "HEAD"):
             await self._health(scope, send)
         elif self.mounted is not None and is_mounted_path(path):
             await self.mounted(scope, receive, send)

@@ -71,6 +71,8 @@ class HttpProtocol(asyncio.Protocol):
         self._body = bytearray()
         self._closed = False
         self._receiving = False
+        self._write_paused = False  # the client does not read its answers: take no new request meanwhile
+        self._cycle_waiting = False
 
     # --- asyncio protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -94,6 +96,15 @@ class HttpProtocol(asyncio.Protocol):
             self.h11.receive_data(b"")
             self._process()
         return None
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._cycle_waiting:
+            self._cycle_waiting = False
+            self._start_cycle()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -295,6 +306,15 @@ class HttpProtocol(asyncio.Protocol):
             self.h11.start_next_cycle()
         except h11.LocalProtocolError:
             self.close()
+            return
+        if self._write_paused:
+            self._cycle_waiting = True
+            self._arm(self.limits.keepalive_timeout)  # a client that never reads its answers is dropped
+            return
+        self._start_cycle()
+
+    def _start_cycle(self) -> None:
+        if self._closed:
             return
         if self.transport is not None:
             self.transport.resume_reading()

@@ -162,3 +162,29 @@ def test_over_long_control_line_is_refused_and_the_connection_stays_usable(serve
         client.close()
     assert oncebus("stats", "--json", data_dir=server.data_dir).returncode == 0
     assert server.alive()
+
+
+def test_large_sends_fit_the_control_socket(server: Serve, tmp_path: Path) -> None:
+    """A --count batch of large bodies is split to fit a request line; one body too large is refused in one line."""
+    d = server.data_dir
+    assert oncebus("queue", "create", "big", "--max-message-size-kb", "102400", data_dir=d).returncode == 0
+    body = tmp_path / "body"
+    body.write_bytes(b"b" * (3 * 1024 * 1024))  # 4 MiB as base64: 15 to a 64 MiB request
+    sent = oncebus("send", "big", "--file", str(body), "--message-id", "m{i}", "--count", "20", "--json", data_dir=d)
+    assert sent.returncode == 0, sent.stderr
+    assert json.loads(sent.stdout) == {"sent": 20, "stored": 20, "duplicates_dropped": 0}
+    huge = tmp_path / "huge"
+    huge.write_bytes(b"h" * (50 * 1024 * 1024))
+    refused = oncebus("send", "big", "--file", str(huge), data_dir=d)
+    assert "over the control socket's limit" in assert_one_line_error(refused)
+    assert oncebus("queue", "delete", "big", data_dir=d).returncode == 0
+
+
+def test_count_batches_shrink_to_the_entitys_size_limit(data_dir: Path) -> None:
+    """100 KiB bodies, 256 KiB per send: the CLI halves its batch until the broker takes it (a refusal stores none)."""
+    body = "x" * (100 * 1024)
+    sent = oncebus("send", "q1", body, "--message-id", "size-{i}", "--count", "9", "--json", data_dir=data_dir)
+    assert sent.returncode == 0, sent.stderr
+    assert json.loads(sent.stdout) == {"sent": 9, "stored": 9, "duplicates_dropped": 0}
+    got = json.loads(oncebus("receive", "q1", "--max", "20", "--json", data_dir=data_dir).stdout)
+    assert sorted(m["message_id"] for m in got) == sorted(f"size-{i}" for i in range(9))

@@ -32,7 +32,7 @@ from oncebus.broker.datadir import DataDir, resolve_data_dir
 from oncebus.broker.namespace import Namespace
 from oncebus.broker.runtime import tune_gc
 from oncebus.core.durations import parse_duration, to_micros
-from oncebus.core.errors import InvalidArgumentError, OncebusError
+from oncebus.core.errors import InvalidArgumentError, MessageSizeExceededError, OncebusError
 from oncebus.store.sendlog import SendLogWriter
 from oncebus.store.sqlite import SqliteStore
 
@@ -345,12 +345,20 @@ def _send(args: argparse.Namespace, target: _Remote | _Local) -> int:
     if target.max_request is not None:  # a batch is one request line: fewer messages when they are large
         room = target.max_request - 4096 - len(json.dumps(args.entity))
         batch_size = max(1, min(batch_size, room // (len(json.dumps(message(args.count - 1))) + 2)))
-    for start in range(0, args.count, batch_size):
+    start = 0
+    while start < args.count:
         chunk = [message(i) for i in range(start, min(args.count, start + batch_size))]
-        last = target.call("send", {"entity": args.entity, "messages": chunk})
+        try:
+            last = target.call("send", {"entity": args.entity, "messages": chunk})
+        except MessageSizeExceededError:
+            if len(chunk) == 1:
+                raise
+            batch_size = len(chunk) // 2  # over the entity's limit for one send: nothing was stored; halve
+            continue
         duplicates += sum(1 for o in last if o["duplicate"])
         accepted += sum(1 for o in last if not o["duplicate"])
-        progress.update(start + len(chunk))
+        start += len(chunk)
+        progress.update(start)
     progress.done()
     if args.json:
         print(json.dumps({"sent": args.count, "stored": accepted, "duplicates_dropped": duplicates}))
@@ -569,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size",
         type=int,
         default=100,
-        help="messages per atomic send with --count (fewer when large bodies would not fit in one request)",
+        help="messages per atomic send with --count (fewer when a batch would pass the entity's size limit)",
     )
     send.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     send.add_argument("--json", action="store_true")

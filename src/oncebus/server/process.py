@@ -83,6 +83,11 @@ async def run(
     ``ready`` gets the server info (ports, connection string, ...) once every
     listener is up; ``say`` prints the start-up lines.
     """
+    topology = None
+    if options.config:  # read and shape-checked before the data directory is touched
+        from oncebus.broker.topology import load_topology
+
+        topology = load_topology(options.config)
     datadir = DataDir(options.data_dir)
     if not datadir.try_lock():
         pid = (datadir.read_server_info() or {}).get("pid") or datadir.owner_pid()
@@ -96,10 +101,19 @@ async def run(
     send_log = SendLogWriter(options.send_log) if options.send_log else None
     clock = FileClock(options.clock_file) if options.clock_file else SystemClock()
     namespace = await Namespace.open(store, clock, send_log=send_log)
-    if options.config:
-        from oncebus.broker.topology import apply_topology, load_topology
+    if topology is not None:
+        from oncebus.broker.topology import apply_topology
 
-        await apply_topology(namespace, load_topology(options.config))
+        try:
+            await apply_topology(namespace, topology)  # all or nothing
+        except BaseException:
+            with contextlib.suppress(OncebusError):
+                await namespace.close()
+            store.close()
+            if send_log is not None:
+                send_log.close()
+            datadir.unlock()
+            raise
     tune_gc()
     control = ControlServer(namespace)
     await control.start()

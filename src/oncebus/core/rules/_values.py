@@ -133,13 +133,15 @@ def equals(a: Any, b: Any) -> bool | None:
     return bool(x == y)
 
 
+def _utc(value: datetime) -> datetime:
+    """A naive datetime is taken as UTC (AMQP timestamps and Service Bus times are UTC)."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=_UTC)
+
+
 def _compare_datetimes(a: datetime, b: datetime, op: str) -> bool | None:
-    try:
-        return _ORDER[op](a, b)
-    except TypeError:  # naive against aware: compare as UTC
-        a = a if a.tzinfo is not None else a.replace(tzinfo=_UTC)
-        b = b if b.tzinfo is not None else b.replace(tzinfo=_UTC)
-        return _ORDER[op](a, b)
+    if (a.tzinfo is None) != (b.tzinfo is None):
+        a, b = _utc(a), _utc(b)
+    return _ORDER[op](a, b)
 
 
 _ORDER: dict[str, Callable[[Any, Any], bool]] = {
@@ -279,12 +281,9 @@ def arithmetic(op: str, a: Any, b: Any) -> Any:
 
 
 def _subtract_datetimes(a: datetime, b: datetime) -> timedelta:
-    try:
-        return a - b
-    except TypeError:
-        a = a if a.tzinfo is not None else a.replace(tzinfo=_UTC)
-        b = b if b.tzinfo is not None else b.replace(tzinfo=_UTC)
-        return a - b
+    if (a.tzinfo is None) != (b.tzinfo is None):
+        a, b = _utc(a), _utc(b)
+    return a - b
 
 
 def negate(a: Any) -> Any:

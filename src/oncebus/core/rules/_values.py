@@ -190,8 +190,8 @@ def _int_div(a: int, b: int) -> int:
 def _int_rem(a: int, b: int) -> int:
     if b == 0:
         raise EvaluationError("integer remainder by zero")
-    if b == -1:
-        return 0
+    if a == INT64_MIN and b == -1:
+        raise EvaluationError("integer overflow in remainder")  # C# throws here as it does for the division
     r = abs(a) % abs(b)
     return -r if a < 0 else r  # C#: the remainder takes the dividend's sign
 

@@ -135,7 +135,7 @@ class _Compiler(Transformer[Token, Any]):
     def _property_node(self, ref: PropertyRef, line: int, column: int) -> Node:
         key = ref.key
         if ref.scope == "sys":
-            return Node(lambda v: v.system.get(key), False, line, column, prop=ref)
+            return Node(_system_getter(key), False, line, column, prop=ref)
         return Node(lambda v: v.user.get(key), False, line, column, prop=ref)
 
     def plain_property(self, meta: Any, children: list[Token]) -> Node:
@@ -362,7 +362,11 @@ class _Compiler(Transformer[Token, Any]):
         ref = prop.prop
         assert ref is not None
         key = ref.key
-        fn: Fn = (lambda v: v.system.get(key) is not None) if ref.scope == "sys" else (lambda v: key in v.user)
+        if ref.scope == "sys":
+            get = _system_getter(key)
+            fn: Fn = lambda v: get(v) is not None  # noqa: E731
+        else:
+            fn = lambda v: key in v.user  # noqa: E731
         return Node(fn, True, *_pos(exists_token))
 
     # ------------------------------------------------------------ logic
@@ -499,26 +503,52 @@ def _dynamic_property(view: MessageView, name: Any) -> Any:
         return None
     scope, _, rest = name.partition(".")
     if rest and scope.lower() == "sys":
-        return view.system.get(rest.lower())
+        return view.system_value(rest.lower())
     if rest and scope.lower() == "user":
         return view.user.get(rest.lower())
     return view.user.get(name.lower())
 
 
+def _system_getter(key: str) -> Fn:
+    if key == "size":  # computed on first use
+        return lambda v: v.system_value("size")
+    return lambda v: v.system.get(key)
+
+
 def _comparison_fn(op: str, left: Node, right: Node) -> Fn:
     lf, rf = left.fn, right.fn
     # the common shape, property = 'constant', without the generic dispatch
-    if op == "=" and left.prop is not None and right.const and type(right.value) in (str, int):
+    if (
+        op == "="
+        and left.prop is not None
+        and left.prop.key != "size"
+        and right.const
+        and type(right.value) in (str, int)
+    ):
         c, ctype, key = right.value, type(right.value), left.prop.key
-        source = "system" if left.prop.scope == "sys" else "user"
+        equals = V.equals
+        if left.prop.scope == "sys":
 
-        def eq_constant(v: MessageView) -> bool | None:
-            x = (v.system if source == "system" else v.user).get(key)
-            if type(x) is ctype:
-                return x == c
-            return V.equals(x, c)
+            def eq_constant(v: MessageView) -> bool | None:
+                x = v.system.get(key)
+                return x == c if type(x) is ctype else equals(x, c)
+
+        else:
+
+            def eq_constant(v: MessageView) -> bool | None:
+                x = v.user.get(key)
+                return x == c if type(x) is ctype else equals(x, c)
 
         return eq_constant
+    if op != "=" and left.prop is not None and right.const and type(right.value) in (int, float):
+        # property < number: same-typed numbers compare directly, anything else takes the general rule
+        c, ctype, order, compare = right.value, type(right.value), V.ORDER[op], V.compare
+
+        def compare_constant(v: MessageView) -> bool | None:
+            x = lf(v)
+            return order(x, c) if type(x) is ctype else compare(op, x, c)
+
+        return compare_constant
     if op == "=":
         return lambda v: V.equals(lf(v), rf(v))
     return lambda v: V.compare(op, lf(v), rf(v))

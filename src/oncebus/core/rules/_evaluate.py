@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from oncebus.core.durations import to_micros
 from oncebus.core.errors import InvalidArgumentError
@@ -31,8 +30,7 @@ from oncebus.core.timeutil import datetime_to_us
 RULE_NAME_PROPERTY = "RuleName"
 
 
-@dataclass(frozen=True)
-class RuleDelivery:
+class RuleDelivery(NamedTuple):
     """One copy a subscription gets.
 
     ``rule_name`` is None for the copy of the rules without an action.
@@ -68,14 +66,12 @@ class RuleDelivery:
         return dataclasses.replace(stored, application_properties=dict(self.application_properties), **changes)
 
 
-@dataclass(frozen=True)
-class RuleFailure:
+class RuleFailure(NamedTuple):
     rule_name: str
     reason: str
 
 
-@dataclass(frozen=True)
-class RulesOutcome:
+class RulesOutcome(NamedTuple):
     deliveries: tuple[RuleDelivery, ...]
     failures: tuple[RuleFailure, ...] = ()
 
@@ -134,6 +130,10 @@ class RuleSet:
                         break
                 except EvaluationError as exc:
                     failures.append(RuleFailure(rule.name, f"filter: {exc}"))
+        if not self._with_action:  # the common case: no copy changed by an action
+            if plain:
+                return RulesOutcome((RuleDelivery(None, view.application_properties, {}),), tuple(failures))
+            return RulesOutcome((), tuple(failures))
         deliveries = [RuleDelivery(None, view.application_properties, {})] if plain else []
         for rule in self._with_action:
             try:

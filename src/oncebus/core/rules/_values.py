@@ -141,10 +141,10 @@ def _utc(value: datetime) -> datetime:
 def _compare_datetimes(a: datetime, b: datetime, op: str) -> bool | None:
     if (a.tzinfo is None) != (b.tzinfo is None):
         a, b = _utc(a), _utc(b)
-    return _ORDER[op](a, b)
+    return ORDER[op](a, b)
 
 
-_ORDER: dict[str, Callable[[Any, Any], bool]] = {
+ORDER: dict[str, Callable[[Any, Any], bool]] = {
     "=": lambda x, y: bool(x == y),
     "<>": lambda x, y: bool(x != y),
     "<": lambda x, y: bool(x < y),
@@ -152,7 +152,7 @@ _ORDER: dict[str, Callable[[Any, Any], bool]] = {
     ">": lambda x, y: bool(x > y),
     ">=": lambda x, y: bool(x >= y),
 }
-_ORDERED_KINDS = (K_DATETIME, K_TIMEDELTA)
+ORDERED_KINDS = (K_DATETIME, K_TIMEDELTA)
 
 
 def compare(op: str, a: Any, b: Any) -> bool | None:
@@ -165,14 +165,14 @@ def compare(op: str, a: Any, b: Any) -> bool | None:
     if a is None or b is None:
         return None
     ka, kb = kind(a), kind(b)
-    if ka == kb and ka in _ORDERED_KINDS:
+    if ka == kb and ka in ORDERED_KINDS:
         if ka == K_DATETIME:
             return _compare_datetimes(a, b, op)
-        return _ORDER[op](a, b)
+        return ORDER[op](a, b)
     k, x, y = _promote(a, b)
     if k == K_OTHER:
         return None  # strings, booleans, guids: C# has no ordering operators for them
-    return _ORDER[op](x, y)
+    return ORDER[op](x, y)
 
 
 # ---------------------------------------------------------------- arithmetic

@@ -66,6 +66,17 @@ SYSTEM_PROPERTIES: dict[str, SystemProperty] = _props()
 """Every ``sys.`` name a rule may use, by lower-case name. Any other ``sys.`` name is refused."""
 
 _FIELD_TO_SYSTEM = {p.field: key for key, p in SYSTEM_PROPERTIES.items() if p.field and key != "subject"}
+_FIELD_TO_SYSTEM_ITEMS = tuple(_FIELD_TO_SYSTEM.items())
+_EMPTY_SYSTEM: dict[str, Any] = dict.fromkeys(SYSTEM_PROPERTIES)
+
+
+class _LazySize:
+    """sys.Size of a view, computed when first read (Message.size encodes the properties)."""
+
+    __slots__ = ("compute",)
+
+    def __init__(self, compute: Any) -> None:
+        self.compute = compute
 
 
 def system_property(name: str) -> SystemProperty | None:
@@ -109,33 +120,38 @@ class MessageView:
 
         Reads only public fields, by name: a stored message contributes its
         sequence number, enqueued and expiry times, delivery count; a message
-        being sent has none of those yet (they read as null).
+        being sent has none of those yet (they read as null). ``sys.Size`` is
+        computed only if a rule reads it.
         """
-
-        def get(name: str) -> Any:
-            return getattr(message, name, None)
-
-        system: dict[str, Any] = {key: get(field) for field, key in _FIELD_TO_SYSTEM.items()}
+        system = _EMPTY_SYSTEM.copy()
+        for field, key in _FIELD_TO_SYSTEM_ITEMS:
+            system[key] = getattr(message, field, None)
+        system["subject"] = system["label"]
         if hasattr(message, "time_to_live_us"):  # a StoredMessage: times in microseconds
-            ttl_us, scheduled_us = get("time_to_live_us"), get("scheduled_enqueue_time_us")
+            ttl_us, scheduled_us = message.time_to_live_us, message.scheduled_enqueue_time_us
             system["timetolive"] = None if ttl_us is None else timedelta(microseconds=ttl_us)
             system["scheduledenqueuetimeutc"] = None if scheduled_us is None else us_to_datetime(scheduled_us)
-            enqueued, expires = get("enqueued_time_us"), get("expires_at_us")
+            enqueued, expires = message.enqueued_time_us, message.expires_at_us
             system["enqueuedtimeutc"] = None if enqueued is None else us_to_datetime(enqueued)
             system["expiresatutc"] = None if expires is None else us_to_datetime(expires)
-            system["sequencenumber"] = get("sequence_number")
-            system["deliverycount"] = get("delivery_count")
-            system["deadlettersource"] = get("dead_letter_source")
-            system["size"] = _stored_size(message)
+            system["sequencenumber"] = message.sequence_number
+            system["deliverycount"] = message.delivery_count
+            system["deadlettersource"] = message.dead_letter_source
+            system["size"] = _LazySize(lambda: _stored_size(message))
         else:
-            system["size"] = get("size")
+            system["size"] = _LazySize(lambda: getattr(message, "size", None))
         view = cls.__new__(cls)
-        system = {**dict.fromkeys(SYSTEM_PROPERTIES), **system}
-        system["subject"] = system["label"]
         view.system = system
-        view.application_properties = dict(get("application_properties") or {})
+        view.application_properties = dict(getattr(message, "application_properties", None) or {})
         view.user = _lower_keys(view.application_properties)
         return view
+
+    def system_value(self, key: str) -> Any:
+        """A system property by lower-case name (read ``sys.Size`` through here: it is computed on first use)."""
+        value = self.system.get(key)
+        if type(value) is _LazySize:
+            value = self.system[key] = value.compute()
+        return value
 
     def copy(self) -> MessageView:
         """A copy an action may change (the view itself is never changed)."""
@@ -173,7 +189,11 @@ class MessageView:
         return iter(self.application_properties)
 
     def __repr__(self) -> str:
-        system = {SYSTEM_PROPERTIES[k].name: v for k, v in self.system.items() if v is not None and k != "label"}
+        system = {
+            SYSTEM_PROPERTIES[k].name: self.system_value(k)
+            for k, v in self.system.items()
+            if v is not None and k != "label" and self.system_value(k) is not None
+        }
         return f"MessageView(system={system!r}, application_properties={self.application_properties!r})"
 
 

@@ -87,7 +87,6 @@ class _Compiler(Transformer[Token, Any]):
     def __init__(self, parameters: Mapping[str, Any], reserved: tuple[str, ...]) -> None:
         super().__init__()
         self.parameters = {k.lower() if k.startswith("@") else "@" + k.lower(): v for k, v in parameters.items()}
-        self.used_parameters: set[str] = set()
         self.reserved = reserved
 
     # ------------------------------------------------------------ checks
@@ -202,7 +201,6 @@ class _Compiler(Transformer[Token, Any]):
         if key not in self.parameters:
             given = ", ".join(sorted(self.parameters)) or "none"
             raise _Fail(f"the parameter {token} is not given (parameters given: {given})", line, column)
-        self.used_parameters.add(key)
         return _constant(self.parameters[key], line, column)
 
     # ------------------------------------------------------------ functions

@@ -74,7 +74,7 @@ def test_broker_refuses_then_recovers_when_the_store_fails() -> None:
         store.fail = True
         with pytest.raises(StoreWriteError, match="disk full"):
             await ns.send("q", Message(b"x", message_id="a"))
-        with pytest.raises(StoreWriteError, match="disk full.*try again shortly"):
+        with pytest.raises(StoreWriteError, match=r"disk full.*try again shortly"):
             await ns.send("q", Message(b"x", message_id="b"))  # refused, saying why, until reloaded
         store.fail = False
         await _recovered(ns)

@@ -62,7 +62,7 @@ from oncebus.core.messages import (
     StoredMessage,
     check_message,
 )
-from oncebus.core.timeutil import add_us, clamp_us, datetime_to_us, us_to_datetime
+from oncebus.core.timeutil import MAX_US, add_us, clamp_us, datetime_to_us, us_to_datetime
 from oncebus.store.base import (
     AddCounters,
     DeleteEntity,
@@ -201,6 +201,8 @@ class Namespace:
             if key.first_accepted_us + to_micros(entity.detector.window) > now:
                 entity.detector.index.restore(key.key, key.first_accepted_us)
         for message in snapshot.messages:
+            if message.expires_at_us is not None and message.expires_at_us > MAX_US:
+                message.expires_at_us = None  # stored by a release that did not cap expiries: never
             receivable = self._receivable_by_path(message.path)
             if receivable is not None:
                 receivable.add(message, now)

@@ -110,9 +110,7 @@ def normalize_message_id(value: object, *, name: str = "message_id") -> MessageI
         if value == "":
             raise InvalidArgumentError(f"{name} is empty; give 1 to {MAX_ID_LENGTH} characters or leave it unset")
         if len(value) > MAX_ID_LENGTH:
-            raise InvalidArgumentError(
-                f"{name} is {len(value)} characters long; at most {MAX_ID_LENGTH} are allowed"
-            )
+            raise InvalidArgumentError(f"{name} is {len(value)} characters long; at most {MAX_ID_LENGTH} are allowed")
         return value
     if isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)

@@ -12,7 +12,7 @@ from typing import Any
 
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.keys import MessageId, id_type, service_bus_text
-from oncebus.core.timeutil import MAX_US, us_to_datetime_or_max
+from oncebus.core.timeutil import us_to_datetime_or_max
 
 
 class ServiceBusReceiveMode(enum.Enum):
@@ -197,8 +197,6 @@ class StoredMessage:
         kind = values.pop("message_id_type", None)
         if kind is not None:
             values["message_id"] = _typed_id(kind, values["message_id"])
-        if expires_at_us is not None and expires_at_us > MAX_US:  # written before expiries were capped: never
-            expires_at_us = None
         return cls(
             path=path,
             sequence_number=sequence_number,

@@ -182,10 +182,9 @@ class SqliteStore:
             db.executescript(SCHEMA)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             return
-        if version == SCHEMA_VERSION:
-            db.executescript(SCHEMA)  # IF NOT EXISTS: nothing to do
-            return
-        self._migrate(version)
+        db.executescript(SCHEMA)  # IF NOT EXISTS: a table missing from an older file is added (as releases did)
+        if version < SCHEMA_VERSION:
+            self._migrate(version)
 
     def _migrate(self, version: int) -> None:
         """Bring an older layout up to date in one transaction: all of it, or nothing (the file stays as it was)."""
@@ -200,7 +199,7 @@ class SqliteStore:
                 }
                 # only string ids starting with NUL change: their key text is escaped now
                 rows = db.execute(
-                    "SELECT entity, first_accepted_us, key FROM dedup_key WHERE instr(key, char(0)) > 0"
+                    "SELECT entity, first_accepted_us, key FROM dedup_key WHERE instr(CAST(key AS BLOB), X'00') > 0"
                 ).fetchall()
                 for entity, t0, key in rows:
                     new = migrate_key_text_v0(key, partitioned=entity in partitioned)
@@ -212,10 +211,13 @@ class SqliteStore:
                         db.execute(_INSERT_KEY, (entity, t0, new))
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")
-        except BaseException:
+        except Exception as exc:
             if db.in_transaction:
                 db.execute("ROLLBACK")
-            raise
+            raise StoreError(
+                f"could not migrate {self.path} from store schema {version} to {SCHEMA_VERSION} ({_reason(exc)}); "
+                "the file is unchanged: free disk space if it is full, or run the earlier oncebus on it"
+            ) from None
         _LOG.warning("migrated %s from store schema %d to %d", self.path, version, SCHEMA_VERSION)
 
     def load(self) -> Snapshot:

@@ -159,7 +159,6 @@ class Namespace:
         self._recovery: asyncio.Task[None] | None = None
         self._in_flight = 0  # writes submitted whose outcome the loop has not handled yet
         self._idle: asyncio.Event | None = None
-        self._last_write: Future[None] | None = None
         self._floor_us = 0  # time never runs backwards for the broker, across restarts too
         self.reloads = 0
         self._timer_error: str | None = None
@@ -213,6 +212,8 @@ class Namespace:
 
     async def close(self) -> None:
         """Persist the counts not stored yet; the store stays open (its owner closes it)."""
+        if self._recovery is not None:
+            self._recovery.cancel()
         if self._failure is None:
             ops: list[Op] = [op for e in self._entities.values() if (op := self._counters_op(e, {})) is not None]
             if ops:
@@ -271,7 +272,6 @@ class Namespace:
 
     def _submit(self, ops: Sequence[Op]) -> Future[None]:
         future = self.store.submit(ops)
-        self._last_write = future
         self._in_flight += 1
         if self._idle is not None:
             self._idle.clear()

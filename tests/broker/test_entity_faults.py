@@ -172,6 +172,7 @@ def test_a_stored_expiry_past_year_9999_from_an_earlier_release_reads_as_never(s
         ),
         (Message("text", message_id="a"), "body must be bytes"),  # type: ignore[arg-type]
         (Message(b"x", message_id="a", subject=7), "subject must be text"),  # type: ignore[arg-type]
+        (Message(b"x", message_id="a", application_properties={(1, 2): 3}), "application_properties keys must be text"),
     ],
 )
 def test_a_bad_message_field_is_refused_for_that_message_only(message: Message, error: str) -> None:

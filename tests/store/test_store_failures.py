@@ -211,3 +211,31 @@ def test_a_created_queue_whose_write_fails_does_not_exist() -> None:
         assert [q.name for q in (await Namespace.open(store, ManualClock())).list_queues()] == ["q"]
 
     asyncio.run(go())
+
+
+def test_one_failing_unit_does_not_fail_the_others_committed_with_it(tmp_path: Path) -> None:
+    import time
+
+    store = SqliteStore(tmp_path / "oncebus.db")
+    transactions: list[int] = []
+    run_transaction = store._transaction
+
+    def counted(ops: list[Op]) -> None:
+        transactions.append(len(ops))
+        run_transaction(ops)
+
+    store._transaction = counted  # type: ignore[method-assign]
+    with store._lock:  # the writer takes the first unit, then waits: the rest queue up as one group
+        first = store.submit([PutMessage(_message(1, 10))])
+        time.sleep(0.2)
+        futures = [store.submit([PutMessage(_message(seq, 10))]) for seq in range(2, 12)]
+        bad = _message(99, 10)
+        bad.path = None  # type: ignore[assignment]  # NOT NULL: this unit cannot be written
+        futures.insert(5, store.submit([PutMessage(bad)]))
+    first.result()
+    with pytest.raises(StoreWriteError, match="NOT NULL constraint failed"):
+        futures[5].result()
+    assert all(f.exception() is None for i, f in enumerate(futures) if i != 5)
+    assert transactions == [1, 11] + [1] * 11  # the group failed as a whole, then each unit was tried alone
+    store.close()
+    assert [m.sequence_number for m in SqliteStore(tmp_path / "oncebus.db").load().messages] == list(range(1, 12))

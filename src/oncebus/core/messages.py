@@ -84,10 +84,12 @@ def check_message(message: Message) -> None:
         value = getattr(message, name)
         if value is not None and not isinstance(value, str):
             raise InvalidArgumentError(f"{name} must be text (a string), not {type(value).__name__}")
-    if not isinstance(message.application_properties, dict):
-        raise InvalidArgumentError(
-            f"application_properties must be a map, not {type(message.application_properties).__name__}"
-        )
+    properties = message.application_properties
+    if not isinstance(properties, dict):
+        raise InvalidArgumentError(f"application_properties must be a map, not {type(properties).__name__}")
+    for key in properties:
+        if not isinstance(key, str):
+            raise InvalidArgumentError(f"application_properties keys must be text, not {type(key).__name__}")
     ttl = message.time_to_live
     if ttl is not None:
         if not isinstance(ttl, timedelta):

@@ -300,32 +300,55 @@ class SqliteStore:
 
     def _commit(self, group: list[tuple[list[Op], Future[None]]]) -> None:
         # a unit whose waiter was cancelled is still written: the broker's memory already has it
-        waiting = [(unit, future) for unit, future in group if future.set_running_or_notify_cancel()]
-        ops = [op for unit, _ in group for op in unit]
+        units = [(unit, future if future.set_running_or_notify_cancel() else None) for unit, future in group]
+        self.units += len(units)
         try:
             self._check_files()
-            if ops:
-                db = self._db
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    self._apply_all(ops)
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:  # SQLite has already rolled back after some errors (disk full)
-                        db.execute("ROLLBACK")
-                    raise
-                self.commits += 1
-                if self._wal_identity is None:
-                    self._wal_identity = _identity(self.wal_path)
-            self.units += len(group)
-        except Exception as exc:  # the whole group failed; nothing of it is stored
-            self.failures += 1
-            error = exc if isinstance(exc, StoreWriteError) else _write_error(self.path, exc)
-            for _, future in waiting:
-                future.set_exception(error)
+            self._transaction([op for unit, _ in units for op in unit])
+        except StoreWriteError as exc:  # the file is not ours any more: nothing can be written
+            self._fail(units, exc)
             return
-        for _, future in waiting:
-            future.set_result(None)
+        except Exception as exc:
+            if len(units) == 1:
+                self._fail(units, exc)
+                return
+            # nothing of the group is stored; one unit's failure must not fail the others: each on its own
+            for unit, future in units:
+                try:
+                    self._transaction(unit)
+                except Exception as unit_exc:
+                    self._fail([(unit, future)], unit_exc)
+                else:
+                    if future is not None:
+                        future.set_result(None)
+            return
+        for _, future in units:
+            if future is not None:
+                future.set_result(None)
+
+    def _transaction(self, ops: list[Op]) -> None:
+        """Apply ``ops`` in one transaction, all or nothing."""
+        if not ops:
+            return
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            self._apply_all(ops)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:  # SQLite has already rolled back after some errors (disk full)
+                db.execute("ROLLBACK")
+            raise
+        self.commits += 1
+        if self._wal_identity is None:
+            self._wal_identity = _identity(self.wal_path)
+
+    def _fail(self, units: list[tuple[list[Op], Future[None] | None]], exc: BaseException) -> None:
+        self.failures += 1
+        error = exc if isinstance(exc, StoreWriteError) else _write_error(self.path, exc)
+        for _, future in units:
+            if future is not None:
+                future.set_exception(error)
 
     def _check_files(self) -> None:
         """Recreate the database file if it (or its WAL) was deleted under the open connection.

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -214,8 +216,6 @@ def test_a_created_queue_whose_write_fails_does_not_exist() -> None:
 
 
 def test_one_failing_unit_does_not_fail_the_others_committed_with_it(tmp_path: Path) -> None:
-    import time
-
     store = SqliteStore(tmp_path / "oncebus.db")
     transactions: list[int] = []
     run_transaction = store._transaction
@@ -239,3 +239,57 @@ def test_one_failing_unit_does_not_fail_the_others_committed_with_it(tmp_path: P
     assert transactions == [1, 11] + [1] * 11  # the group failed as a whole, then each unit was tried alone
     store.close()
     assert [m.sequence_number for m in SqliteStore(tmp_path / "oncebus.db").load().messages] == list(range(1, 12))
+
+
+def test_deleted_store_files_are_recreated_from_the_open_database(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    store = SqliteStore(path)
+    store.submit([PutMessage(_message(1, 10))]).result()
+    for name in ("oncebus.db", "oncebus.db-wal", "oncebus.db-shm"):
+        (tmp_path / name).unlink()
+    store.submit([PutMessage(_message(2, 10))]).result()  # recreated before this commit
+    assert store.recreated == 1 and path.exists()
+    (tmp_path / "oncebus.db-wal").unlink()  # the WAL alone: what it held is not in the main file yet
+    store.submit([PutMessage(_message(3, 10))]).result()
+    assert store.recreated == 2
+    (tmp_path / "oncebus.db").unlink()
+    for _ in range(50):  # idle: the writer checks every second
+        if path.exists():
+            break
+        time.sleep(0.1)
+    assert store.recreated == 3
+    store._db.execute("SELECT 1")  # still usable
+    copy = SqliteStore(tmp_path / "oncebus.db")  # what a restart after SIGKILL would find (store stays open)
+    assert [m.sequence_number for m in copy.load().messages] == [1, 2, 3]
+    copy.close()
+    store.close()
+
+
+def test_a_store_file_replaced_under_the_store_is_not_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    store = SqliteStore(path)
+    store.submit([PutMessage(_message(1, 10))]).result()
+    (tmp_path / "foreign.db").write_bytes(b"someone else's file")
+    os.replace(tmp_path / "foreign.db", path)
+    with pytest.raises(StoreWriteError, match="replaced by another one while oncebus ran"):
+        store.submit([PutMessage(_message(2, 10))]).result()
+    assert path.read_bytes() == b"someone else's file"
+    store.close()
+
+
+def test_a_deleted_store_file_that_cannot_be_recreated_refuses_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SqliteStore(tmp_path / "oncebus.db")
+    store.submit([PutMessage(_message(1, 10))]).result()
+
+    def no_space() -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "_recreate", no_space)
+    (tmp_path / "oncebus.db").unlink()
+    futures = [store.submit([PutMessage(_message(seq, 10))]) for seq in (2, 3)]
+    for future in futures:  # never acknowledged into a file that is gone
+        with pytest.raises(StoreWriteError, match="deleted while oncebus ran and could not be recreated"):
+            future.result()
+    store.close()

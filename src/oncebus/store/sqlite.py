@@ -304,10 +304,16 @@ class SqliteStore:
         self.units += len(units)
         try:
             self._check_files()
-            self._transaction([op for unit, _ in units for op in unit])
-        except StoreWriteError as exc:  # the file is not ours any more: nothing can be written
+        except Exception as exc:  # the file is gone or not ours: nothing written now would last
+            if not isinstance(exc, StoreWriteError):
+                exc = StoreWriteError(
+                    f"could not write to {self.path}: the file was deleted while oncebus ran and could not be "
+                    f"recreated ({_reason(exc)}); nothing of this call was stored"
+                )
             self._fail(units, exc)
             return
+        try:
+            self._transaction([op for unit, _ in units for op in unit])
         except Exception as exc:
             if len(units) == 1:
                 self._fail(units, exc)

@@ -227,7 +227,9 @@ def test_one_failing_unit_does_not_fail_the_others_committed_with_it(tmp_path: P
     store._transaction = counted  # type: ignore[method-assign]
     with store._lock:  # the writer takes the first unit, then waits: the rest queue up as one group
         first = store.submit([PutMessage(_message(1, 10))])
-        time.sleep(0.2)
+        while store._queue.qsize():  # until the writer has taken it (it then waits for the lock)
+            time.sleep(0.001)
+        time.sleep(0.05)  # and found nothing more queued
         futures = [store.submit([PutMessage(_message(seq, 10))]) for seq in range(2, 12)]
         bad = _message(99, 10)
         bad.path = None  # type: ignore[assignment]  # NOT NULL: this unit cannot be written
@@ -245,19 +247,29 @@ def test_deleted_store_files_are_recreated_from_the_open_database(tmp_path: Path
     path = tmp_path / "oncebus.db"
     store = SqliteStore(path)
     store.submit([PutMessage(_message(1, 10))]).result()
-    for name in ("oncebus.db", "oncebus.db-wal", "oncebus.db-shm"):
-        (tmp_path / name).unlink()
-    store.submit([PutMessage(_message(2, 10))]).result()  # recreated before this commit
+    with store._lock:  # deleted while the writer is not checking (it checks every second when idle)
+        for name in ("oncebus.db", "oncebus.db-wal", "oncebus.db-shm"):
+            (tmp_path / name).unlink()
+        store.submit([PutMessage(_message(2, 10))])  # recreated before this commit
+    for _ in range(50):
+        if store.recreated == 1 and store.units == 2:
+            break
+        time.sleep(0.05)
     assert store.recreated == 1 and path.exists()
-    (tmp_path / "oncebus.db-wal").unlink()  # the WAL alone: what it held is not in the main file yet
-    store.submit([PutMessage(_message(3, 10))]).result()
+    with store._lock:
+        (tmp_path / "oncebus.db-wal").unlink()  # the WAL alone: what it held is not in the main file yet
+        store.submit([PutMessage(_message(3, 10))])
+    for _ in range(50):
+        if store.recreated == 2 and store.units == 3:
+            break
+        time.sleep(0.05)
     assert store.recreated == 2
     (tmp_path / "oncebus.db").unlink()
     for _ in range(50):  # idle: the writer checks every second
-        if path.exists():
+        if store.recreated == 3:
             break
         time.sleep(0.1)
-    assert store.recreated == 3
+    assert store.recreated == 3 and path.exists()
     store._db.execute("SELECT 1")  # still usable
     copy = SqliteStore(tmp_path / "oncebus.db")  # what a restart after SIGKILL would find (store stays open)
     assert [m.sequence_number for m in copy.load().messages] == [1, 2, 3]

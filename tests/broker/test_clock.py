@@ -65,7 +65,7 @@ def test_the_timer_task_survives_a_failing_tick(caplog: pytest.LogCaptureFixture
         while clock.fail_next:
             await asyncio.sleep(0.001)
         clock.advance(2)
-        for _ in range(500):  # the task still ticks: the scheduled message becomes active
+        for _ in range(2500):  # the task still ticks: the scheduled message becomes active
             if ns.stats("q")["active"] == 1:
                 break
             await asyncio.sleep(0.002)

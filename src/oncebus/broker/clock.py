@@ -39,29 +39,51 @@ class SystemClock:
 
 
 class FileClock:
-    """For end-to-end tests of ``oncebus serve``: the time is read from a file the test writes.
+    """For tests of ``oncebus serve`` (and ``oncebus.testing``): the time is read from a file the test writes.
 
-    The file holds an integer of microseconds since the epoch; until it exists the
-    system time is used. Never runs backwards. Enabled by ``ONCEBUS_CLOCK_FILE``.
+    The file holds either an integer of microseconds since the epoch (the time stands
+    still at that value), or ``+N``: the system time plus N microseconds (the time runs,
+    N ahead; what ``oncebus.testing``'s ``advance()`` writes). Until the file exists the
+    system time is used. Enabled by ``ONCEBUS_CLOCK_FILE``. Never runs backwards, except
+    when a new ``+N`` lowers the offset: that rewinds on purpose (the testing API's fresh
+    namespace; the namespace's own floor still holds the time until it is reset too).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._stamp = -1
+        self._stamp: tuple[int, int, int] | None = None
+        self._fixed: int | None = None
+        self._offset = 0
         self._value = 0
 
     def now_us(self) -> int:
         try:
-            stamp = os.stat(self.path).st_mtime_ns
+            st = os.stat(self.path)
+            stamp: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_ino, st.st_size)
         except FileNotFoundError:
-            self._value = max(self._value, time.time_ns() // 1_000)
-            return self._value
-        if stamp != self._stamp:
-            text = self.path.read_text().strip()
-            if text:
-                self._stamp = stamp
-                self._value = max(self._value, int(text))
+            stamp = self._stamp = self._fixed = None
+            self._offset = 0
+        if stamp is not None and stamp != self._stamp:
+            self._read(stamp)
+        now = self._fixed if self._fixed is not None else time.time_ns() // 1_000 + self._offset
+        self._value = max(self._value, now)
         return self._value
+
+    def _read(self, stamp: tuple[int, int, int]) -> None:
+        try:
+            text = self.path.read_text().strip()
+        except FileNotFoundError:
+            return
+        if not text:  # being written: read it again next time
+            return
+        self._stamp = stamp
+        if text.startswith("+"):
+            offset = int(text[1:])
+            if offset < self._offset:
+                self._value = 0
+            self._fixed, self._offset = None, offset
+        else:
+            self._fixed = int(text)
 
 
 class ManualClock:

@@ -175,6 +175,20 @@ async def _ping(ns: Namespace, args: dict[str, Any]) -> Any:
     return {"entities": len(ns.entity_names())}
 
 
+@operation("namespace.reset")
+async def _reset(ns: Namespace, args: dict[str, Any]) -> Any:
+    """A fresh namespace (oncebus.testing): every entity, message and dedup key deleted; the time starts again."""
+    await ns.reset()
+    return {"now_us": ns.clock.now_us()}
+
+
+@operation("clock.tick")
+async def _tick(ns: Namespace, args: dict[str, Any]) -> Any:
+    """Apply now what is due at the clock's time (oncebus.testing's advance(): no wait for the next timer)."""
+    ns.tick()
+    return {"now_us": ns.clock.now_us()}
+
+
 # ---------------------------------------------------------------------------------- errors on the wire
 def error_to_json(exc: BaseException) -> dict[str, Any]:
     name = type(exc).__name__ if isinstance(exc, OncebusError) else "OncebusError"

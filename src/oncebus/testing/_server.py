@@ -43,7 +43,7 @@ class BrokerStartError(RuntimeError):
 
 class _Broker(Protocol):
     def start(self, timeout: float) -> dict[str, Any]: ...
-    def alive(self) -> bool: ...
+    def alive(self, wait: float = 0.0) -> bool: ...
     def output(self) -> str: ...
     def stop(self, timeout: float) -> None: ...
 
@@ -91,8 +91,16 @@ class _SubprocessBroker:
                 self._ready.set()
         self._ready.set()
 
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+    def alive(self, wait: float = 0.0) -> bool:
+        """Running (after waiting up to ``wait`` seconds for it to end: a killed process closes its sockets
+        before its exit status is there)."""
+        if self.process is None:
+            return False
+        try:
+            self.process.wait(wait)
+        except subprocess.TimeoutExpired:
+            return True
+        return False
 
     def output(self) -> str:
         code = None if self.process is None else self.process.poll()
@@ -143,7 +151,7 @@ class OncebusServer:
         return self._client.call(op, args)
 
     def _failure_text(self) -> str:
-        if self._broker.alive():
+        if self._broker.alive(wait=1.0):
             return ""
         return f"\nthe broker is not running; its last output:\n{self._broker.output()}"
 

@@ -13,10 +13,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -25,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from oncebus import __version__
-from oncebus.broker.clock import FileClock, SystemClock
-from oncebus.broker.control import ControlServer, dispatch, error_from_json
+from oncebus.broker.clock import SystemClock
+from oncebus.broker.control import dispatch, error_from_json
 from oncebus.broker.datadir import DataDir, resolve_data_dir
 from oncebus.broker.namespace import Namespace
-from oncebus.broker.runtime import tune_gc
 from oncebus.core.durations import parse_duration
 from oncebus.core.errors import InvalidArgumentError, OncebusError
-from oncebus.store.sendlog import SendLogWriter
+from oncebus.server import ServeError, ServeOptions, run
 from oncebus.store.sqlite import SqliteStore
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY = 1, 2, 3, 4
@@ -115,74 +112,20 @@ def _open_target(data_dir: Path) -> _Remote | _Local:
 
 
 # ---------------------------------------------------------------------------------- serve
-async def _serve(args: argparse.Namespace) -> int:
-    datadir = DataDir(resolve_data_dir(args.data_dir))
-    if not datadir.try_lock():
-        pid = (datadir.read_server_info() or {}).get("pid") or datadir.owner_pid()
-        raise CliError(
-            f"the data directory {datadir.path} is already in use by oncebus (pid {pid})"
-            "; stop it or choose another directory with --data-dir",
-            EXIT_BUSY,
-        )
-    started = time.monotonic()
-    store = SqliteStore(datadir.store_path)
-    send_log = SendLogWriter(args.send_log) if args.send_log else None
-    clock_file = os.environ.get("ONCEBUS_CLOCK_FILE")  # tests only: time read from a file
-    clock = FileClock(clock_file) if clock_file else SystemClock()
-    namespace = await Namespace.open(store, clock, send_log=send_log)
-    if args.config:
-        from oncebus.broker.topology import apply_topology, load_topology
-
-        await apply_topology(namespace, load_topology(args.config))
-    tune_gc()
-    control = ControlServer(namespace)
-    await control.start()
-    info: dict[str, Any] = {
-        "pid": os.getpid(),
-        "control_port": control.port,
-        "control_token": control.token,
-        "data_dir": str(datadir.path),
-    }
-    amqp_server = await _start_amqp(namespace, args, info)
-    timers = asyncio.create_task(namespace.run_timers(0.05 if clock_file else 0.5))
-    datadir.write_server_info(info)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"oncebus {__version__} serving {datadir.path} (started in {time.monotonic() - started:.2f} s)", flush=True)
-    if "connection_string" in info:
-        print(f"AMQP on {info['amqp_host']}:{info['amqp_port']}", flush=True)
-        print(f"connection string: {info['connection_string']}", flush=True)
-    print("ready", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        timers.cancel()
-        if amqp_server is not None:
-            await amqp_server.close()
-        await control.close()
-        with contextlib.suppress(OncebusError):
-            await namespace.close()
-        store.close()
-        if send_log is not None:
-            send_log.close()
-        datadir.unlock()
-    return 0
-
-
-async def _start_amqp(namespace: Namespace, args: argparse.Namespace, info: dict[str, Any]) -> Any:
-    try:
-        from oncebus.amqp import serve_amqp  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    server = await serve_amqp(namespace, host=args.host, port=args.port, keys=_keys(args))
-    info.update(
-        amqp_host=args.host,
-        amqp_port=server.port,
-        connection_string=server.connection_string,
+def _serve(args: argparse.Namespace) -> int:
+    options = ServeOptions(
+        data_dir=resolve_data_dir(args.data_dir),
+        host=args.host,
+        port=args.port,
+        keys=_keys(args),
+        config=args.config,
+        send_log=args.send_log,
+        clock_file=os.environ.get("ONCEBUS_CLOCK_FILE"),  # tests only: time read from a file
     )
-    return server
+    try:
+        return asyncio.run(run(options, install_signal_handlers=True))
+    except ServeError as exc:
+        raise CliError(str(exc), EXIT_BUSY if exc.busy else EXIT_REFUSED) from exc
 
 
 def _keys(args: argparse.Namespace) -> dict[str, str] | None:
@@ -539,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         if args.command == "serve":
-            return asyncio.run(_serve(args))
+            return _serve(args)
         if args.command == "advise":
             try:
                 from oncebus.spark._advisor import main as advise_main

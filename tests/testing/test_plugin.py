@@ -196,3 +196,24 @@ def test_config_entities(oncebus_namespace):
 """
     )
     run(pytester).assert_outcomes(passed=1)
+
+
+def test_thread_mode_serves_the_fixtures_from_the_test_process(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        HELPERS
+        + """
+@pytest.mark.oncebus_entities(queues={"orders": {"requires_duplicate_detection": True}})
+def test_in_process(oncebus_namespace):
+    assert oncebus_namespace.mode == "thread" and oncebus_namespace.info["pid"] == os.getpid()
+    send(oncebus_namespace, "orders", ("a", "o1"), ("a", "o1"))
+    oncebus_namespace.advance(timedelta(minutes=11))
+    send(oncebus_namespace, "orders", ("b", "o1"))
+    stats = oncebus_namespace.stats("orders")
+    assert (stats["accepted"], stats["duplicates_dropped"]) == (2, 1)
+
+
+def test_fresh(oncebus_namespace):
+    assert oncebus_namespace.stats() == {}
+"""
+    )
+    run(pytester, "--oncebus-mode", "thread").assert_outcomes(passed=2)

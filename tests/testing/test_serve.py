@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusRece
 from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 
 from oncebus.core.errors import EntityAlreadyExistsError, InvalidArgumentError
-from oncebus.testing import BrokerGoneError, BrokerStartError, OncebusServer, serve
+from oncebus.testing import MODES, BrokerGoneError, BrokerStartError, Mode, OncebusServer, serve
 
 CONFIG = {
     "UserConfig": {
@@ -54,8 +55,11 @@ def fresh(server: OncebusServer) -> OncebusServer:
     return server
 
 
-def test_serve_answers_the_sdk_on_a_free_port_and_removes_its_temporary_directory() -> None:
-    with serve() as server:
+@pytest.mark.parametrize("mode", MODES)
+def test_serve_answers_the_sdk_on_a_free_port_and_removes_its_temporary_directory(mode: Mode) -> None:
+    with serve(mode=mode) as server:
+        assert server.mode == mode
+        assert (int(server.info["pid"]) == os.getpid()) == (mode == "thread")
         assert server.port not in (0, 5672)
         assert f"Endpoint=sb://127.0.0.1:{server.port};" in server.connection_string
         assert server.data_dir.is_dir() and (server.data_dir / "server.json").is_file()
@@ -64,8 +68,12 @@ def test_serve_answers_the_sdk_on_a_free_port_and_removes_its_temporary_director
         server.create_queue("orders", requires_duplicate_detection=True)
         send(server, "orders", ServiceBusMessage("a", message_id="1"), ServiceBusMessage("a", message_id="1"))
         assert server.stats("orders")["duplicates_dropped"] == 1
+        server.advance(timedelta(minutes=11))
+        send(server, "orders", ServiceBusMessage("a", message_id="1"))
+        assert server.stats("orders")["accepted"] == 2
         work = server.data_dir.parent
     assert not work.exists()
+    assert not server.alive
 
 
 def test_the_config_dict_creates_entities_at_start(server: OncebusServer) -> None:
@@ -191,11 +199,27 @@ def test_a_given_data_dir_is_kept_and_served_again(tmp_path: Path) -> None:
         assert (stats["accepted"], stats["duplicates_dropped"]) == (1, 1)
 
 
-def test_a_broker_that_cannot_start_says_why() -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_a_broker_that_cannot_start_says_why(mode: Mode) -> None:
     bad = {"UserConfig": {"Namespaces": [{"Queues": [{"Name": "q", "Properties": {"Colour": "blue"}}]}]}}
     with pytest.raises(BrokerStartError, match="unknown queue property colour"):
-        with serve(config=bad):
+        with serve(mode=mode, config=bad):
             pass
+
+
+def test_a_busy_data_dir_is_refused_in_both_modes(tmp_path: Path) -> None:
+    with serve(data_dir=tmp_path / "data"):
+        for mode in MODES:
+            with pytest.raises(BrokerStartError, match="already in use by oncebus"):
+                with serve(mode=mode, data_dir=tmp_path / "data"):
+                    pass
+
+
+def test_thread_mode_leaves_the_test_process_garbage_collector_as_it_was() -> None:
+    before = gc.get_threshold(), gc.get_freeze_count()
+    with serve(mode="thread") as server:
+        assert (gc.get_threshold(), gc.get_freeze_count()) == before
+        assert server.stats() == {}
 
 
 def test_a_crashed_broker_is_reported_with_its_output() -> None:

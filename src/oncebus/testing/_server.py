@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
@@ -41,6 +42,17 @@ class BrokerStartError(RuntimeError):
     """``oncebus serve`` did not become ready; the message carries its output."""
 
 
+@dataclass(frozen=True)
+class Launch:
+    """What to serve: ``oncebus serve --port 0`` with these settings."""
+
+    data_dir: Path
+    host: str
+    config: Path | None
+    keys: Mapping[str, str]
+    clock_file: Path | None
+
+
 class _Broker(Protocol):
     def start(self, timeout: float) -> dict[str, Any]: ...
     def alive(self, wait: float = 0.0) -> bool: ...
@@ -51,14 +63,19 @@ class _Broker(Protocol):
 class _SubprocessBroker:
     """``python -m oncebus.cli serve`` in a child process: a crash in the broker cannot take the tests down."""
 
-    def __init__(self, argv: list[str], data_dir: Path, clock_file: Path | None) -> None:
-        self.argv = [sys.executable, "-m", "oncebus.cli", "--data-dir", str(data_dir), *argv]
-        self.data_dir = data_dir
+    def __init__(self, launch: Launch) -> None:
+        self.argv = [sys.executable, "-m", "oncebus.cli", "--data-dir", str(launch.data_dir), "serve"]
+        self.argv += ["--host", launch.host, "--port", "0"]
+        if launch.config is not None:
+            self.argv += ["--config", str(launch.config)]
+        for name, key in launch.keys.items():
+            self.argv += ["--key", f"{name}={key}"]
+        self.data_dir = launch.data_dir
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.env.pop("ONCEBUS_DATA_DIR", None)
         self.env.pop("ONCEBUS_CLOCK_FILE", None)
-        if clock_file is not None:
-            self.env["ONCEBUS_CLOCK_FILE"] = str(clock_file)
+        if launch.clock_file is not None:
+            self.env["ONCEBUS_CLOCK_FILE"] = str(launch.clock_file)
         self.process: subprocess.Popen[str] | None = None
         self._lines: collections.deque[str] = collections.deque(maxlen=_OUTPUT_LINES)
         self._ready = threading.Event()
@@ -307,17 +324,14 @@ class serve:  # used like a function: ``with serve() as server`` / ``async with 
             clock_file = self._work / CLOCK_FILE if self.test_clock else None
             if clock_file is not None:
                 clock_file.write_text("+0\n")
-            argv = ["serve", "--host", self.host, "--port", "0"]
-            if self.config is not None:
-                if isinstance(self.config, Mapping):
-                    config_file = self._work / "config.json"
-                    config_file.write_text(config_file_text(self.config))
-                    argv += ["--config", str(config_file)]
-                else:
-                    argv += ["--config", str(Path(self.config).resolve())]
-            for name, key in self.keys.items():
-                argv += ["--key", f"{name}={key}"]
-            self._broker = self._new_broker(argv, data_dir, clock_file)
+            config: Path | None = None
+            if isinstance(self.config, Mapping):
+                config = self._work / "config.json"
+                config.write_text(config_file_text(self.config))
+            elif self.config is not None:
+                config = Path(self.config).resolve()
+            launch = Launch(data_dir, self.host, config, self.keys, clock_file)
+            self._broker = self._new_broker(launch)
             info = self._broker.start(self.start_timeout)
             self.server = OncebusServer(
                 mode=self.mode, info=info, data_dir=data_dir, clock_file=clock_file, broker=self._broker
@@ -327,12 +341,12 @@ class serve:  # used like a function: ``with serve() as server`` / ``async with 
             self.stop()
             raise
 
-    def _new_broker(self, argv: list[str], data_dir: Path, clock_file: Path | None) -> _Broker:
+    def _new_broker(self, launch: Launch) -> _Broker:
         if self.mode == "thread":
             from oncebus.testing._thread import ThreadBroker
 
-            return ThreadBroker(argv, data_dir, clock_file)
-        return _SubprocessBroker(argv, data_dir, clock_file)
+            return ThreadBroker(launch)
+        return _SubprocessBroker(launch)
 
     def stop(self) -> None:
         if self.server is not None:

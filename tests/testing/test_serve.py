@@ -105,6 +105,8 @@ def test_create_entities_merges_a_config_and_declarations(fresh: OncebusServer) 
     orders = fresh.control("queue.show", name="orders")
     assert (orders["requires_duplicate_detection"], orders["max_delivery_count"]) == (True, 3)
     assert {q["name"] for q in fresh.control("queue.list")} == {"orders", "plain"}
+    with pytest.raises(InvalidArgumentError, match="unknown subscription property colour"):
+        fresh.create_entities(topics={"t": {"subscriptions": {"s": {"colour": "blue"}}}})
 
 
 def test_reset_deletes_messages_and_dedup_history_and_brings_the_clock_back(fresh: OncebusServer) -> None:

@@ -217,12 +217,14 @@ class OncebusServer:
 
         for warning in topology.warnings:
             warnings.warn(f"oncebus: {warning}", stacklevel=3)
-        for name, props in topology.queues:
-            self.control("queue.create", name=name, properties=json_properties(props))
-        for name, props in topology.topics:
-            self.control("topic.create", name=name, properties=json_properties(props))
-        for topic, name, props in topology.subscriptions:
-            self.control("subscription.create", topic=topic, name=name, properties=json_properties(props))
+        if not (topology.queues or topology.topics or topology.subscriptions):
+            return
+        self.control(
+            "entities.create",
+            queues=[[name, json_properties(props)] for name, props in topology.queues],
+            topics=[[name, json_properties(props)] for name, props in topology.topics],
+            subscriptions=[[topic, name, json_properties(props)] for topic, name, props in topology.subscriptions],
+        )
 
     # ------------------------------------------------------------------------------ reading
     def stats(self, name: str | None = None) -> Any:

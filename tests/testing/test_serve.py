@@ -232,3 +232,12 @@ def test_a_crashed_broker_is_reported_with_its_output() -> None:
                 server.stats()
         assert not server.alive
         assert "ready" in server.output()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_keys_replace_the_default_key(mode: Mode) -> None:
+    with serve(mode=mode, keys={"tester": "c2VjcmV0a2V5"}) as server:
+        assert "SharedAccessKeyName=tester;SharedAccessKey=c2VjcmV0a2V5;" in server.connection_string
+        server.create_queue("q")
+        send(server, "q", ServiceBusMessage("signed with the given key"))
+        assert server.stats("q")["active"] == 1

@@ -7,6 +7,9 @@ import gc
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -61,6 +64,7 @@ def test_serve_answers_the_sdk_on_a_free_port_and_removes_its_temporary_director
         assert server.mode == mode
         assert (int(server.info["pid"]) == os.getpid()) == (mode == "thread")
         assert server.port not in (0, 5672)
+        assert "ready" in server.output() and "Warning" not in server.output()
         assert f"Endpoint=sb://127.0.0.1:{server.port};" in server.connection_string
         assert server.data_dir.is_dir() and (server.data_dir / "server.json").is_file()
         info = json.loads((server.data_dir / "server.json").read_text())
@@ -241,3 +245,32 @@ def test_keys_replace_the_default_key(mode: Mode) -> None:
         server.create_queue("q")
         send(server, "q", ServiceBusMessage("signed with the given key"))
         assert server.stats("q")["active"] == 1
+
+
+def test_a_subprocess_broker_stops_when_its_test_process_is_killed(tmp_path: Path) -> None:
+    """SIGKILL leaves no fixture teardown to run; the broker must not outlive the tests anyway."""
+    script = tmp_path / "killed.py"
+    script.write_text(
+        "import os, signal\n"
+        "from oncebus.testing import serve\n"
+        "context = serve()\n"
+        "server = context.start()\n"
+        "print(server.info['pid'], server.data_dir.parent, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    pid, work = result.stdout.split()
+    deadline = time.monotonic() + 20
+    while (_running(int(pid)) or Path(work).exists()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(int(pid))
+    assert not Path(work).exists()
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's wait is missing

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import shutil
 import signal
@@ -35,6 +36,7 @@ from oncebus.testing._entities import (
 Mode = Literal["subprocess", "thread"]
 MODES: tuple[Mode, ...] = ("subprocess", "thread")
 CLOCK_FILE = "clock"
+WORK_DIR_ENV = "ONCEBUS_TESTING_WORK_DIR"  # the child removes it if this process dies first (see _child)
 _OUTPUT_LINES = 200
 
 
@@ -51,6 +53,7 @@ class Launch:
     config: Path | None
     keys: Mapping[str, str]
     clock_file: Path | None
+    work_dir: Path  # the temporary directory serve() made (clock, config, and the data unless given)
 
 
 class _Broker(Protocol):
@@ -61,10 +64,11 @@ class _Broker(Protocol):
 
 
 class _SubprocessBroker:
-    """``python -m oncebus.cli serve`` in a child process: a crash in the broker cannot take the tests down."""
+    """``oncebus serve`` in a child process: a crash in the broker cannot take the tests down, and the broker
+    stops when this process ends, however it ends."""
 
     def __init__(self, launch: Launch) -> None:
-        self.argv = [sys.executable, "-m", "oncebus.cli", "--data-dir", str(launch.data_dir), "serve"]
+        self.argv = [sys.executable, "-m", "oncebus.testing._child", "--data-dir", str(launch.data_dir), "serve"]
         self.argv += ["--host", launch.host, "--port", "0"]
         if launch.config is not None:
             self.argv += ["--config", str(launch.config)]
@@ -76,6 +80,7 @@ class _SubprocessBroker:
         self.env.pop("ONCEBUS_CLOCK_FILE", None)
         if launch.clock_file is not None:
             self.env["ONCEBUS_CLOCK_FILE"] = str(launch.clock_file)
+        self.env[WORK_DIR_ENV] = str(launch.work_dir)
         self.process: subprocess.Popen[str] | None = None
         self._lines: collections.deque[str] = collections.deque(maxlen=_OUTPUT_LINES)
         self._ready = threading.Event()
@@ -86,7 +91,7 @@ class _SubprocessBroker:
             self.argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,  # held open for the child's life: at end of file it stops (see _child)
             text=True,
             env=self.env,
         )
@@ -125,14 +130,18 @@ class _SubprocessBroker:
         return "\n".join(self._lines) + status
 
     def stop(self, timeout: float) -> None:
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None:
             return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
 
 
 class OncebusServer:
@@ -332,7 +341,7 @@ class serve:  # used like a function: ``with serve() as server`` / ``async with 
                 config.write_text(config_file_text(self.config))
             elif self.config is not None:
                 config = Path(self.config).resolve()
-            launch = Launch(data_dir, self.host, config, self.keys, clock_file)
+            launch = Launch(data_dir, self.host, config, self.keys, clock_file, self._work)
             self._broker = self._new_broker(launch)
             info = self._broker.start(self.start_timeout)
             self.server = OncebusServer(

@@ -13,14 +13,16 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
 from oncebus.broker.topology import Topology
+from oncebus.core.timeutil import us_to_datetime
 from oncebus.testing._client import BrokerGoneError, ControlClient
 from oncebus.testing._entities import (
     Config,
@@ -222,8 +224,6 @@ class OncebusServer:
 
     def create_topology(self, topology: Topology) -> None:
         """Create the entities of a parsed topology (``oncebus.broker.topology.Topology``)."""
-        import warnings
-
         for warning in topology.warnings:
             warnings.warn(f"oncebus: {warning}", stacklevel=3)
         if not (topology.queues or topology.topics or topology.subscriptions):
@@ -258,8 +258,8 @@ class OncebusServer:
 
     # ------------------------------------------------------------------------------ the test clock
     def now(self) -> datetime:
-        """The broker's time (UTC)."""
-        return _utc(self.control("clock.tick")["now_us"])
+        """The broker's time (UTC; asking applies what is due at that time, as the broker's timer would)."""
+        return us_to_datetime(self.control("clock.tick")["now_us"])
 
     def advance(self, delta: timedelta | float) -> datetime:
         """Move the broker's time forward (a ``timedelta`` or seconds) without sleeping, and apply at once what
@@ -271,7 +271,7 @@ class OncebusServer:
             raise ValueError(f"advance({delta!r}): the broker's time only moves forward")
         self._offset_us += step // timedelta(microseconds=1)
         self._write_clock()
-        return _utc(self.control("clock.tick")["now_us"])
+        return us_to_datetime(self.control("clock.tick")["now_us"])
 
     def _write_clock(self) -> None:
         """``+offset`` microseconds (broker/clock.py FileClock); a new file with a new mtime, so it is re-read."""
@@ -284,10 +284,6 @@ class OncebusServer:
 
     def close(self) -> None:
         self._client.close()
-
-
-def _utc(us: int) -> datetime:
-    return datetime.fromtimestamp(us / 1e6, UTC)
 
 
 class serve:  # used like a function: ``with serve() as server`` / ``async with serve() as server``

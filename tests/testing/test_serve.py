@@ -78,6 +78,8 @@ def test_serve_answers_the_sdk_on_a_free_port_and_removes_its_temporary_director
         work = server.data_dir.parent
     assert not work.exists()
     assert not server.alive
+    if mode == "subprocess":  # a clean exit on SIGTERM, no abort at interpreter shutdown
+        assert server.output().endswith("(oncebus serve exited with code 0)"), server.output()
 
 
 def test_the_config_dict_creates_entities_at_start(server: OncebusServer) -> None:

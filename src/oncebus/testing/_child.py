@@ -20,7 +20,10 @@ _orphaned = threading.Event()
 
 
 def _stop_when_the_parent_is_gone() -> None:
-    sys.stdin.buffer.read()
+    # the raw descriptor, not sys.stdin: a thread blocked inside a buffered read holds its lock and delays
+    # the interpreter's exit by a second
+    while os.read(0, 4096):
+        pass
     _orphaned.set()
     os.kill(os.getpid(), signal.SIGTERM)
 

@@ -97,7 +97,7 @@ def test_entity_helpers_take_sdk_or_emulator_property_names(fresh: OncebusServer
     assert fresh.create_subscription("events", "audit", LockDuration="PT5S")["lock_duration"] == "PT5S"
     with pytest.raises(EntityAlreadyExistsError):
         fresh.create_queue("payments")
-    with pytest.raises(InvalidArgumentError, match="unknown queue property"):
+    with pytest.raises(InvalidArgumentError, match="colour: unknown queue property"):
         fresh.create_queue("bad", colour="blue")
     assert set(fresh.stats()) == {"payments", "events"}
     fresh.delete_subscription("events", "audit")
@@ -111,7 +111,10 @@ def test_create_entities_merges_a_config_and_declarations(fresh: OncebusServer) 
     orders = fresh.control("queue.show", name="orders")
     assert (orders["requires_duplicate_detection"], orders["max_delivery_count"]) == (True, 3)
     assert {q["name"] for q in fresh.control("queue.list")} == {"orders", "plain"}
-    with pytest.raises(InvalidArgumentError, match="unknown subscription property colour"):
+    with pytest.raises(
+        InvalidArgumentError,
+        match=r"^declared entities: subscription 't/s': Properties.colour: unknown subscription property",
+    ):
         fresh.create_entities(topics={"t": {"subscriptions": {"s": {"colour": "blue"}}}})
 
 
@@ -210,7 +213,7 @@ def test_a_given_data_dir_is_kept_and_served_again(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", MODES)
 def test_a_broker_that_cannot_start_says_why(mode: Mode) -> None:
     bad = {"UserConfig": {"Namespaces": [{"Queues": [{"Name": "q", "Properties": {"Colour": "blue"}}]}]}}
-    with pytest.raises(BrokerStartError, match="unknown queue property colour"):
+    with pytest.raises(BrokerStartError, match="Colour: unknown queue property"):
         with serve(mode=mode, config=bad):
             pass
 

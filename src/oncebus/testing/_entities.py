@@ -8,14 +8,16 @@ seconds or ``timedelta``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from oncebus.broker.topology import Topology, load_topology, parse_topology
+from oncebus.broker.topology import EntitySpec, Topology, load_topology, parse_topology
 from oncebus.core.durations import format_duration
 from oncebus.core.errors import InvalidArgumentError
 
@@ -52,42 +54,48 @@ def declared_topology(queues: Declared = None, topics: Declared = None) -> Topol
             }
         )
     emulator_queues = [{"Name": name, "Properties": props} for name, props in _named("queues", queues)]
-    return parse_topology({"UserConfig": {"Namespaces": [{"Queues": emulator_queues, "Topics": emulator_topics}]}})
+    config = {"UserConfig": {"Namespaces": [{"Queues": emulator_queues, "Topics": emulator_topics}]}}
+    try:
+        return parse_topology(config, source="declared entities")
+    except InvalidArgumentError as exc:  # the place in the emulator format built here would only confuse
+        raise InvalidArgumentError(re.sub(r" \(UserConfig\.[^)]*\)", "", str(exc))) from None
 
 
 def config_topology(config: Config) -> Topology:
     """An emulator-format config.json: a dict, or the path of the file."""
     if isinstance(config, Mapping):
-        return parse_topology(dict(config))
+        return parse_topology(dict(config), source="config")
     return load_topology(Path(config))
 
 
 def merged(*topologies: Topology) -> Topology:
     """One topology; an entity declared again (names are case-insensitive) takes the later properties."""
-    queues: dict[str, tuple[str, dict[str, Any]]] = {}
-    topics: dict[str, tuple[str, dict[str, Any]]] = {}
-    subscriptions: dict[tuple[str, str], tuple[str, str, dict[str, Any]]] = {}
-    out = Topology()
+    specs: dict[tuple[str, str | None, str], EntitySpec] = {}
+    out = Topology(source=" + ".join(t.source for t in topologies) or "declared entities")
     for topology in topologies:
-        for name, props in topology.queues:
-            queues[name.lower()] = (name, {**queues.get(name.lower(), (name, {}))[1], **props})
-        for name, props in topology.topics:
-            topics[name.lower()] = (name, {**topics.get(name.lower(), (name, {}))[1], **props})
-        for topic, name, props in topology.subscriptions:
-            key = (topic.lower(), name.lower())
-            subscriptions[key] = (topic, name, {**subscriptions.get(key, (topic, name, {}))[2], **props})
+        for spec in [*topology.queues, *topology.topics, *topology.subscriptions]:
+            key = (spec.kind, None if spec.topic is None else spec.topic.lower(), spec.name.lower())
+            earlier = specs.get(key)
+            if earlier is not None:
+                spec = dataclasses.replace(
+                    spec,
+                    properties={**earlier.properties, **spec.properties},
+                    fields={**earlier.fields, **spec.fields},
+                )
+            specs[key] = spec
         out.warnings += topology.warnings
-    out.queues, out.topics, out.subscriptions = (
-        list(queues.values()),
-        list(topics.values()),
-        list(subscriptions.values()),
-    )
+    for spec in specs.values():
+        {"queue": out.queues, "topic": out.topics, "subscription": out.subscriptions}[spec.kind].append(spec)
     return out
 
 
-def normalized_properties(props: Mapping[str, Any]) -> dict[str, Any]:
-    """PascalCase or snake_case property names, as the broker takes them (snake_case)."""
-    return declared_topology(queues={"entity": props}).queues[0][1]
+def normalized_properties(kind: str, props: Mapping[str, Any]) -> dict[str, Any]:
+    """A queue's, topic's or subscription's properties, PascalCase or snake_case, as the broker takes them."""
+    if kind == "subscription":
+        return declared_topology(topics={"topic": {"subscriptions": {"entity": props}}}).subscriptions[0].properties
+    if kind == "topic":
+        return declared_topology(topics={"entity": props}).topics[0].properties
+    return declared_topology(queues={"entity": props}).queues[0].properties
 
 
 def json_properties(props: Mapping[str, Any]) -> dict[str, Any]:

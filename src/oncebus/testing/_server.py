@@ -195,15 +195,15 @@ class OncebusServer:
     def create_queue(self, name: str, **properties: Any) -> dict[str, Any]:
         """Create a queue; properties as the SDK's administration client names them (``requires_duplicate_detection
         =True``, ``duplicate_detection_history_time_window=timedelta(minutes=10)``) or as in the emulator's config."""
-        props = json_properties(normalized_properties(properties))
+        props = json_properties(normalized_properties("queue", properties))
         return dict(self.control("queue.create", name=name, properties=props))
 
     def create_topic(self, name: str, **properties: Any) -> dict[str, Any]:
-        props = json_properties(normalized_properties(properties))
+        props = json_properties(normalized_properties("topic", properties))
         return dict(self.control("topic.create", name=name, properties=props))
 
     def create_subscription(self, topic: str, name: str, **properties: Any) -> dict[str, Any]:
-        props = json_properties(normalized_properties(properties))
+        props = json_properties(normalized_properties("subscription", properties))
         return dict(self.control("subscription.create", topic=topic, name=name, properties=props))
 
     def delete_queue(self, name: str) -> None:
@@ -230,9 +230,9 @@ class OncebusServer:
             return
         self.control(
             "entities.create",
-            queues=[[name, json_properties(props)] for name, props in topology.queues],
-            topics=[[name, json_properties(props)] for name, props in topology.topics],
-            subscriptions=[[topic, name, json_properties(props)] for topic, name, props in topology.subscriptions],
+            queues=[[q.name, json_properties(q.properties)] for q in topology.queues],
+            topics=[[t.name, json_properties(t.properties)] for t in topology.topics],
+            subscriptions=[[s.topic, s.name, json_properties(s.properties)] for s in topology.subscriptions],
         )
 
     # ------------------------------------------------------------------------------ reading

@@ -66,3 +66,12 @@ def test_a_lower_offset_rewinds_and_a_time_in_the_past_does_not(tmp_path: Path) 
     assert back < ahead - 23 * HOUR_US
     write(path, str(back - HOUR_US), 3)  # an absolute time behind: held, never backwards
     assert clock.now_us() >= back
+
+
+def test_a_bad_offset_keeps_the_last_good_one(tmp_path: Path) -> None:
+    path = tmp_path / "clock"
+    write(path, f"+{HOUR_US}", 1)
+    clock = FileClock(path)
+    for stamp, bad in enumerate(["+soon", "+-5", "+"], start=2):
+        write(path, bad, stamp)
+        assert clock.now_us() >= system_us() + HOUR_US - 1_000_000

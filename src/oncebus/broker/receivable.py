@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from oncebus.core.messages import MessageState, StoredMessage
+from oncebus.core.timeutil import add_us, clamp_us
 from oncebus.store.base import DeleteMessage, Op, PutMessage
 
 LOST_TOKENS_KEPT = 10_000
@@ -63,7 +64,8 @@ class Receivable:
     # --- adding -----------------------------------------------------------------------------
     def add(self, message: StoredMessage, now_us: int) -> None:
         self.messages[message.sequence_number] = message
-        self.size_bytes += len(message.body) + len(message.wire or b"")
+        message.counted_size = message.size  # taken back as counted, whatever changes later
+        self.size_bytes += message.counted_size
         if message.state == MessageState.SCHEDULED:
             assert message.scheduled_enqueue_time_us is not None
             heapq.heappush(self._scheduled, (message.scheduled_enqueue_time_us, message.sequence_number))
@@ -90,7 +92,7 @@ class Receivable:
         message = self.messages.pop(seq, None)
         self._available_set.discard(seq)
         if message is not None:
-            self.size_bytes -= len(message.body) + len(message.wire or b"")
+            self.size_bytes -= message.counted_size
             if message.lock_token is not None:
                 self.locks.pop(message.lock_token, None)
         return message
@@ -107,7 +109,7 @@ class Receivable:
             message.state = MessageState.ACTIVE
             message.enqueued_time_us = due
             if message.time_to_live_us is not None:
-                message.expires_at_us = due + message.time_to_live_us
+                message.expires_at_us = add_us(due, message.time_to_live_us)  # None (never) past year 9999
             self._make_available(message)
         for session_id, lock in list(self.sessions.items()):
             if lock.locked_until_us <= now_us:
@@ -161,7 +163,7 @@ class Receivable:
         token = uuid.uuid4()
         message.lock_token = token
         message.locked_until_us = (
-            session.locked_until_us if session is not None else now_us + self.settings.lock_duration_us
+            session.locked_until_us if session is not None else clamp_us(now_us + self.settings.lock_duration_us)
         )
         self.locks[token] = message.sequence_number
         if session is not None:

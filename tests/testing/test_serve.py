@@ -68,7 +68,9 @@ def test_serve_answers_the_sdk_on_a_free_port_and_removes_its_temporary_director
         assert f"Endpoint=sb://127.0.0.1:{server.port};" in server.connection_string
         assert server.data_dir.is_dir() and (server.data_dir / "server.json").is_file()
         info = json.loads((server.data_dir / "server.json").read_text())
-        assert server.ca_file == (Path(info["ca_file"]) if info.get("ca_file") else None)
+        assert server.ca_file == Path(info["ca_file"]) and server.ca_file.is_relative_to(server.data_dir)
+        assert server.ca_file.read_text().startswith("-----BEGIN CERTIFICATE-----")
+        assert server.tls_port not in (None, 0, 5671) and server.http_port not in (None, 0, 5300)
         server.create_queue("orders", requires_duplicate_detection=True)
         send(server, "orders", ServiceBusMessage("a", message_id="1"), ServiceBusMessage("a", message_id="1"))
         assert server.stats("orders")["duplicates_dropped"] == 1

@@ -158,7 +158,9 @@ class OncebusServer:
         self.host: str = info.get("amqp_host", "127.0.0.1")
         self.port: int = int(info["amqp_port"])
         ca_file = info.get("ca_file")
-        self.ca_file: Path | None = Path(ca_file) if ca_file else None
+        self.ca_file: Path | None = Path(ca_file) if ca_file else None  # the CA to trust for TLS
+        self.tls_port: int | None = info.get("tls_port")  # TLS only (AMQP over TLS, HTTPS)
+        self.http_port: int | None = info.get("http_port")  # plain HTTP (administration API)
         self.info = info
         self._broker = broker
         self._clock_file = clock_file

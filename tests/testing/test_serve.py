@@ -153,10 +153,18 @@ def test_advance_applies_scheduled_messages_and_ttl_at_once(fresh: OncebusServer
             sender.schedule_messages(ServiceBusMessage("later"), fresh.now() + timedelta(hours=1))
             sender.send_messages(ServiceBusMessage("short-lived", time_to_live=timedelta(minutes=5)))
     stats = fresh.stats("jobs")
-    assert (stats["scheduled_message_count"], stats["active_message_count"], stats["dead_letter_message_count"]) == (1, 1, 0)
+    assert (stats["scheduled_message_count"], stats["active_message_count"], stats["dead_letter_message_count"]) == (
+        1,
+        1,
+        0,
+    )
     fresh.advance(timedelta(hours=1, seconds=1))
     stats = fresh.stats("jobs")  # straight after advance() returns: no wait for a timer
-    assert (stats["scheduled_message_count"], stats["active_message_count"], stats["dead_letter_message_count"]) == (0, 1, 1)
+    assert (stats["scheduled_message_count"], stats["active_message_count"], stats["dead_letter_message_count"]) == (
+        0,
+        1,
+        1,
+    )
     assert receive(fresh, "jobs") == ["later"]
     assert [m["body"] for m in fresh.peek("jobs/$DeadLetterQueue")] == ["short-lived"]
 

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from oncebus.broker.clock import Clock, SystemClock
+from oncebus.broker.counters import EntityCounters, NamespaceObserver
 from oncebus.broker.paths import EntityPath, parse_path, subscription_path
 from oncebus.broker.receivable import Receivable, ReceivableSettings, SessionLock
 from oncebus.core.dedup import DuplicateDetector
@@ -96,6 +97,7 @@ class _Entity:
     counters: dict[str, int] = field(default_factory=lambda: {"accepted": 0, "duplicates": 0, "late_resends": 0})
     late_delays_us: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=LATE_DELAYS_KEPT))
     last_prune_us: int = 0
+    observed: EntityCounters = field(default_factory=EntityCounters)  # metrics beyond the persisted counters
 
     @property
     def path(self) -> str:
@@ -135,6 +137,8 @@ class Namespace:
         self._failure: BaseException | None = None
         self._last_write: Future[None] | None = None
         self._floor_us = 0  # time never runs backwards for the broker, across restarts too
+        self.observer = NamespaceObserver()  # metrics, dashboard history, per-minute duplicate log
+        self.observer.attach_store(store)
 
     # ------------------------------------------------------------------------------ lifecycle
     @classmethod
@@ -298,6 +302,7 @@ class Namespace:
                     entity.last_prune_us = now
                     ops.append(PruneDedupKeys(entity.path, now - to_micros(entity.detector.window) + 1))
         self._write_later(ops)
+        self.observer.tick(self, now)
         self._notify()
 
     async def run_timers(self, interval: float = 0.5) -> None:
@@ -609,12 +614,15 @@ class Namespace:
                 )
             if verdict is not None and verdict.duplicate:
                 entity.counters["duplicates"] += 1
+                if verdict.first_accepted_us is not None:
+                    entity.observed.resend(now - verdict.first_accepted_us)
                 outcomes.append(SendOutcome(message_id, None, True))
                 continue
             late = verdict.late_resend_delay_us if verdict is not None else None
             if late is not None:
                 entity.counters["late_resends"] += 1
                 entity.late_delays_us.append(late)
+                entity.observed.resend(late)
             seq = entity.next_sequence_number
             entity.next_sequence_number += 1
             entity.counters["accepted"] += 1
@@ -772,6 +780,7 @@ class Namespace:
         session: SessionLock | None,
     ) -> list[ReceivedMessage]:
         now = self._now()
+        receivable.counters.received += len(messages)
         if mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
             out = []
             ops: list[Op] = []
@@ -810,6 +819,7 @@ class Namespace:
     async def complete(self, path: str, lock_token: uuid.UUID | str) -> None:
         receivable, message = self._locked(path, lock_token)
         ops = receivable.remove(message)
+        receivable.counters.completed += 1
         self._drop_session_token(receivable, message)
         await self._settle(ops)
 
@@ -820,6 +830,7 @@ class Namespace:
         if properties_to_modify:
             message.application_properties.update(properties_to_modify)
         self._drop_session_token(receivable, message)
+        receivable.counters.abandoned += 1
         ops = receivable.unlock(message, self._now())
         if message.sequence_number in receivable.messages:
             ops.append(PutMessage(message))
@@ -829,7 +840,8 @@ class Namespace:
     async def defer(self, path: str, lock_token: uuid.UUID | str) -> None:
         receivable, message = self._locked(path, lock_token)
         self._drop_session_token(receivable, message)
-        message.state = MessageState.DEFERRED
+        receivable.set_state(message, MessageState.DEFERRED)
+        receivable.counters.deferred += 1
         receivable.unlock(message, self._now())
         await self._settle([PutMessage(message)])
 

@@ -13,7 +13,8 @@ import json
 import queue
 import sqlite3
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -107,6 +108,8 @@ class SqliteStore:
         self.commits = 0
         self.units = 0
         self._failure: BaseException | None = None
+        # called on the writer thread after each commit with (seconds, units): metrics, see broker/counters.py
+        self.commit_observer: Callable[[float, int], None] | None = None
         self._writer = threading.Thread(target=self._write_loop, name="oncebus-sqlite-writer", daemon=True)
         self._writer.start()
 
@@ -176,6 +179,7 @@ class SqliteStore:
         # a unit whose waiter was cancelled is still written: the broker's memory already has it
         waiting = [(unit, future) for unit, future in group if future.set_running_or_notify_cancel()]
         ops = [op for unit, _ in group for op in unit]
+        started = time.perf_counter()
         try:
             if ops:
                 self._db.execute("BEGIN IMMEDIATE")
@@ -193,6 +197,8 @@ class SqliteStore:
             for _, future in waiting:
                 future.set_exception(error)
             return
+        if ops and self.commit_observer is not None:
+            self.commit_observer(time.perf_counter() - started, len(group))
         for _, future in waiting:
             future.set_result(None)
 

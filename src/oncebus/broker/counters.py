@@ -243,33 +243,27 @@ def _receivable_view(subscription: str, receivable: Any) -> ReceivableView:
 class ActivityHistory:
     """Cumulative (time, accepted, duplicates, late resends) per entity path, for charts.
 
-    A sample is kept only when the totals changed since the one before (the
-    unchanged sample just before a change is kept too, so differences between
-    kept samples stay exact to one sampling interval); idle entities cost nothing.
+    A step function: a sample is kept only when the totals differ from the last kept
+    one, so the totals at any time are those of the last sample at or before it
+    (exact to one sampling interval) and idle entities cost nothing. Samples older
+    than ``kept_us`` are dropped, except the newest one (the level before the window).
     """
 
     def __init__(self, kept_us: int = HISTORY_KEPT_US) -> None:
         self.kept_us = kept_us
         self._points: dict[str, collections.deque[tuple[int, int, int, int]]] = {}
-        self._last: dict[str, tuple[int, int, int, int]] = {}
 
     def sample(self, now_us: int, totals: Iterable[tuple[str, int, int, int]]) -> None:
         seen = set()
         for path, accepted, duplicates, late in totals:
             seen.add(path)
-            point = (now_us, accepted, duplicates, late)
             points = self._points.setdefault(path, collections.deque())
-            last = self._last.get(path)
-            if last is None or last[1:] != point[1:]:
-                if last is not None and (not points or points[-1] != last):
-                    points.append(last)
-                points.append(point)
-            self._last[path] = point
-            while points and points[0][0] < now_us - self.kept_us and len(points) > 1:
+            if not points or points[-1][1:] != (accepted, duplicates, late):
+                points.append((now_us, accepted, duplicates, late))
+            while len(points) > 1 and points[1][0] <= now_us - self.kept_us:
                 points.popleft()
         for gone in set(self._points) - seen:
             del self._points[gone]
-            self._last.pop(gone, None)
 
     def points(self, path: str, since_us: int | None = None) -> list[tuple[int, int, int, int]]:
         points = self._points.get(path, ())

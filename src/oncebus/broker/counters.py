@@ -311,14 +311,16 @@ class NamespaceObserver:
             if d_duplicates <= 0 and d_late <= 0:
                 continue
             entity = namespace._entities.get(path)
-            window = entity.detector.window.total_seconds() if entity is not None else None
+            if entity is None:
+                continue
+            window = entity.detector.window.total_seconds()
             _LOG.info(
-                "%s: %d accepted, %d duplicates dropped, %d late resends in the last minute (window %s s)",
+                "%s: %d accepted, %d duplicates dropped, %d late resends in the last minute (window %s)",
                 path,
                 d_accepted,
                 d_duplicates,
                 d_late,
-                window,
+                entity.properties.to_dict()["duplicate_detection_history_time_window"],
                 extra={
                     "entity": path,
                     "accepted": d_accepted,

@@ -17,18 +17,21 @@ from typing import Any, TypeVar
 
 import uvicorn
 
+from oncebus.amqp import serve_amqp
 from oncebus.broker import ManualClock, Namespace
-from oncebus.http.observe import TransportGauges, make_observe_app
+from oncebus.http.observe import AmqpTransportGauges, TransportGauges, make_observe_app
 from oncebus.store.sqlite import SqliteStore
 
 T = TypeVar("T")
 
 
 class ObservedBroker:
-    def __init__(self, tmp_path: Path, *, transport: Callable[[Namespace], TransportGauges] | None = None) -> None:
+    def __init__(self, tmp_path: Path, *, amqp: bool = False) -> None:
+        self.amqp = amqp  # also serve AMQP on a free port, with its connection and link gauges
+        self.amqp_server: Any = None
+        self.connection_string = ""
         self.clock = ManualClock()
         self.store = SqliteStore(tmp_path / "oncebus.db")
-        self._transport = transport
         self.loop = asyncio.new_event_loop()
         self.namespace: Namespace | None = None
         self._server: uvicorn.Server | None = None
@@ -46,7 +49,10 @@ class ObservedBroker:
 
     async def _start(self) -> None:
         self.namespace = await Namespace.open(self.store, self.clock)
-        self.transport = self._transport(self.namespace) if self._transport is not None else None
+        if self.amqp:
+            self.amqp_server = await serve_amqp(self.namespace, port=0)
+            self.connection_string = self.amqp_server.connection_string
+            self.transport = AmqpTransportGauges(self.amqp_server)
         app = make_observe_app(self.namespace, transport=self.transport)
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
         self._serving = asyncio.create_task(self._server.serve(sockets=[self._sock]))
@@ -57,6 +63,8 @@ class ObservedBroker:
         assert self._server is not None
         self._server.should_exit = True
         await self._serving
+        if self.amqp_server is not None:
+            await self.amqp_server.close()
 
     def __exit__(self, *exc: object) -> None:
         try:

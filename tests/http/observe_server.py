@@ -101,9 +101,9 @@ class ObservedBroker:
         request = urllib.request.Request(self.url + path, headers=headers or {})
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
-                return response.status, dict(response.headers), response.read()
+                return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
         except urllib.error.HTTPError as error:
-            return error.code, dict(error.headers), error.read()
+            return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
 
 
 def samples(families: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -94,7 +94,7 @@ def test_metrics_after_a_known_sequence(tmp_path: Path) -> None:
     with ObservedBroker(tmp_path) as broker:
         _known_sequence(broker)
         status, headers, body = broker.get("/metrics")
-        assert status == 200 and headers["Content-Type"].startswith("text/plain; version=")
+        assert status == 200 and headers["content-type"].startswith("text/plain; version=")
         families = list(text_string_to_metric_families(body.decode()))
         stats = {name: broker.sync(lambda name=name: broker.ns.stats(name)) for name in ("orders", "events")}
         store_commits, store_units = broker.store.commits, broker.store.units
@@ -261,6 +261,17 @@ def test_openmetrics_when_asked(tmp_path: Path) -> None:
     with ObservedBroker(tmp_path) as broker:
         broker.call(lambda: broker.ns.create_queue("q"))
         status, headers, body = broker.get("/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"})
-        assert status == 200 and headers["Content-Type"].startswith("application/openmetrics-text")
+        assert status == 200 and headers["content-type"].startswith("application/openmetrics-text")
         assert body.decode().rstrip().endswith("# EOF")
         assert 'oncebus_messages_accepted_total{entity="q"} 0.0' in body.decode()
+
+
+def test_gzip_when_accepted(tmp_path: Path) -> None:
+    import gzip
+
+    with ObservedBroker(tmp_path) as broker:
+        broker.call(lambda: broker.ns.create_queue("q"))
+        status, headers, body = broker.get("/metrics", {"Accept-Encoding": "gzip"})
+        assert status == 200 and headers["content-encoding"] == "gzip"
+        got = samples(text_string_to_metric_families(gzip.decompress(body).decode()))
+        assert got[("oncebus_messages_accepted_total", (("entity", "q"),))] == 0

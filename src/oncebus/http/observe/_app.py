@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import gzip
 import html
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-from prometheus_client import make_asgi_app
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
 
 from oncebus.http.observe._dashboard import dashboard_state
-from oncebus.http.observe._metrics import TransportGauges, make_registry
+from oncebus.http.observe._metrics import NamespaceCollector, TransportGauges
 
 if TYPE_CHECKING:
     from oncebus.broker import Namespace
@@ -61,6 +64,21 @@ async def _respond(
     await send({"type": "http.response.body", "body": body})
 
 
+class _Collected:
+    """Metric families already collected (on the broker's loop), for an encoder running in a worker thread."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+def _encode(encoder: Callable[[_Collected], bytes], families: _Collected, compress: bool) -> bytes:
+    output = encoder(families)
+    return gzip.compress(output) if compress else output
+
+
 async def _lifespan(receive: Receive, send: Send) -> None:
     while True:
         message = await receive()
@@ -79,7 +97,7 @@ def make_observe_app(namespace: Namespace, *, transport: TransportGauges | None 
     open connections and links gauges (``AmqpTransportGauges(amqp_server)``).
     Mounted under a prefix, it honours the scope's ``root_path``.
     """
-    metrics = make_asgi_app(make_registry(namespace, transport))
+    collector = NamespaceCollector(namespace, transport)
     files = _static_files()
     page_template = files["index.html"][0].decode()
 
@@ -97,7 +115,7 @@ def make_observe_app(namespace: Namespace, *, transport: TransportGauges | None 
             await _respond(send, 405, b"only GET and HEAD are served here\n", "text/plain", [(b"allow", b"GET, HEAD")])
             return
         if path == "/metrics":
-            await metrics(scope, receive, send)
+            await _metrics(scope, send)
         elif path in ("/", "/dashboard", "/dashboard/"):
             page = page_template.replace("{{ROOT}}", html.escape(root, quote=True))
             await _respond(send, 200, page.encode(), _TYPES[".html"])
@@ -108,6 +126,16 @@ def make_observe_app(namespace: Namespace, *, transport: TransportGauges | None 
             await _dashboard(scope, send)
         else:
             await _respond(send, 404, f"not found: {path}\n".encode(), "text/plain; charset=utf-8")
+
+    async def _metrics(scope: Scope, send: Send) -> None:
+        """Collect on the loop (O(entities): reads counters), encode in a thread (prometheus-client encoders)."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        encoder, content_type = choose_encoder(headers.get("accept", ""))
+        compress = "gzip" in headers.get("accept-encoding", "").lower()
+        families = _Collected(list(collector.collect()))
+        body = await asyncio.to_thread(_encode, encoder, families, compress)
+        extra = [(b"content-encoding", b"gzip")] if compress else []
+        await _respond(send, 200, body, content_type, extra)
 
     async def _dashboard(scope: Scope, send: Send) -> None:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
@@ -120,7 +148,8 @@ def make_observe_app(namespace: Namespace, *, transport: TransportGauges | None 
                 body = f"since must be an integer of microseconds, not {since_text!r}\n".encode()
                 await _respond(send, 400, body, "text/plain; charset=utf-8")
                 return
-        state = dashboard_state(namespace, since_us=since, transport=transport)
-        await _respond(send, 200, json.dumps(state, allow_nan=False).encode(), "application/json")
+        state = dashboard_state(namespace, since_us=since, transport=transport)  # on the loop: reads counters
+        body = await asyncio.to_thread(lambda: json.dumps(state, allow_nan=False).encode())
+        await _respond(send, 200, body, "application/json")
 
     return app

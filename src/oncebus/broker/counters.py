@@ -43,9 +43,8 @@ HOUR = 3600.0
 DAY = 86400.0
 # resolve 20 s .. 7 days (Service Bus windows), with a few edges below and one above for resends the window caught
 RESEND_DELAY_BUCKETS_SECONDS: tuple[float, ...] = (
-    1.0, 5.0, 10.0, 20.0, 30.0, 45.0, MINUTE, 90.0, 2 * MINUTE, 3 * MINUTE, 5 * MINUTE, 10 * MINUTE, 15 * MINUTE,
-    20 * MINUTE, 30 * MINUTE, 45 * MINUTE, HOUR, 2 * HOUR, 3 * HOUR, 6 * HOUR, 12 * HOUR, DAY, 2 * DAY, 3 * DAY,
-    4 * DAY, 5 * DAY, 6 * DAY, 7 * DAY, 14 * DAY,
+    1.0, 5.0, 10.0, 20.0, 30.0, 45.0, MINUTE, 2 * MINUTE, 5 * MINUTE, 10 * MINUTE, 15 * MINUTE, 30 * MINUTE, HOUR,
+    2 * HOUR, 6 * HOUR, 12 * HOUR, DAY, 2 * DAY, 4 * DAY, 7 * DAY, 14 * DAY,
 )  # fmt: skip
 COMMIT_SECONDS_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,

@@ -8,10 +8,11 @@ to live) is written ``P10675199DT2H48M5.4775807S``; it is held here as
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 
-from oncebus.core.errors import InvalidArgumentError
+from oncebus.core.errors import ArgumentOutOfRangeError, InvalidArgumentError
 
 TIMESPAN_MAX_TEXT = "P10675199DT2H48M5.4775807S"
 TIMESPAN_MAX = timedelta(days=10675199, hours=2, minutes=48, seconds=5, microseconds=477580)
@@ -36,7 +37,21 @@ def parse_duration(text: str | timedelta | int | float, *, name: str = "duration
         return text
     if isinstance(text, bool):
         raise InvalidArgumentError(f"{name}: {text!r} is not a duration")
+    try:
+        return _parse(text, name)
+    except (OverflowError, ValueError) as exc:  # beyond what timedelta holds (about 2.7 million years), or NaN
+        if isinstance(exc, InvalidArgumentError):
+            raise
+        raise ArgumentOutOfRangeError(
+            f"{name}: {text!r} is out of range; the longest duration Service Bus has is "
+            f"{TIMESPAN_MAX_TEXT} (TimeSpan.MaxValue, 'never')"
+        ) from None
+
+
+def _parse(text: str | int | float, name: str) -> timedelta:
     if isinstance(text, int | float):
+        if isinstance(text, float) and not math.isfinite(text):
+            raise InvalidArgumentError(f"{name}: {text!r} is not a duration")
         return timedelta(seconds=text)
     if not isinstance(text, str):
         raise InvalidArgumentError(f"{name}: {text!r} is not a duration")

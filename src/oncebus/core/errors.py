@@ -7,6 +7,7 @@ wire, so front ends translate without knowing the rule that raised it::
     ├── InvalidArgumentError          (ValueError; bad input, nothing stored)
     │   ├── ArgumentOutOfRangeError   (a number or duration outside its range)
     │   ├── ImmutablePropertyError    (an update of a property fixed at creation)
+    │   ├── SqlExpressionError        (a rule's SQL filter or action that does not parse or make sense)
     │   └── MessageSizeExceededError  (a message or batch over the entity's limit)
     ├── EntityNotFoundError
     ├── EntityAlreadyExistsError
@@ -42,6 +43,32 @@ class ImmutablePropertyError(InvalidArgumentError):
     """Azure answers HTTP 400 SubCode=40000 for these."""
 
     condition = "com.microsoft:argument-error"
+
+
+class SqlExpressionError(InvalidArgumentError):
+    """A SQL filter or action refused when the rule is created, naming where and what was expected.
+
+    ``line`` and ``column`` are 1-based positions in ``expression``; ``expected``
+    lists what could have come there (empty when the text parsed but means
+    nothing, such as an unknown ``sys.`` property).
+    """
+
+    condition = "com.microsoft:argument-error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        expression: str = "",
+        line: int = 1,
+        column: int = 1,
+        expected: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.expression = expression
+        self.line = line
+        self.column = column
+        self.expected = expected
 
 
 class MessageSizeExceededError(InvalidArgumentError):

@@ -79,6 +79,17 @@ def _encode(encoder: Callable[[_Collected], bytes], families: _Collected, compre
     return gzip.compress(output) if compress else output
 
 
+def _without_body(send: Send) -> Send:
+    """For HEAD: the same status and headers, no body bytes."""
+
+    async def head_send(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            message = {**message, "body": b""}
+        await send(message)
+
+    return head_send
+
+
 async def _lifespan(receive: Receive, send: Send) -> None:
     while True:
         message = await receive()
@@ -111,7 +122,9 @@ def make_observe_app(namespace: Namespace, *, transport: TransportGauges | None 
         path = scope["path"]
         if root and path.startswith(root):
             path = path[len(root) :] or "/"
-        if scope["method"] not in ("GET", "HEAD"):
+        if scope["method"] == "HEAD":
+            send = _without_body(send)
+        elif scope["method"] != "GET":
             await _respond(send, 405, b"only GET and HEAD are served here\n", "text/plain", [(b"allow", b"GET, HEAD")])
             return
         if path == "/metrics":

@@ -1,9 +1,10 @@
 """The dashboard in Debian's headless chromium, driven by Selenium with /usr/bin/chromedriver (no browser download).
 
-The page loads without console errors, shows the entities, and its duplicate counter
-goes up after a resend without a reload. A screenshot is saved in the test's
-temporary directory; with ``ONCEBUS_DASHBOARD_SCREENSHOT=PATH`` it is also copied
-there (that is how ``docs/dashboard.png`` is made).
+Against ``oncebus serve`` (the real SDK sending) and against an in-process broker with
+ten minutes of injected traffic: the page loads without console errors, shows the
+entities, and its duplicate counter goes up after a resend without a reload. Screenshots
+are saved in the tests' temporary directories; with ``ONCEBUS_DASHBOARD_SCREENSHOT=PATH``
+the in-process one is also copied there (that is how ``docs/dashboard.png`` is made).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from oncebus.broker import Message
+from tests.cli_support import oncebus
+from tests.http.conftest import start_server
 from tests.http.observe_server import ObservedBroker
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -141,3 +144,49 @@ def test_dashboard_live_in_chromium(tmp_path: Path, chromium: object) -> None:
     target = os.environ.get("ONCEBUS_DASHBOARD_SCREENSHOT")
     if target:
         shutil.copyfile(screenshot, target)
+
+
+def _counter(driver: object, path: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    found = driver.find_elements(  # type: ignore[attr-defined]
+        By.CSS_SELECTOR, f'article[data-path="{path}"] [data-field="duplicates_dropped"]'
+    )
+    return found[0].text if found else ""
+
+
+def test_dashboard_on_oncebus_serve(tmp_path: Path, chromium: object) -> None:
+    from azure.servicebus import ServiceBusClient, ServiceBusMessage
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver: WebDriver = chromium  # type: ignore[assignment]
+    served = start_server(tmp_path / "data")
+    try:
+        for args in (
+            ("queue", "create", "orders", "--duplicate-detection", "--window", "PT5M"),
+            ("topic", "create", "events"),
+        ):
+            created = oncebus(*args, data_dir=served.data_dir)
+            assert created.returncode == 0, created.stderr
+        with ServiceBusClient.from_connection_string(served.connection_string) as client:
+            with client.get_queue_sender("orders") as sender:
+                sender.send_messages(
+                    [ServiceBusMessage("x", message_id="order-1"), ServiceBusMessage("x", message_id="order-1")]
+                )
+                driver.get(f"http://127.0.0.1:{served.http_port}/")
+                WebDriverWait(driver, 20).until(lambda _: _counter(driver, "orders") == "1")
+                names = [e.text for e in driver.find_elements(By.CSS_SELECTOR, 'article.entity [data-field="name"]')]
+                assert names == ["orders", "events"]
+                driver.execute_script("window.__notReloaded = true;")
+                sender.send_messages(ServiceBusMessage("x", message_id="order-1"))  # a resend
+                WebDriverWait(driver, 10).until(lambda _: _counter(driver, "orders") == "2")
+                assert driver.execute_script("return window.__notReloaded === true;")
+                namespace = driver.find_element(By.ID, "namespace").text
+                assert "1 connections" in namespace, namespace  # this sender's
+        errors = [entry for entry in driver.get_log("browser") if entry["level"] in ("SEVERE", "ERROR")]
+        assert errors == []
+        assert driver.save_screenshot(str(tmp_path / "dashboard-serve.png"))
+    finally:
+        served.stop()

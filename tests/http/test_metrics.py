@@ -74,7 +74,7 @@ def _known_sequence(broker: ObservedBroker) -> None:
         await ns.complete("events/subscriptions/audit", audit.lock_token)  # type: ignore[arg-type]
         at(230)
         ns.tick()  # the ttl message expires (dropped: no dead-lettering on expiration)
-        await ns._barrier()  # the tick's background write is durable: commit counts are final
+        await ns._barrier(ns._failed_writes)  # the tick's background write is durable: commit counts are final
 
     broker.call(go)
 

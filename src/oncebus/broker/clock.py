@@ -7,13 +7,16 @@ the dedup index requires non-decreasing times.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Protocol
 
-from oncebus.core.timeutil import datetime_to_us, us_to_datetime
+from oncebus.core.timeutil import MAX_US, datetime_to_us, us_to_datetime
+
+_LOG = logging.getLogger("oncebus.clock")
 
 __all__ = ["Clock", "FileClock", "ManualClock", "SystemClock", "datetime_to_us", "us_to_datetime"]
 
@@ -43,12 +46,15 @@ class FileClock:
 
     The file holds an integer of microseconds since the epoch; until it exists the
     system time is used. Never runs backwards. Enabled by ``ONCEBUS_CLOCK_FILE``.
+    A value that is not such an integer (or lies past year 9999) is ignored: the
+    clock keeps its last good time and logs the bad value once, until a good one comes.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._stamp = -1
         self._value = 0
+        self._bad: str | None = None  # the bad text last logged
 
     def now_us(self) -> int:
         try:
@@ -57,11 +63,32 @@ class FileClock:
             self._value = max(self._value, time.time_ns() // 1_000)
             return self._value
         if stamp != self._stamp:
-            text = self.path.read_text().strip()
+            try:
+                text = self.path.read_text().strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                text = f"<unreadable: {exc}>"
             if text:
                 self._stamp = stamp
-                self._value = max(self._value, int(text))
+                self._take(text)
         return self._value
+
+    def _take(self, text: str) -> None:
+        try:
+            value = int(text)
+            if not 0 <= value <= MAX_US:
+                raise ValueError
+        except ValueError:
+            if text != self._bad:
+                self._bad = text
+                _LOG.error(
+                    "the clock file %s holds %r, not an integer of microseconds since 1970 (before year 10000); "
+                    "keeping the last good time",
+                    self.path,
+                    text[:80],
+                )
+            return
+        self._bad = None
+        self._value = max(self._value, value)
 
 
 class ManualClock:

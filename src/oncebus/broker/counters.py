@@ -135,9 +135,10 @@ class EntityCounters:
     def __init__(self) -> None:
         self.resend_delays = Histogram(RESEND_DELAY_BUCKETS_SECONDS)
 
-    def resend(self, delay_us: int) -> None:
-        """A send of a key first accepted ``delay_us`` earlier: a duplicate or a late resend."""
-        self.resend_delays.observe(delay_us / 1e6)
+    def resends(self, delays_us: Iterable[int]) -> None:
+        """Committed sends of keys first accepted ``delay_us`` earlier: duplicates and late resends."""
+        for delay_us in delays_us:
+            self.resend_delays.observe(delay_us / 1e6)
 
 
 class StoreCounters:

@@ -4,15 +4,23 @@ All state lives on one asyncio event loop; front ends (AMQP, HTTP, the CLI's
 control socket) call these coroutines from that loop and never share the
 structures. A send is judged by the entity's ``DuplicateDetector`` (the rule
 lives in ``oncebus.core``), written to the store as one unit (messages and
-dedup keys together), and acknowledged once that unit is durable. If the
-store ever fails, the namespace stops accepting work (fail-stop): its memory
-may be ahead of the disk, and a restart rebuilds it from what was committed.
+dedup keys together), and acknowledged once that unit is durable.
+
+If the store fails a write (disk full, I/O error), the caller gets a
+``StoreWriteError`` (server-busy) naming the cause, the failure is logged once,
+and the namespace refuses work, saying why, until every write in flight has
+finished; it then reloads what the store holds, as a restart would (memory may
+have been ahead of the disk: keys judged, messages settled, entities changed),
+and accepts work again. Nothing is counted before it is committed; a send that
+was judged a duplicate of a send whose write then failed is refused too, so
+the sender resends it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -44,16 +52,23 @@ from oncebus.core.errors import (
     QuotaExceededError,
     SessionCannotBeLockedError,
     SessionLockLostError,
-    StoreError,
+    StoreWriteError,
 )
-from oncebus.core.keys import require_identifiable, validate_ids
-from oncebus.core.messages import Message, MessageState, ReceivedMessage, ServiceBusReceiveMode, StoredMessage
-from oncebus.core.timeutil import datetime_to_us, us_to_datetime
+from oncebus.core.keys import MessageId, normalize_message_id, require_identifiable, service_bus_text, validate_ids
+from oncebus.core.messages import (
+    Message,
+    MessageState,
+    ReceivedMessage,
+    ServiceBusReceiveMode,
+    StoredMessage,
+    check_message,
+)
+from oncebus.core.timeutil import MAX_US, add_us, clamp_us, datetime_to_us, us_to_datetime
 from oncebus.store.base import (
+    AddCounters,
     DeleteEntity,
     Op,
     PruneDedupKeys,
-    PutCounters,
     PutDedupKey,
     PutEntity,
     PutMessage,
@@ -64,13 +79,17 @@ from oncebus.store.base import (
 PRUNE_EVERY_US = 60_000_000
 LATE_DELAYS_KEPT = 1_000
 POLL_SECONDS = 0.25
+RECOVER_FIRST_SECONDS = 0.05  # after a failed write, the first reload waits this long, doubling up to the next
+RECOVER_MAX_SECONDS = 5.0
+_LOG = logging.getLogger("oncebus.broker")
+_COUNTERS = ("accepted", "duplicates", "late_resends")
 
 
 @dataclass
 class SendOutcome:
     """What happened to one message of a send (front ends report every send as accepted)."""
 
-    message_id: str
+    message_id: MessageId
     sequence_number: int | None  # None for a dropped duplicate
     duplicate: bool
     late_resend_delay_us: int | None = None
@@ -94,7 +113,8 @@ class _Entity:
     receivable: Receivable | None = None  # queues
     subscriptions: dict[str, _Subscription] = field(default_factory=dict)  # topics
     next_sequence_number: int = 1
-    counters: dict[str, int] = field(default_factory=lambda: {"accepted": 0, "duplicates": 0, "late_resends": 0})
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_COUNTERS, 0))
+    unsaved: dict[str, int] = field(default_factory=dict)  # counted (committed sends' duplicates), not yet stored
     late_delays_us: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=LATE_DELAYS_KEPT))
     last_prune_us: int = 0
     observed: EntityCounters = field(default_factory=EntityCounters)  # metrics beyond the persisted counters
@@ -134,9 +154,16 @@ class Namespace:
         self.send_log = send_log
         self._entities: dict[str, _Entity] = {}
         self._waiters: set[asyncio.Future[None]] = set()
-        self._failure: BaseException | None = None
-        self._last_write: Future[None] | None = None
+        self._failure: StoreWriteError | None = None  # set from a failed write until the reload after it
+        self._failed_writes = 0  # failed writes so far: a duplicate's verdict holds only if none failed meanwhile
+        self._failure_logged = False  # one log line per episode (until a write succeeds again)
+        self._recover_delay = RECOVER_FIRST_SECONDS
+        self._recovery: asyncio.Task[None] | None = None
+        self._in_flight = 0  # writes submitted whose outcome the loop has not handled yet
+        self._idle: asyncio.Event | None = None
         self._floor_us = 0  # time never runs backwards for the broker, across restarts too
+        self.reloads = 0
+        self._timer_error: str | None = None
         self.observer = NamespaceObserver()  # metrics, dashboard history, per-minute duplicate log
         self.observer.attach_store(store)
 
@@ -149,8 +176,9 @@ class Namespace:
 
     def _load(self) -> None:
         snapshot = self.store.load()
+        self._entities = {}
         if snapshot.dedup_keys:
-            self._floor_us = max(k.first_accepted_us for k in snapshot.dedup_keys)
+            self._floor_us = max(self._floor_us, max(k.first_accepted_us for k in snapshot.dedup_keys))
         now = self._now()
         subscriptions = []
         for record in snapshot.entities:
@@ -162,7 +190,8 @@ class Namespace:
                 subscriptions.append(record)
         for record in subscriptions:
             topic = record.path.rsplit("/subscriptions/", 1)[0]
-            self._install_subscription(topic, SubscriptionProperties.from_dict(record.properties))
+            if topic in self._entities:
+                self._install_subscription(topic, SubscriptionProperties.from_dict(record.properties))
         for path, counters in snapshot.counters.items():
             entity = self._entities.get(path)
             if entity is not None:
@@ -175,6 +204,8 @@ class Namespace:
             if key.first_accepted_us + to_micros(entity.detector.window) > now:
                 entity.detector.index.restore(key.key, key.first_accepted_us)
         for message in snapshot.messages:
+            if message.expires_at_us is not None and message.expires_at_us > MAX_US:
+                message.expires_at_us = None  # stored by a release that did not cap expiries: never
             receivable = self._receivable_by_path(message.path)
             if receivable is not None:
                 receivable.add(message, now)
@@ -184,21 +215,32 @@ class Namespace:
                 receivable.session_states[state.session_id] = state.state
 
     async def close(self) -> None:
-        """Persist the counters; the store stays open (its owner closes it)."""
+        """Persist the counts not stored yet; the store stays open (its owner closes it)."""
+        if self._recovery is not None:
+            self._recovery.cancel()
         if self._failure is None:
-            ops: list[Op] = [self._counters_op(e) for e in self._entities.values()]
-            await self._write(ops)
+            ops: list[Op] = [op for e in self._entities.values() if (op := self._counters_op(e, {})) is not None]
+            if ops:
+                await self._write(ops)
 
     # ------------------------------------------------------------------------------ plumbing
     def _check_alive(self) -> None:
         if self._failure is not None:
-            raise StoreError(f"the broker stopped after a store failure ({self._failure}); restart it")
+            raise StoreWriteError(
+                f"{self._failure} (oncebus is reloading what the store holds and refuses work until then; "
+                "try again shortly)"
+            )
 
-    async def _write(self, ops: Sequence[Op], on_commit: Callable[[], None] | None = None) -> None:
+    async def _write(
+        self, ops: Sequence[Op], on_commit: Callable[[], None] | None = None, *, verdicts_since: int | None = None
+    ) -> None:
         """Submit one unit and wait until it is durable.
 
         ``on_commit`` runs on the loop once the unit is durable, even if the caller was cancelled
-        meanwhile, so memory never ends up behind the disk; a failed write stops the broker.
+        meanwhile, so memory never ends up behind the disk. A failed write is reported to the caller
+        (and starts the recovery, see the module). ``verdicts_since``: the count of failed writes when
+        this unit's duplicates were judged; if a write failed since, a key they were judged against
+        may be gone, so the call is refused (what this unit stored stays: a resend is judged afresh).
         """
         self._check_alive()
         loop = asyncio.get_running_loop()
@@ -206,39 +248,106 @@ class Namespace:
         done.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if nobody waits
 
         def committed(future: Future[None]) -> None:
+            self._landed()
             error = future.exception()
             if error is not None:
-                self._failure = error
+                refusal = self._store_failed(error)
                 if not done.done():
-                    done.set_exception(StoreError(f"the message store failed: {error}"))
+                    done.set_exception(refusal)
                 return
+            self._store_succeeded()
             if on_commit is not None:
                 on_commit()
-            if not done.done():
-                done.set_result(None)
+            if done.done():
+                return
+            if verdicts_since is not None and self._failed_writes != verdicts_since:
+                done.set_exception(
+                    StoreWriteError(
+                        "a send this one was judged a duplicate of failed to store meanwhile; send again "
+                        f"(the store's error: {self._failure or 'see the server log'})"
+                    )
+                )
+                return
+            done.set_result(None)
 
-        future = self.store.submit(ops)
-        self._last_write = future
+        future = self._submit(ops)
         future.add_done_callback(lambda f: loop.call_soon_threadsafe(committed, f))
         await asyncio.shield(done)
 
-    def _write_later(self, ops: Sequence[Op]) -> None:
-        """Background writes (expiry, lock-expiry dead-lettering): nobody waits, failures stop the broker."""
-        if not ops:
-            return
+    def _submit(self, ops: Sequence[Op]) -> Future[None]:
         future = self.store.submit(ops)
-        self._last_write = future
+        self._in_flight += 1
+        if self._idle is not None:
+            self._idle.clear()
+        return future
+
+    def _landed(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    def _write_later(self, ops: Sequence[Op]) -> None:
+        """Background writes (expiry, lock-expiry dead-lettering): nobody waits; a failure starts the recovery."""
+        if not ops or self._failure is not None:
+            return  # while failed, memory is reloaded from the store anyway
+        loop = asyncio.get_running_loop()
 
         def done(f: Future[None]) -> None:
+            self._landed()
             if f.exception() is not None:
-                self._failure = f.exception()
+                self._store_failed(f.exception())  # type: ignore[arg-type]
+            else:
+                self._store_succeeded()
 
-        future.add_done_callback(done)
+        future = self._submit(ops)
+        future.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
 
-    async def _barrier(self) -> None:
+    def _store_failed(self, error: BaseException) -> StoreWriteError:
+        """A write failed (on the loop): refuse work, log once, and reload from the store once writes are idle."""
+        refusal = error if isinstance(error, StoreWriteError) else StoreWriteError(f"the message store failed: {error}")
+        self._failed_writes += 1
+        if self._failure is None:
+            self._failure = refusal
+            if not self._failure_logged:
+                self._failure_logged = True
+                _LOG.error("%s; refusing work until what the store holds is reloaded", refusal)
+            self._recovery = asyncio.get_running_loop().create_task(self._recover())
+        return refusal
+
+    def _store_succeeded(self) -> None:
+        if self._failure is None and self._failure_logged:
+            self._failure_logged = False
+            self._recover_delay = RECOVER_FIRST_SECONDS
+            _LOG.warning("the message store accepts writes again")
+
+    async def _recover(self) -> None:
+        """After a failed write: wait until no write is in flight, reload from the store, accept work again."""
+        while True:
+            await asyncio.sleep(self._recover_delay)
+            self._recover_delay = min(self._recover_delay * 2, RECOVER_MAX_SECONDS)
+            if self._idle is None:
+                self._idle = asyncio.Event()
+            if self._in_flight:
+                self._idle.clear()
+                await self._idle.wait()
+            try:
+                self._load()
+            except Exception as exc:
+                _LOG.error("could not reload the store after a failed write (%s); trying again", exc)
+                continue
+            self.reloads += 1
+            self._failure = None
+            self._recovery = None
+            self._notify()
+            return
+
+    async def _barrier(self, verdicts_since: int) -> None:
         """Wait until every write submitted so far is durable (duplicates ack after their original)."""
-        if self._last_write is not None and not self._last_write.done():
-            await self._write([])
+        if self._in_flight:  # the empty unit's outcome is handled after every earlier one's
+            await self._write([], verdicts_since=verdicts_since)
+        elif self._failed_writes != verdicts_since:
+            self._check_alive()
+            raise StoreWriteError("a send this one was judged a duplicate of failed to store meanwhile; send again")
 
     def _now(self) -> int:
         now = self.clock.now_us()
@@ -288,7 +397,8 @@ class Namespace:
 
     def tick(self) -> None:
         """Apply everything due now (scheduled enqueues, lock and message expiry, history pruning)."""
-        self._check_alive()
+        if self._failure is not None:
+            return  # memory is reloaded from the store before anything is due again
         now = self._now()
         ops: list[Op] = []
         for entity in self._entities.values():
@@ -306,20 +416,30 @@ class Namespace:
         self._notify()
 
     async def run_timers(self, interval: float = 0.5) -> None:
-        """Background task for a served namespace: tick on the real clock."""
+        """Background task for a served namespace: tick on the real clock. It runs until cancelled:
+        an error in one tick is logged (once until a tick succeeds) and the next tick runs as usual."""
         while True:
             await asyncio.sleep(interval)
-            if self._failure is not None:
-                return
-            self.tick()
+            try:
+                self.tick()
+            except Exception as exc:
+                text = f"{type(exc).__name__}: {exc}"
+                if text != self._timer_error:
+                    _LOG.error("the timer tick failed (%s); ticking on", text, exc_info=exc)
+                self._timer_error = text
+            else:
+                self._timer_error = None
 
     # ------------------------------------------------------------------------------ lookup
     def _entity(self, name: str, kind: str | None = None) -> _Entity:
         entity = self._entities.get(name.lower())
-        if entity is None or (kind is not None and entity.kind != kind):
-            what = kind or "queue or topic"
+        if entity is None:
             raise EntityNotFoundError(
-                f"The messaging entity '{name}' could not be found: no {what} named {name!r} exists"
+                f"The messaging entity '{name}' could not be found: no queue or topic named {name!r} exists"
+            )
+        if kind is not None and entity.kind != kind:
+            raise EntityNotFoundError(
+                f"The messaging entity '{name}' could not be found: {name!r} is a {entity.kind}, not a {kind}"
             )
         return entity
 
@@ -385,8 +505,16 @@ class Namespace:
         entity.subscriptions[props.name.lower()] = subscription
         return subscription
 
-    def _counters_op(self, entity: _Entity) -> PutCounters:
-        return PutCounters(entity.path, entity.next_sequence_number, dict(entity.counters))
+    def _counters_op(self, entity: _Entity, deltas: dict[str, int]) -> AddCounters | None:
+        """This unit's counts plus those counted but not stored yet (None when there is nothing to store)."""
+        merged = dict(entity.unsaved)
+        entity.unsaved.clear()
+        for name, delta in deltas.items():
+            merged[name] = merged.get(name, 0) + delta
+        merged = {name: delta for name, delta in merged.items() if delta}
+        if not merged and not deltas:
+            return None
+        return AddCounters(entity.path, entity.next_sequence_number, merged)
 
     async def create_queue(self, name: str, **properties: Any) -> QueueProperties:
         self._check_alive()
@@ -514,19 +642,26 @@ class Namespace:
         await self._write([DeleteEntity(subscription.receivable.path)])
 
     # ------------------------------------------------------------------------------ sending
-    def _validate(self, entity: _Entity, messages: Sequence[Message], scheduled: bool) -> list[str | None]:
-        """Check a whole send before judging any of it; returns each message's dedup key."""
+    def _validate(
+        self, entity: _Entity, messages: Sequence[Message], scheduled: bool
+    ) -> tuple[list[MessageId | None], list[str | None]]:
+        """Check a whole send before judging any of it; returns each message's id (normalized) and dedup key."""
         props = entity.properties
         limit = props.max_message_size_in_kilobytes * 1024
         requires_session = isinstance(props, QueueProperties) and props.requires_session
+        ids: list[MessageId | None] = []
         keys: list[str | None] = []
         total = 0
         for position, message in enumerate(messages):
             where = f"message {position + 1} of {len(messages)}" if len(messages) > 1 else "the message"
+            if not isinstance(message, Message):
+                raise InvalidArgumentError(f"{where} is a {type(message).__name__}, not a Message")
             try:
-                validate_ids(message.message_id, message.partition_key, message.session_id)
+                check_message(message)
+                message_id = None if message.message_id is None else normalize_message_id(message.message_id)
+                validate_ids(message_id, message.partition_key, message.session_id)
                 require_identifiable(
-                    message.message_id,
+                    message_id,
                     message.partition_key,
                     message.session_id,
                     partitioned=props.enable_partitioning,
@@ -540,18 +675,16 @@ class Namespace:
                     f"{props.name!r}. Entities that have session support enabled can only receive messages "
                     "that have the SessionId set"
                 )
-            if message.size > limit:
+            size = message.size
+            if size > limit:
                 raise MessageSizeExceededError(
-                    f"{where} is {message.size} bytes, over the limit of {limit} bytes "
+                    f"{where} is {size} bytes, over the limit of {limit} bytes "
                     f"(max_message_size_in_kilobytes={props.max_message_size_in_kilobytes} of {props.name!r})"
                 )
-            if message.time_to_live is not None and message.time_to_live.total_seconds() <= 0:
-                raise InvalidArgumentError(f"{where}: time_to_live must be positive")
-            if not isinstance(message.body, bytes | bytearray | memoryview):
-                raise InvalidArgumentError(f"{where}: body must be bytes")
-            total += message.size
-            if entity.detector.enabled and message.message_id is not None:
-                keys.append(entity.detector.key_of_valid(message.message_id, message.partition_key, message.session_id))
+            total += size
+            ids.append(message_id)
+            if entity.detector.enabled and message_id is not None:
+                keys.append(entity.detector.key_of_valid(message_id, message.partition_key, message.session_id))
             else:
                 keys.append(None)
         if not scheduled and len(messages) > 1 and total > max(limit, 1024 * 1024):
@@ -562,9 +695,10 @@ class Namespace:
             if receivable.size_bytes + total > receivable.settings.max_size_bytes:
                 raise QuotaExceededError(
                     f"The maximum entity size has been reached or exceeded for '{props.name}': "
-                    f"max_size_in_megabytes={props.max_size_in_megabytes}"
+                    f"max_size_in_megabytes={props.max_size_in_megabytes} ({receivable.settings.max_size_bytes} "
+                    f"bytes); {receivable.path!r} holds {receivable.size_bytes} bytes and this send needs {total} more"
                 )
-        return keys
+        return ids, keys
 
     async def send(self, entity_name: str, messages: Message | Sequence[Message]) -> list[SendOutcome]:
         """Send one message or an atomic batch to a queue or topic."""
@@ -590,21 +724,25 @@ class Namespace:
                 "a dead-letter queue"
             )
         entity = self._entity(where.entity)
-        keys = self._validate(entity, batch, scheduled_us is not None)
+        ids, keys = self._validate(entity, batch, scheduled_us is not None)
         now = self._now()
+        verdicts_since = self._failed_writes
         ops: list[Op] = []
         outcomes: list[SendOutcome] = []
         stored: list[tuple[Receivable, StoredMessage]] = []
+        deltas = dict.fromkeys(_COUNTERS, 0)
+        late_delays: list[int] = []
+        resends: list[int] = []  # delays since each resent key's first acceptance (metrics)
         index = entity.detector.index  # keys are None when duplicate detection is off
-        for message, key in zip(batch, keys, strict=True):
-            message_id = message.message_id if message.message_id is not None else uuid.uuid4().hex
+        for message, given_id, key in zip(batch, ids, keys, strict=True):
+            message_id: MessageId = given_id if given_id is not None else uuid.uuid4().hex
             verdict = index.judge(key, now) if key is not None else None
             if self.send_log is not None and key is not None:
                 self.send_log(
                     {
                         "entity": entity.path,
                         "key": key,
-                        "message_id": message_id,
+                        "message_id": message_id if isinstance(message_id, str) else service_bus_text(message_id),
                         "time_us": now,
                         "outcome": "duplicate"
                         if verdict and verdict.duplicate
@@ -613,19 +751,19 @@ class Namespace:
                     }
                 )
             if verdict is not None and verdict.duplicate:
-                entity.counters["duplicates"] += 1
+                deltas["duplicates"] += 1
                 if verdict.first_accepted_us is not None:
-                    entity.observed.resend(now - verdict.first_accepted_us)
+                    resends.append(now - verdict.first_accepted_us)
                 outcomes.append(SendOutcome(message_id, None, True))
                 continue
             late = verdict.late_resend_delay_us if verdict is not None else None
             if late is not None:
-                entity.counters["late_resends"] += 1
-                entity.late_delays_us.append(late)
-                entity.observed.resend(late)
+                deltas["late_resends"] += 1
+                late_delays.append(late)
+                resends.append(late)
             seq = entity.next_sequence_number
             entity.next_sequence_number += 1
-            entity.counters["accepted"] += 1
+            deltas["accepted"] += 1
             record = self._stored(entity, message, message_id, seq, now, scheduled_us)
             dedup_key = None if key is None else (entity.path, key, now)
             for receivable, copy in self._fan_out(entity, message, record):
@@ -635,22 +773,31 @@ class Namespace:
             if dedup_key is not None:  # a topic without subscriptions still remembers the key
                 ops.append(PutDedupKey(*dedup_key))
             outcomes.append(SendOutcome(message_id, seq, False, late))
-        if ops:
-            ops.append(self._counters_op(entity))
+        if deltas["accepted"]:
+            counters = self._counters_op(entity, deltas)
+            assert counters is not None
+            ops.append(counters)
 
-            def visible() -> None:
+            def visible() -> None:  # counted and shown only once committed
+                for name, delta in deltas.items():
+                    entity.counters[name] += delta
+                entity.late_delays_us.extend(late_delays)
+                entity.observed.resends(resends)
                 committed_at = self._now()
                 for receivable, copy in stored:
                     receivable.add(copy, committed_at)
                 self._notify()
 
-            await self._write(ops, on_commit=visible)
-        else:
-            await self._barrier()
+            await self._write(ops, on_commit=visible, verdicts_since=verdicts_since if deltas["duplicates"] else None)
+        else:  # duplicates only: acknowledged once what they duplicate is durable
+            await self._barrier(verdicts_since)
+            entity.counters["duplicates"] += deltas["duplicates"]
+            entity.unsaved["duplicates"] = entity.unsaved.get("duplicates", 0) + deltas["duplicates"]
+            entity.observed.resends(resends)
         return outcomes
 
     def _stored(
-        self, entity: _Entity, message: Message, message_id: str, seq: int, now: int, scheduled_us: int | None
+        self, entity: _Entity, message: Message, message_id: MessageId, seq: int, now: int, scheduled_us: int | None
     ) -> StoredMessage:
         if scheduled_us is None and message.scheduled_enqueue_time_utc is not None:
             scheduled_us = datetime_to_us(message.scheduled_enqueue_time_utc)
@@ -665,7 +812,7 @@ class Namespace:
             message_id=message_id,
             body=bytes(message.body),
             enqueued_time_us=enqueued,
-            expires_at_us=None if ttl_us is None else enqueued + ttl_us,
+            expires_at_us=add_us(enqueued, ttl_us),  # None: never (no time to live, or past year 9999)
             state=MessageState.SCHEDULED if scheduled_us is not None and scheduled_us > now else MessageState.ACTIVE,
             session_id=message.session_id,
             partition_key=message.partition_key,
@@ -693,7 +840,7 @@ class Namespace:
                 ttl = subscription.properties.default_message_time_to_live
                 if ttl < TIMESPAN_MAX and (copy.time_to_live_us is None or to_micros(ttl) < copy.time_to_live_us):
                     copy.time_to_live_us = to_micros(ttl)
-                    copy.expires_at_us = copy.enqueued_time_us + copy.time_to_live_us
+                    copy.expires_at_us = add_us(copy.enqueued_time_us, copy.time_to_live_us)
                 copies.append((subscription.receivable, copy))
         return copies
 
@@ -874,7 +1021,7 @@ class Namespace:
         if receivable.settings.requires_session and not receivable.is_dead_letter:
             session = receivable.sessions[message.session_id or ""]
             return us_to_datetime(session.locked_until_us)
-        message.locked_until_us = self._now() + receivable.settings.lock_duration_us
+        message.locked_until_us = clamp_us(self._now() + receivable.settings.lock_duration_us)
         receivable.push_lock_expiry(message)
         assert message.locked_until_us is not None
         return us_to_datetime(message.locked_until_us)
@@ -949,14 +1096,16 @@ class Namespace:
                 raise OperationTimeoutError(f"no unlocked session with messages in {path!r} became available")
 
     def _lock_session(self, receivable: Receivable, session_id: str, now: int) -> SessionLock:
-        lock = SessionLock(receivable.path, session_id, uuid.uuid4(), now + receivable.settings.lock_duration_us)
+        lock = SessionLock(
+            receivable.path, session_id, uuid.uuid4(), clamp_us(now + receivable.settings.lock_duration_us)
+        )
         receivable.sessions[session_id] = lock
         return lock
 
     async def renew_session_lock(self, session: SessionLock) -> datetime:
         receivable = self.receivable(session.path)
         current = self._session_lock(receivable, session)
-        current.locked_until_us = self._now() + receivable.settings.lock_duration_us
+        current.locked_until_us = clamp_us(self._now() + receivable.settings.lock_duration_us)
         for token in current.locked_messages:
             seq = receivable.locks.get(token)
             if seq is not None:
@@ -993,7 +1142,8 @@ class Namespace:
 
     # ------------------------------------------------------------------------------ statistics
     def stats(self, entity_name: str) -> dict[str, Any]:
-        """Per-entity statistics, including what Azure drops silently."""
+        """Per-entity statistics, including what Azure drops silently (only what was committed)."""
+        self._check_alive()
         entity = self._entity(entity_name)
         now = self._now()
         index = entity.detector.index

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from oncebus.broker.counters import ReceivableCounters
 from oncebus.core.messages import MessageState, StoredMessage
+from oncebus.core.timeutil import add_us, clamp_us
 from oncebus.store.base import DeleteMessage, Op, PutMessage
 
 LOST_TOKENS_KEPT = 10_000
@@ -79,7 +80,8 @@ class Receivable:
             self._state_counts[replaced.state] -= 1
         self.messages[message.sequence_number] = message
         self._state_counts[message.state] += 1
-        self.size_bytes += len(message.body) + len(message.wire or b"")
+        message.counted_size = message.size  # taken back as counted, whatever changes later
+        self.size_bytes += message.counted_size
         if message.state == MessageState.SCHEDULED:
             assert message.scheduled_enqueue_time_us is not None
             heapq.heappush(self._scheduled, (message.scheduled_enqueue_time_us, message.sequence_number))
@@ -107,7 +109,7 @@ class Receivable:
         self._available_set.discard(seq)
         if message is not None:
             self._state_counts[message.state] -= 1
-            self.size_bytes -= len(message.body) + len(message.wire or b"")
+            self.size_bytes -= message.counted_size
             if message.lock_token is not None:
                 self.locks.pop(message.lock_token, None)
         return message
@@ -124,7 +126,7 @@ class Receivable:
             self.set_state(message, MessageState.ACTIVE)
             message.enqueued_time_us = due
             if message.time_to_live_us is not None:
-                message.expires_at_us = due + message.time_to_live_us
+                message.expires_at_us = add_us(due, message.time_to_live_us)  # None (never) past year 9999
             self._make_available(message)
         for session_id, lock in list(self.sessions.items()):
             if lock.locked_until_us <= now_us:
@@ -179,7 +181,7 @@ class Receivable:
         token = uuid.uuid4()
         message.lock_token = token
         message.locked_until_us = (
-            session.locked_until_us if session is not None else now_us + self.settings.lock_duration_us
+            session.locked_until_us if session is not None else clamp_us(now_us + self.settings.lock_duration_us)
         )
         self.locks[token] = message.sequence_number
         if session is not None:

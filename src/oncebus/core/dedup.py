@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import NamedTuple
 
 from oncebus.core.durations import to_micros
-from oncebus.core.keys import dedup_key, effective_partition_key, key_digest, key_text
+from oncebus.core.keys import MessageId, dedup_key, effective_partition_key, id_text, key_digest, key_text
 
 _BLOCK_BITS = 12
 _BLOCK = 1 << _BLOCK_BITS  # entries per log block
@@ -348,14 +348,16 @@ class DuplicateDetector:
     def set_window(self, value: timedelta, now_us: int) -> None:
         self.index.set_window(value, now_us)
 
-    def key_of(self, message_id: str, partition_key: str | None = None, session_id: str | None = None) -> str:
+    def key_of(self, message_id: MessageId, partition_key: str | None = None, session_id: str | None = None) -> str:
         return dedup_key(message_id, partition_key, session_id, partitioned=self.partitioned).text
 
-    def key_of_valid(self, message_id: str, partition_key: str | None, session_id: str | None) -> str:
-        """``key_of`` for ids already checked with ``validate_ids`` (the broker's hot path)."""
+    def key_of_valid(self, message_id: MessageId, partition_key: str | None, session_id: str | None) -> str:
+        """``key_of`` for ids already checked and normalized (``normalize_message_id``; the broker's hot path)."""
         if not self.partitioned:
-            return message_id
-        return key_text(message_id, effective_partition_key(message_id, partition_key, session_id))
+            return id_text(message_id)
+        pk = effective_partition_key(message_id, partition_key, session_id)
+        assert pk is not None
+        return key_text(message_id, pk)
 
     def judge(self, key: str, now_us: int) -> Verdict:
         if not self.enabled:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from datetime import timedelta
 
 from oncebus.core.errors import ArgumentOutOfRangeError, InvalidArgumentError
@@ -31,7 +32,8 @@ def parse_duration(text: str | timedelta | int | float, *, name: str = "duration
     """Parse an ISO-8601 duration (``PT10M``), a TimeSpan (``00:10:00``) or seconds.
 
     A ``timedelta`` is returned unchanged. Raises InvalidArgumentError naming the
-    field and the accepted forms.
+    field and the accepted forms; ArgumentOutOfRangeError for a duration longer than
+    .NET's ``TimeSpan.MaxValue`` (about 29,227 years), the longest Service Bus holds.
     """
     if isinstance(text, timedelta):
         return text
@@ -51,8 +53,8 @@ def parse_duration(text: str | timedelta | int | float, *, name: str = "duration
 def _parse(text: str | int | float, name: str) -> timedelta:
     if isinstance(text, int | float):
         if isinstance(text, float) and not math.isfinite(text):
-            raise InvalidArgumentError(f"{name}: {text!r} is not a duration")
-        return timedelta(seconds=text)
+            raise InvalidArgumentError(f"{name}: {text!r} is not a duration; give a finite number of seconds")
+        return _bounded(name, text, lambda: timedelta(seconds=text))
     if not isinstance(text, str):
         raise InvalidArgumentError(f"{name}: {text!r} is not a duration")
     raw = text.strip()
@@ -62,27 +64,50 @@ def _parse(text: str | int | float, name: str) -> timedelta:
     if match and raw.upper() not in ("P", "PT") and not raw.upper().endswith("T"):
         parts = {k: v for k, v in match.groupdict().items() if v is not None}
         seconds = float(parts.get("seconds", "0").replace(",", "."))
-        value = timedelta(
-            weeks=int(parts.get("weeks", 0)),
-            days=int(parts.get("days", 0)),
-            hours=int(parts.get("hours", 0)),
-            minutes=int(parts.get("minutes", 0)),
-            seconds=seconds,
+        value = _bounded(
+            name,
+            text,
+            lambda: timedelta(
+                weeks=int(parts.get("weeks", 0)),
+                days=int(parts.get("days", 0)),
+                hours=int(parts.get("hours", 0)),
+                minutes=int(parts.get("minutes", 0)),
+                seconds=seconds,
+            ),
         )
         return -value if parts.get("sign") else value
     match = _TIMESPAN.match(raw)
     if match:
         parts = {k: v for k, v in match.groupdict().items() if v is not None}
-        return timedelta(
-            days=int(parts.get("days", 0)),
-            hours=int(parts["hours"]),
-            minutes=int(parts["minutes"]),
-            seconds=float(parts["seconds"]),
+        return _bounded(
+            name,
+            text,
+            lambda: timedelta(
+                days=int(parts.get("days", 0)),
+                hours=int(parts["hours"]),
+                minutes=int(parts["minutes"]),
+                seconds=float(parts["seconds"]),
+            ),
         )
     raise InvalidArgumentError(
         f"{name}: {text!r} is not a valid duration; use ISO-8601 such as 'PT10M', 'PT20S', "
         f"'P7D' or 'P1DT2H30M' (days, hours, minutes, seconds; no years or months)"
     )
+
+
+def _bounded(name: str, text: object, make: Callable[[], timedelta]) -> timedelta:
+    """``make()``, refused when longer (either way) than TimeSpan.MaxValue."""
+    too_long = ArgumentOutOfRangeError(
+        f"{name}: {text!r} is too long; the longest duration is {TIMESPAN_MAX_TEXT} (TimeSpan.MaxValue, "
+        "which Service Bus reads as 'never')"
+    )
+    try:
+        value = make()
+    except (OverflowError, ValueError):
+        raise too_long from None
+    if abs(value) > TIMESPAN_MAX:
+        raise too_long
+    return value
 
 
 def format_duration(value: timedelta) -> str:

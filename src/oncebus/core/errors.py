@@ -18,8 +18,9 @@ wire, so front ends translate without knowing the rule that raised it::
     ├── OperationTimeoutError
     ├── UnauthorizedError
     ├── ServerBusyError
+    │   └── StoreWriteError           (the store could not write, e.g. disk full: nothing of the call is stored)
     ├── QuotaExceededError           (the entity is full: max_size_in_megabytes)
-    └── StoreError                    (the durable store failed; the broker stops)
+    └── StoreError                    (the durable store cannot be opened or read)
 """
 
 from __future__ import annotations
@@ -109,6 +110,10 @@ class UnauthorizedError(OncebusError, PermissionError):
 
 class ServerBusyError(OncebusError):
     condition = "com.microsoft:server-busy"
+
+
+class StoreWriteError(ServerBusyError):
+    """The durable store refused a write (disk full, I/O error): nothing of the call was stored; retry later."""
 
 
 class QuotaExceededError(OncebusError):

@@ -74,7 +74,7 @@ def _known_sequence(broker: ObservedBroker) -> None:
         await ns.complete("events/subscriptions/audit", audit.lock_token)  # type: ignore[arg-type]
         at(230)
         ns.tick()  # the ttl message expires (dropped: no dead-lettering on expiration)
-        await ns._journal.barrier(ns._journal.failed_writes)  # the tick's background write is durable: commit counts are final
+        await ns._journal.barrier(ns._journal.failed_writes)  # the tick's write is durable
 
     broker.call(go)
 

@@ -24,3 +24,35 @@ def delivered_tuple(message: dict[str, Any]) -> tuple[str, str | None]:
 
 def expected_delivered(scenario: dict[str, Any]) -> list[tuple[str, str | None]]:
     return [delivered_tuple(m) for m in scenario["delivered"]]
+
+
+# ---------------------------------------------------------------- rule scenarios (subscription rules on a topic)
+
+
+def load_rule_scenarios() -> list[dict[str, Any]]:
+    """The 'rule_scenarios' of the shared file: a topic, its subscriptions' rules, sends, deliveries."""
+    return list(json.loads(SCENARIO_FILE.read_text()).get("rule_scenarios", []))
+
+
+def rule_scenario_ids() -> list[str]:
+    return [s["name"] for s in load_rule_scenarios()]
+
+
+def projected_deliveries(
+    got: dict[str, list[dict[str, Any]]], scenario: dict[str, Any]
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    """(what was received, what was expected), each message cut down to the fields its expectation lists.
+
+    ``got`` maps a subscription name to the messages received from it, each a
+    dict of field names as in the scenario (message_id, correlation_id,
+    subject, to, application_properties...). Compare the two with ``==``.
+    """
+    expected: dict[str, list[dict[str, Any]]] = scenario["delivered"]
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, wanted in expected.items():
+        received = got.get(name, [])
+        out[name] = [
+            {key: message.get(key) for key in (wanted[i] if i < len(wanted) else {"message_id": None})}
+            for i, message in enumerate(received)
+        ]
+    return out, expected

@@ -13,10 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import json
+import math
 import os
-import signal
 import socket
 import sys
 import time
@@ -25,14 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from oncebus import __version__
-from oncebus.broker.clock import FileClock, SystemClock
-from oncebus.broker.control import ControlServer, dispatch, error_from_json
+from oncebus.broker.clock import SystemClock
+from oncebus.broker.control import LATEST_US, MAX_REQUEST_LINE, dispatch, error_from_json
 from oncebus.broker.datadir import DataDir, resolve_data_dir
 from oncebus.broker.namespace import Namespace
-from oncebus.broker.runtime import tune_gc
-from oncebus.core.durations import parse_duration
-from oncebus.core.errors import InvalidArgumentError, OncebusError
-from oncebus.store.sendlog import SendLogWriter
+from oncebus.core.durations import parse_duration, to_micros
+from oncebus.core.errors import InvalidArgumentError, MessageSizeExceededError, OncebusError
+from oncebus.server import ServeError, ServeOptions, run
 from oncebus.store.sqlite import SqliteStore
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY = 1, 2, 3, 4
@@ -48,6 +46,8 @@ class CliError(Exception):
 class _Remote:
     """A running server, reached through its control socket."""
 
+    max_request = MAX_REQUEST_LINE
+
     def __init__(self, info: dict[str, Any]) -> None:
         self.info = info
         try:
@@ -62,7 +62,14 @@ class _Remote:
 
     def call(self, op: str, args: dict[str, Any]) -> Any:
         request = {"token": self.info["control_token"], "op": op, "args": args}
-        self._file.write(json.dumps(request).encode() + b"\n")
+        line = json.dumps(request).encode() + b"\n"
+        if len(line) > self.max_request:
+            raise CliError(
+                f"the request is {len(line)} bytes, over the control socket's limit of {self.max_request}; "
+                "send a message this large with an AMQP client, or with no server running",
+                EXIT_REFUSED,
+            )
+        self._file.write(line)
         self._file.flush()
         line = self._file.readline()
         if not line:
@@ -79,6 +86,8 @@ class _Remote:
 
 class _Local:
     """The data directory opened in this process (no server runs on it)."""
+
+    max_request: int | None = None
 
     def __init__(self, datadir: DataDir) -> None:
         self.datadir = datadir
@@ -115,74 +124,25 @@ def _open_target(data_dir: Path) -> _Remote | _Local:
 
 
 # ---------------------------------------------------------------------------------- serve
-async def _serve(args: argparse.Namespace) -> int:
-    datadir = DataDir(resolve_data_dir(args.data_dir))
-    if not datadir.try_lock():
-        pid = (datadir.read_server_info() or {}).get("pid") or datadir.owner_pid()
-        raise CliError(
-            f"the data directory {datadir.path} is already in use by oncebus (pid {pid})"
-            "; stop it or choose another directory with --data-dir",
-            EXIT_BUSY,
-        )
-    started = time.monotonic()
-    store = SqliteStore(datadir.store_path)
-    send_log = SendLogWriter(args.send_log) if args.send_log else None
-    clock_file = os.environ.get("ONCEBUS_CLOCK_FILE")  # tests only: time read from a file
-    clock = FileClock(clock_file) if clock_file else SystemClock()
-    namespace = await Namespace.open(store, clock, send_log=send_log)
-    if args.config:
-        from oncebus.broker.topology import apply_topology, load_topology
-
-        await apply_topology(namespace, load_topology(args.config))
-    tune_gc()
-    control = ControlServer(namespace)
-    await control.start()
-    info: dict[str, Any] = {
-        "pid": os.getpid(),
-        "control_port": control.port,
-        "control_token": control.token,
-        "data_dir": str(datadir.path),
-    }
-    amqp_server = await _start_amqp(namespace, args, info)
-    timers = asyncio.create_task(namespace.run_timers(0.05 if clock_file else 0.5))
-    datadir.write_server_info(info)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"oncebus {__version__} serving {datadir.path} (started in {time.monotonic() - started:.2f} s)", flush=True)
-    if "connection_string" in info:
-        print(f"AMQP on {info['amqp_host']}:{info['amqp_port']}", flush=True)
-        print(f"connection string: {info['connection_string']}", flush=True)
-    print("ready", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        timers.cancel()
-        if amqp_server is not None:
-            await amqp_server.close()
-        await control.close()
-        with contextlib.suppress(OncebusError):
-            await namespace.close()
-        store.close()
-        if send_log is not None:
-            send_log.close()
-        datadir.unlock()
-    return 0
-
-
-async def _start_amqp(namespace: Namespace, args: argparse.Namespace, info: dict[str, Any]) -> Any:
-    try:
-        from oncebus.amqp import serve_amqp  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    server = await serve_amqp(namespace, host=args.host, port=args.port, keys=_keys(args))
-    info.update(
-        amqp_host=args.host,
-        amqp_port=server.port,
-        connection_string=server.connection_string,
+def _serve(args: argparse.Namespace) -> int:
+    for option, value in (("--port", args.port), ("--tls-port", args.tls_port), ("--http-port", args.http_port)):
+        if value is not None and not (0 if option == "--port" else -1) <= value <= 65535:
+            raise CliError(f"{option} {value}: use a port from 0 to 65535 (0 picks a free one)", EXIT_USAGE)
+    options = ServeOptions(
+        data_dir=resolve_data_dir(args.data_dir),
+        host=args.host,
+        port=args.port,
+        tls_port=args.tls_port,
+        http_port=args.http_port,
+        keys=_keys(args),
+        config=args.config,
+        send_log=args.send_log,
+        clock_file=os.environ.get("ONCEBUS_CLOCK_FILE"),  # tests only: time read from a file
     )
-    return server
+    try:
+        return asyncio.run(run(options, install_signal_handlers=True))
+    except ServeError as exc:
+        raise CliError(str(exc), EXIT_BUSY if exc.busy else EXIT_REFUSED) from exc
 
 
 def _keys(args: argparse.Namespace) -> dict[str, str] | None:
@@ -292,6 +252,14 @@ def _send(args: argparse.Namespace, target: _Remote | _Local) -> int:
         properties[key] = value
     if args.count < 1 or args.batch_size < 1:
         raise CliError("--count and --batch-size must be at least 1", EXIT_USAGE)
+    scheduled_us = None
+    if args.schedule_in is not None:
+        scheduled_us = time.time_ns() // 1000 + to_micros(parse_duration(args.schedule_in, name="--schedule-in"))
+        if not 0 <= scheduled_us <= LATEST_US:
+            raise InvalidArgumentError(
+                f"--schedule-in {args.schedule_in}: the scheduled time would be "
+                f"{'after year 9999' if scheduled_us > 0 else 'before 1970'}; Service Bus cannot hold it"
+            )
 
     def message(i: int) -> dict[str, Any]:
         out: dict[str, Any] = {"body_b64": body}
@@ -302,9 +270,8 @@ def _send(args: argparse.Namespace, target: _Remote | _Local) -> int:
                 out[name] = getattr(args, name)
         if args.ttl is not None:
             out["time_to_live"] = args.ttl
-        if args.schedule_in is not None:
-            delay = parse_duration(args.schedule_in, name="--schedule-in")
-            out["scheduled_enqueue_time_us"] = time.time_ns() // 1000 + int(delay.total_seconds() * 1e6)
+        if scheduled_us is not None:
+            out["scheduled_enqueue_time_us"] = scheduled_us
         if properties:
             out["application_properties"] = properties
         return out
@@ -312,12 +279,24 @@ def _send(args: argparse.Namespace, target: _Remote | _Local) -> int:
     progress = _Progress(args.count, enabled=args.count > 1 and (sys.stderr.isatty() or args.progress))
     accepted = duplicates = 0
     last: list[dict[str, Any]] = []
-    for start in range(0, args.count, args.batch_size):
-        chunk = [message(i) for i in range(start, min(args.count, start + args.batch_size))]
-        last = target.call("send", {"entity": args.entity, "messages": chunk})
+    batch_size = args.batch_size
+    if target.max_request is not None:  # a batch is one request line: fewer messages when they are large
+        room = target.max_request - 4096 - len(json.dumps(args.entity))
+        batch_size = max(1, min(batch_size, room // (len(json.dumps(message(args.count - 1))) + 2)))
+    start = 0
+    while start < args.count:
+        chunk = [message(i) for i in range(start, min(args.count, start + batch_size))]
+        try:
+            last = target.call("send", {"entity": args.entity, "messages": chunk})
+        except MessageSizeExceededError:
+            if len(chunk) == 1:
+                raise
+            batch_size = len(chunk) // 2  # over the entity's limit for one send: nothing was stored; halve
+            continue
         duplicates += sum(1 for o in last if o["duplicate"])
         accepted += sum(1 for o in last if not o["duplicate"])
-        progress.update(start + len(chunk))
+        start += len(chunk)
+        progress.update(start)
     progress.done()
     if args.json:
         print(json.dumps({"sent": args.count, "stored": accepted, "duplicates_dropped": duplicates}))
@@ -412,12 +391,10 @@ def _stats(args: argparse.Namespace, target: _Remote | _Local) -> int:
                     "dedup": r["duplicate_detection_history_time_window"]
                     if r["requires_duplicate_detection"]
                     else "off",
-                    "active": r.get("active", sum(s["active"] for s in r.get("subscriptions", {}).values())),
-                    "scheduled": r.get("scheduled", ""),
-                    "deferred": r.get("deferred", ""),
-                    "dead_lettered": r.get(
-                        "dead_lettered", sum(s["dead_lettered"] for s in r.get("subscriptions", {}).values())
-                    ),
+                    "active": r["active_message_count"],
+                    "scheduled": r["scheduled_message_count"],
+                    "deferred": r["deferred_message_count"],
+                    "dead_lettered": r["dead_letter_message_count"],
                     "accepted": r["accepted"],
                     "duplicates": r["duplicates_dropped"],
                     "keys_held": r["keys_held"],
@@ -460,18 +437,69 @@ def _add_entity_options(parser: argparse.ArgumentParser, kind: str) -> None:
     parser.add_argument("--ttl", help="default_message_time_to_live, ISO-8601")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Options and positional arguments in any order (``send orders --message-id m1 hello``).
+
+    A command's own parser reads its options first, then its positionals (argparse's intermixed
+    parsing); parsers that dispatch to sub-commands parse as usual.
+    """
+
+    def __init__(self, *args: Any, intermixed: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._intermixed = intermixed
+        self._inside = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        if not self._intermixed or self._inside or self._subparsers is not None:
+            return super().parse_known_args(args, namespace)
+        self._inside = True  # parse_known_intermixed_args calls parse_known_args twice
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inside = False
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oncebus", description="A local Azure Service Bus with exact dedup.")
+    parser = _Parser(prog="oncebus", description="A local Azure Service Bus with exact dedup.")
     parser.add_argument("--version", action="version", version=f"oncebus {__version__}")
     parser.add_argument("--data-dir", help="data directory (default: $ONCEBUS_DATA_DIR or ./.oncebus)", default=None)
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the broker on the data directory")
-    serve.add_argument("--host", default="127.0.0.1", help="AMQP listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=5672, help="AMQP port (default 5672; 0 picks a free one)")
+    serve.add_argument("--host", default="127.0.0.1", help="listen address of every port (default 127.0.0.1)")
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=5672,
+        help="the main port: AMQP, AMQP over TLS, HTTPS and HTTP (default 5672; 0 picks a free one)",
+    )
+    serve.add_argument(
+        "--tls-port",
+        type=int,
+        default=None,
+        help="TLS-only port for UseDevelopmentEmulator=false clients (default 5671, or a free one with --port 0; "
+        "-1: none)",
+    )
+    serve.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="plain-HTTP port like the emulator's (default 5300, or a free one with --port 0; -1: none)",
+    )
     serve.add_argument("--config", help="topology file in the Service Bus emulator's config.json format")
     serve.add_argument("--send-log", help="directory to record every send attempt in (JSON lines)")
     serve.add_argument("--key", action="append", help="SAS key NAME=KEY (repeatable)")
+    serve.add_argument("--log-format", choices=["text", "json"], default="text", help="stderr log lines: text or json")
 
     for kind in ("queue", "topic", "subscription"):
         group = commands.add_parser(kind, help=f"manage {kind}s").add_subparsers(dest="action", required=True)
@@ -500,14 +528,19 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--ttl", help="time to live, ISO-8601")
     send.add_argument("--schedule-in", help="schedule the message this far ahead, ISO-8601")
     send.add_argument("--count", type=int, default=1, help="send N messages (load)")
-    send.add_argument("--batch-size", type=int, default=100, help="messages per atomic send with --count")
+    send.add_argument(
+        "--batch-size",
+        type=int,
+        default=100,
+        help="messages per atomic send with --count (fewer when a batch would pass the entity's size limit)",
+    )
     send.add_argument("--progress", action="store_true", help="show the progress bar even when not on a terminal")
     send.add_argument("--json", action="store_true")
 
     receive = commands.add_parser("receive", help="receive and remove messages")
     receive.add_argument("path", help="queue, TOPIC/Subscriptions/SUB, or .../$DeadLetterQueue")
     receive.add_argument("--max", type=int, default=1)
-    receive.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the first message")
+    receive.add_argument("--wait", type=_seconds, default=0.0, help="seconds to wait for the first message")
     receive.add_argument("--session-id")
     receive.add_argument("--next-session", action="store_true", help="take the next available session")
     receive.add_argument("--json", action="store_true")
@@ -525,6 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     advise = commands.add_parser(
         "advise",
+        intermixed=False,  # its own options are passed on to the advisor
         help="window advisor over a send log (needs the spark extra)",
         description="Options: --share 0.999, --candidates PT1M,PT10M, --out DIR, --master URL.",
     )
@@ -539,7 +573,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         if args.command == "serve":
-            return asyncio.run(_serve(args))
+            from oncebus.logs import configure_logging
+
+            configure_logging(args.log_format)
+            return _serve(args)
         if args.command == "advise":
             try:
                 from oncebus.spark._advisor import main as advise_main
@@ -567,6 +604,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_REFUSED
     except OSError as exc:
         print(f"oncebus: error: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except Exception as exc:  # a bug: one line, the traceback only when asked for
+        if os.environ.get("ONCEBUS_DEBUG"):
+            raise
+        print(
+            f"oncebus: error: internal error ({type(exc).__name__}: {exc}); "
+            "run with ONCEBUS_DEBUG=1 for the traceback and please report it",
+            file=sys.stderr,
+        )
         return EXIT_REFUSED
 
 

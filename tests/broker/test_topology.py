@@ -8,7 +8,7 @@ import pytest
 
 from oncebus.broker import ManualClock, Namespace
 from oncebus.broker.topology import apply_topology, load_topology
-from oncebus.core.errors import ImmutablePropertyError, InvalidArgumentError
+from oncebus.core.errors import ImmutablePropertyError, InvalidArgumentError, StoreError
 from oncebus.store.memory import MemoryStore
 from tests.broker.conftest import run
 
@@ -98,3 +98,148 @@ def test_bad_topology_files(tmp_path: Path, content: str, message: str) -> None:
     path.write_text(content)
     with pytest.raises(InvalidArgumentError, match=message):
         load_topology(path)
+
+
+EMULATOR_EXAMPLE = Path(__file__).parents[1] / "data" / "emulator" / "Config.json"
+
+
+def _file(tmp_path: Path, content: object) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def _queues(*queues: object) -> dict[str, object]:
+    return {"UserConfig": {"Namespaces": [{"Name": "sbemulatorns", "Queues": list(queues)}]}}
+
+
+def test_the_emulators_example_with_comments_loads_unchanged() -> None:
+    text = EMULATOR_EXAMPLE.read_text()
+    assert "// Other supported properties" in text
+    topology = load_topology(EMULATOR_EXAMPLE)
+    assert [q.name for q in topology.queues] == ["queue.1"]
+    assert [(s.topic, s.name) for s in topology.subscriptions] == [
+        ("topic.1", f"subscription.{i}") for i in (1, 2, 3, 4)
+    ]
+    assert len(topology.warnings) == 3  # three subscriptions have Rules, not evaluated yet
+
+
+def test_comments_inside_strings_are_kept(tmp_path: Path) -> None:
+    content = """{
+      /* a block comment */
+      "UserConfig": {"Namespaces": [{"Queues": [
+        {"Name": "q", "Properties": {"UserMetadata": "http://example.com/a // b /* c */"}}, // trailing
+      ]}]}
+    }"""
+    topology = load_topology(_file(tmp_path, content))
+    assert topology.queues[0].properties == {"user_metadata": "http://example.com/a // b /* c */"}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[]", "the top level must be an object"),
+        ("null", "not null"),
+        ('{"UserConfig": []}', "UserConfig must be an object"),
+        ('{"UserConfig": {"Namespaces": {}}}', "Namespaces must be a list"),
+        ('{"UserConfig": {"Namespaces": ["ns"]}}', r"Namespaces\[0\]: each namespace must be an object"),
+        ('{"UserConfig": {"Namespaces": [{"Queues": "q"}]}}', "Queues must be a list"),
+        (_queues("orders"), r"Queues\[0\]: each queue must be an object \{...\}, not a string 'orders'"),
+        (_queues({"Properties": {}}), r"Queues\[0\]: Name is missing"),
+        (_queues({"Name": 5}), r"Queues\[0\]: Name must be a string, not a number 5"),
+        (_queues({"Name": "a b"}), r"queue 'a b' \(.*Queues\[0\]\): Name: queue name 'a b' is not valid"),
+        (_queues({"Name": "q", "Properties": []}), r"queue 'q' .*: Properties must be an object"),
+        (_queues({"Name": "q", "Propertes": {}}), "unknown key 'Propertes'"),
+        (_queues({"Name": "q", "Properties": {"Colour": "red"}}), r"Properties\.Colour: unknown queue property"),
+        (_queues({"Name": "q", "Properties": {"SupportOrdering": True}}), "SupportOrdering: unknown queue property"),
+        (
+            '{"UserConfig": {"Namespaces": [{"Queues": [{"Name": "q", "Properties": {"MaxDeliveryCount": NaN}}]}]}}',
+            r"Properties\.MaxDeliveryCount: NaN is not allowed",
+        ),
+        (
+            '{"UserConfig": {"Namespaces": [{"Queues": [{"Name": "q", "Properties": {"LockDuration": -Infinity}}]}]}}',
+            r"Properties\.LockDuration: Infinity is not allowed",
+        ),
+        (
+            '{"UserConfig": {"Namespaces": [{"Queues": [{"Name": "q", "Properties": {"MaxDeliveryCount": 1e400}}]}]}}',
+            "Infinity is not allowed",
+        ),
+        ('{"UserConfig": {"Namespaces": [{"Queues": [{"Name": "q", "Name": "r"}]}]}}', "Duplicate key"),
+        ('{"UserConfig": {"Namespaces": [\n{"Queues": [,]}]}}', "not valid JSON.*line 2"),
+        ("[" * 5000 + "]" * 5000, "nested too deeply|the top level"),
+    ],
+)
+def test_shape_errors_are_one_line_naming_entity_and_field(tmp_path: Path, content: object, message: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=message) as caught:
+        load_topology(_file(tmp_path, content))
+    assert "\n" not in str(caught.value) and str(caught.value).startswith("topology file ")
+
+
+@pytest.mark.parametrize(
+    ("queue", "message"),
+    [
+        ({"Name": "q", "Properties": {"MaxDeliveryCount": 1e308}}, r"MaxDeliveryCount: max_delivery_count 1e\+308"),
+        ({"Name": "q", "Properties": {"DefaultMessageTimeToLive": 1e308}}, "DefaultMessageTimeToLive: .*out of range"),
+        ({"Name": "q", "Properties": {"LockDuration": "P99999999999D"}}, "LockDuration: .*out of range"),
+        ({"Name": "q", "Properties": {"LockDuration": "PT1H"}}, "LockDuration: lock_duration PT1H is out of range"),
+        ({"Name": "q", "Properties": {"RequiresSession": "yes"}}, "RequiresSession: requires_session must be true"),
+        ({"Name": "q", "Properties": {"ForwardTo": "other"}}, "ForwardTo = 'other' is not supported"),
+        ({"Name": "Q1"}, r"queue 'Q1' .*Queues\[2\]\): the name is already used by queue 'q1' .*Queues\[0\]"),
+        ({"Name": "t1"}, "a topic named 't1' already exists in the data directory"),
+        ({"Name": "locked", "Properties": {"RequiresDuplicateDetection": False}}, "cannot be changed after creation"),
+    ],
+)
+def test_a_bad_third_entity_leaves_everything_as_it_was(tmp_path: Path, queue: dict[str, object], message: str) -> None:
+    config = _queues(
+        {"Name": "q1", "Properties": {"RequiresDuplicateDetection": True}},
+        {
+            "Name": "kept",
+            "Properties": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "P1D"},
+        },
+        queue,
+    )
+
+    async def go() -> None:
+        ns = await Namespace.open(MemoryStore(), ManualClock())
+        await ns.create_topic("t1")
+        await ns.create_queue("locked", requires_duplicate_detection=True)
+        await ns.create_queue("kept", requires_duplicate_detection=True, duplicate_detection_history_time_window="PT1M")
+        with pytest.raises(InvalidArgumentError, match=message) as caught:
+            await apply_topology(ns, load_topology(_file(tmp_path, config)))
+        assert "\n" not in str(caught.value)
+        assert sorted(q.name for q in ns.list_queues()) == ["kept", "locked"]
+        assert ns.get_queue("kept").duplicate_detection_history_time_window == timedelta(minutes=1)
+
+    run(go())
+
+
+def test_a_failure_while_applying_undoes_what_was_applied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store failure after validation (here: the third write) leaves nothing of the file behind."""
+    config = {
+        "UserConfig": {
+            "Namespaces": [
+                {
+                    "Queues": [
+                        {"Name": "new", "Properties": {"MaxDeliveryCount": 4}},
+                        {"Name": "kept", "Properties": {"MaxDeliveryCount": 7}},
+                    ],
+                    "Topics": [{"Name": "t", "Subscriptions": [{"Name": "s"}]}],
+                }
+            ]
+        }
+    }
+
+    async def go() -> None:
+        ns = await Namespace.open(MemoryStore(), ManualClock())
+        await ns.create_queue("kept", max_delivery_count=2)
+
+        async def disk_full(*args: object, **kwargs: object) -> None:
+            raise StoreError("database or disk is full")
+
+        monkeypatch.setattr(ns, "create_subscription", disk_full)
+        with pytest.raises(StoreError, match=r"applying subscription 't/s' .* disk is full; nothing of the file"):
+            await apply_topology(ns, load_topology(_file(tmp_path, config)))
+        assert [q.name for q in ns.list_queues()] == ["kept"] and ns.list_topics() == []
+        assert ns.get_queue("kept").max_delivery_count == 2
+
+    run(go())

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from oncebus.broker import ManualClock, Message, Namespace
-from oncebus.core.errors import StoreError
+from oncebus.core.errors import StoreWriteError
 from oncebus.core.messages import StoredMessage
 from oncebus.store.base import PutDedupKey, PutMessage
 from oncebus.store.memory import MemoryStore
@@ -38,18 +38,17 @@ def test_wal_mode_and_group_commit(tmp_path: Path) -> None:
     assert len(snapshot.messages) == 2000 and len(snapshot.dedup_keys) == 2000
 
 
-def test_a_failing_unit_stores_nothing_and_the_store_stops(tmp_path: Path) -> None:
+def test_a_failing_unit_stores_nothing_and_the_next_unit_is_tried_afresh(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "db")
     store.submit([PutMessage(_message(1))]).result()
     bad = store.submit([PutDedupKey("q", "k", 5), PutMessage(_message(2, path=None))])
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreWriteError, match="NOT NULL constraint failed"):
         bad.result()
-    with pytest.raises(StoreError, match="failed earlier"):
-        store.submit([PutDedupKey("q", "later", 6)]).result()
+    store.submit([PutDedupKey("q", "later", 6)]).result()
     store.close()
     snapshot = SqliteStore(tmp_path / "db").load()
     assert [m.sequence_number for m in snapshot.messages] == [1]
-    assert snapshot.dedup_keys == []
+    assert [k.key for k in snapshot.dedup_keys] == ["later"]
 
 
 class _FailingStore(MemoryStore):
@@ -67,23 +66,33 @@ class _FailingStore(MemoryStore):
         return super().submit(unit)
 
 
-def test_broker_fails_stop_when_the_store_fails() -> None:
+def test_broker_refuses_then_recovers_when_the_store_fails() -> None:
     async def go() -> None:
         store = _FailingStore()
         ns = await Namespace.open(store, ManualClock())
         await ns.create_queue("q", requires_duplicate_detection=True)
         store.fail = True
-        with pytest.raises(StoreError, match="disk full"):
+        with pytest.raises(StoreWriteError, match="disk full"):
             await ns.send("q", Message(b"x", message_id="a"))
-        with pytest.raises(StoreError, match="restart it"):
-            await ns.send("q", Message(b"x", message_id="b"))
+        with pytest.raises(StoreWriteError, match=r"disk full.*try again shortly"):
+            await ns.send("q", Message(b"x", message_id="b"))  # refused, saying why, until reloaded
         store.fail = False
+        await _recovered(ns)
+        assert ns.stats("q").active_message_count == 0 and ns.stats("q").accepted == 0
+        assert not (await ns.send("q", Message(b"x", message_id="a")))[0].duplicate  # the failed send kept no key
+        assert ns.stats("q").active_message_count == 1
         restarted = await Namespace.open(store, ManualClock())
-        assert restarted.stats("q")["active"] == 0
-        await restarted.send("q", Message(b"x", message_id="a"))
-        assert restarted.stats("q")["active"] == 1  # the failed send recorded no key
+        assert restarted.stats("q").active_message_count == 1 and restarted.stats("q").accepted == 1
 
     asyncio.run(go())
+
+
+async def _recovered(ns: Namespace) -> None:
+    for _ in range(200):
+        if ns._failure is None:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the namespace did not recover")
 
 
 def test_history_is_pruned_and_rebuilt_within_the_window(tmp_path: Path) -> None:
@@ -105,7 +114,7 @@ def test_history_is_pruned_and_rebuilt_within_the_window(tmp_path: Path) -> None
         assert [k.key for k in rows] == ["fresh"]
         store2 = SqliteStore(tmp_path / "db")
         ns2 = await Namespace.open(store2, clock)
-        assert ns2.stats("q")["keys_held"] == 1
+        assert ns2.stats("q").keys_held == 1
         assert (await ns2.send("q", Message(b"x", message_id="fresh")))[0].duplicate
         store2.close()
 

@@ -187,6 +187,10 @@ class AmqpServer:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         return connection_string(host, self.port, name, key)
 
+    def connection_protocol(self) -> AmqpConnection:
+        """A protocol for a transport accepted elsewhere (``oncebus.server``'s sniffing listener)."""
+        return AmqpConnection(self)
+
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: AmqpConnection(self), host, port)

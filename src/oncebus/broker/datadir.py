@@ -4,6 +4,11 @@
 ``server.json`` (control port, token, AMQP address). CLI commands that find
 the lock held go through that server; they never open the store behind its
 back.
+
+The lock is taken on the directory itself (and on its ``lock`` file, which
+holds the owner's pid), so deleting the directory's files does not free it;
+while the lock is held, a ``lock`` or ``server.json`` file that disappears is
+written again within a second, so other commands still find the server.
 """
 
 from __future__ import annotations
@@ -11,9 +16,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any, TextIO
+
+_LOG = logging.getLogger("oncebus.datadir")
+WATCH_SECONDS = 1.0
 
 DATA_DIR_ENV = "ONCEBUS_DATA_DIR"
 DEFAULT_DATA_DIR = ".oncebus"
@@ -32,6 +42,10 @@ class DataDir:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock_file: TextIO | None = None
+        self._dir_fd: int | None = None
+        self._server_info: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     @property
     def store_path(self) -> Path:
@@ -44,18 +58,64 @@ class DataDir:
     def try_lock(self) -> bool:
         """Take the exclusive lock; False when another process holds it."""
         self.path.mkdir(parents=True, exist_ok=True)
+        dir_fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(dir_fd)
+            return False
+        handle = self._open_lock_file()
+        if handle is None:  # a process that locks only the file holds it
+            fcntl.flock(dir_fd, fcntl.LOCK_UN)
+            os.close(dir_fd)
+            return False
+        self._dir_fd = dir_fd
+        self._lock_file = handle
+        self._stop.clear()
+        self._watcher = threading.Thread(target=self._watch, name="oncebus-datadir-watch", daemon=True)
+        self._watcher.start()
+        return True
+
+    def _open_lock_file(self) -> TextIO | None:
         handle = open(self.path / "lock", "a+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.close()
-            return False
+            return None
         handle.seek(0)
         handle.truncate()
         handle.write(str(os.getpid()))
         handle.flush()
-        self._lock_file = handle
-        return True
+        return handle
+
+    def _watch(self) -> None:
+        """While locked: write the lock file and server.json again if someone deletes them."""
+        while not self._stop.wait(WATCH_SECONDS):
+            with contextlib.suppress(OSError):
+                self._restore()
+
+    def _restore(self) -> None:
+        handle = self._lock_file
+        if handle is None:
+            return
+        try:
+            current = os.stat(self.path / "lock")
+            mine = os.fstat(handle.fileno())
+            lost = (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino)
+        except FileNotFoundError:
+            lost = True
+        if lost:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fresh = self._open_lock_file()
+            if fresh is not None:
+                self._lock_file = fresh
+                handle.close()
+                _LOG.warning("the lock file of %s was deleted; wrote it again (pid %d)", self.path, os.getpid())
+        info = self._server_info
+        if info is not None and not self.server_file.exists():
+            self._write_server_file(info)
+            _LOG.warning("%s was deleted; wrote it again", self.server_file)
 
     def owner_pid(self) -> str:
         with contextlib.suppress(OSError):
@@ -63,14 +123,27 @@ class DataDir:
         return "?"
 
     def unlock(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join()
+            self._watcher = None
+        self._server_info = None
         if self._lock_file is not None:
             with contextlib.suppress(OSError):
                 self.server_file.unlink()
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()
             self._lock_file = None
+        if self._dir_fd is not None:
+            fcntl.flock(self._dir_fd, fcntl.LOCK_UN)
+            os.close(self._dir_fd)
+            self._dir_fd = None
 
     def write_server_info(self, info: dict[str, Any]) -> None:
+        self._write_server_file(info)
+        self._server_info = dict(info)
+
+    def _write_server_file(self, info: dict[str, Any]) -> None:
         tmp = self.server_file.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DLQ_SUFFIX = "/$deadletterqueue"
-SUBSCRIPTIONS = "/subscriptions/"
+from oncebus.store.base import DLQ_SUFFIX, SUBSCRIPTIONS
+
+__all__ = ["DLQ_SUFFIX", "SUBSCRIPTIONS", "EntityPath", "parse_path", "subscription_path"]
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,16 @@
 ``UserConfig.Namespaces[].Queues|Topics[].Properties`` (and
 ``Topics[].Subscriptions[]``) with PascalCase Service Bus property names,
 e.g. ``RequiresDuplicateDetection`` and ``DuplicateDetectionHistoryTimeWindow``.
+The file may carry ``//`` and ``/* */`` comments, as the emulator's own example
+does (it is read as JSON5, a superset of JSON).
+
+Loading is all-or-nothing: the whole file is checked first (its shape, every
+name, every property through the same validation as every other way in, and
+what already exists in the data directory), and nothing is created unless all
+of it is valid; if applying still fails midway, what was already applied is
+undone. Every error is one line naming the entity, where it is in the file, and
+the field.
+
 Differences from the emulator: properties it lacks (``EnablePartitioning``,
 ``MaxSizeInMegabytes``, ``MaxMessageSizeInKilobytes`` …) are accepted; the
 history window may be anything Service Bus allows (20 s to 7 days); all
@@ -13,105 +23,317 @@ and a warning says so); ``ForwardTo`` must be empty.
 
 from __future__ import annotations
 
-import json
+import math
 import re
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import json5
+
 from oncebus.broker.namespace import Namespace
-from oncebus.core.errors import EntityNotFoundError, InvalidArgumentError
+from oncebus.core.durations import TIMESPAN_MAX_TEXT
+from oncebus.core.entities import (
+    QueueProperties,
+    SubscriptionProperties,
+    TopicProperties,
+    validate_entity_name,
+    validate_subscription_name,
+)
+from oncebus.core.errors import InvalidArgumentError, OncebusError
 
 _IGNORED = {"forward_to", "forward_dead_lettered_messages_to", "status", "auto_delete_on_idle"}
+_IGNORED_VALUES = (None, "", "Active", TIMESPAN_MAX_TEXT)
+_CLASSES: dict[str, Any] = {"queue": QueueProperties, "topic": TopicProperties, "subscription": SubscriptionProperties}
+_KEYS = {
+    "top": {"UserConfig", "$schema"},
+    "UserConfig": {"Namespaces", "Logging"},
+    "namespace": {"Name", "Queues", "Topics"},
+    "queue": {"Name", "Properties"},
+    "topic": {"Name", "Properties", "Subscriptions"},
+    "subscription": {"Name", "Properties", "Rules"},
+}
+
+
+@dataclass(frozen=True)
+class EntitySpec:
+    """One queue, topic or subscription of the file: its Service Bus properties and where it was written."""
+
+    kind: str
+    name: str
+    properties: dict[str, Any]
+    where: str  # e.g. "queue 'orders' (UserConfig.Namespaces[0].Queues[2])"
+    topic: str | None = None
+    fields: dict[str, str] = field(default_factory=dict)  # property -> its key in the file, for messages
 
 
 @dataclass
 class Topology:
-    queues: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    topics: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    subscriptions: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    queues: list[EntitySpec] = field(default_factory=list)
+    topics: list[EntitySpec] = field(default_factory=list)
+    subscriptions: list[EntitySpec] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    source: str = "topology file"
 
 
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-def _properties(where: str, raw: Any, warnings: list[str]) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise InvalidArgumentError(f"{where}: Properties must be an object")
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        name = _snake(key)
-        if name in _IGNORED:
-            if value not in (None, "", "Active", "P10675199DT2H48M5.4775807S"):
-                raise InvalidArgumentError(f"{where}: {key} = {value!r} is not supported by oncebus; leave it empty")
-            continue
-        out[name] = value
-    return out
+def _pascal(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
 
 
-def parse_topology(data: dict[str, Any]) -> Topology:
-    topology = Topology()
-    user = data.get("UserConfig")
-    if not isinstance(user, dict) or not isinstance(user.get("Namespaces"), list):
-        raise InvalidArgumentError("topology file: expected {'UserConfig': {'Namespaces': [...]}} (emulator format)")
-    for namespace in user["Namespaces"]:
-        for queue in namespace.get("Queues") or []:
-            name = queue.get("Name")
-            props = _properties(f"queue {name!r}", queue.get("Properties"), topology.warnings)
-            topology.queues.append((name, props))
-        for topic in namespace.get("Topics") or []:
-            name = topic.get("Name")
-            props = _properties(f"topic {name!r}", topic.get("Properties"), topology.warnings)
-            topology.topics.append((name, props))
-            for sub in topic.get("Subscriptions") or []:
-                sub_name = sub.get("Name")
-                where = f"subscription {name!r}/{sub_name!r}"
-                sub_props = _properties(where, sub.get("Properties"), topology.warnings)
-                if sub.get("Rules"):
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"a string {shown!r}"
+    if isinstance(value, int | float):
+        return f"a number {value!r}"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+class _Reader:
+    """Walks the parsed file, checking its shape; every error names the path in the file."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str | None, message: str) -> InvalidArgumentError:
+        return InvalidArgumentError(f"{self.source}: {where}: {message}" if where else f"{self.source}: {message}")
+
+    def obj(self, value: Any, where: str, what: str, keys: set[str] | None) -> dict[str, Any]:
+        """``value`` must be an object; with ``keys``, only those keys are allowed in it."""
+        if not isinstance(value, dict):
+            message = f"{what} must be an object {{...}}, not {_describe(value)}"
+            raise self.fail(None if where == what else where, message)
+        unknown = sorted(set(value) - keys) if keys is not None else []
+        if unknown:
+            raise self.fail(where, f"unknown key {unknown[0]!r}; allowed here: {', '.join(sorted(keys or ()))}")
+        return value
+
+    def array(self, value: Any, where: str, what: str) -> list[Any]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.fail(where, f"{what} must be a list [...], not {_describe(value)}")
+        return value
+
+    def name(self, item: dict[str, Any], where: str, kind: str) -> str:
+        if "Name" not in item:
+            raise self.fail(where, f'Name is missing: every {kind} needs a "Name"')
+        name = item["Name"]
+        if not isinstance(name, str):
+            raise self.fail(where, f"Name must be a string, not {_describe(name)}")
+        return name
+
+    def entity(self, kind: str, item: Any, path: str, topic: str | None = None) -> tuple[EntitySpec, dict[str, Any]]:
+        item = self.obj(item, path, f"each {kind}", _KEYS[kind])
+        name = self.name(item, path, kind)
+        shown = f"{topic}/{name}" if topic is not None else name
+        where = f"{kind} {shown!r} ({path})"
+        try:
+            if kind == "subscription":
+                validate_subscription_name(name)
+            else:
+                validate_entity_name(name, kind=kind)
+        except InvalidArgumentError as exc:
+            raise self.fail(where, f"Name: {exc}") from None
+        raw = item.get("Properties")
+        props: dict[str, Any] = {}
+        fields: dict[str, str] = {}
+        if raw is not None:
+            raw = self.obj(raw, where, "Properties", None)
+        settable = _CLASSES[kind].settable()
+        for key, value in (raw or {}).items():
+            label = f"Properties.{key}"
+            if isinstance(value, float) and not math.isfinite(value):
+                shown = "NaN" if math.isnan(value) else "Infinity"
+                raise self.fail(where, f"{label}: {shown} is not allowed here (numbers must be finite)")
+            snake = _snake(key)
+            if snake in _IGNORED:
+                if value not in _IGNORED_VALUES:
+                    raise self.fail(where, f"{label} = {value!r} is not supported by oncebus; leave it empty")
+                continue
+            if snake not in settable:
+                allowed = sorted(_pascal(p) for p in settable) + sorted(_pascal(p) for p in _IGNORED)
+                raise self.fail(where, f"{label}: unknown {kind} property; allowed: {', '.join(allowed)}")
+            if snake in props:
+                raise self.fail(where, f"{label}: given twice (also as Properties.{fields[snake]})")
+            props[snake] = value
+            fields[snake] = key
+        return EntitySpec(kind, name, props, where, topic, fields), item
+
+
+def parse_topology(data: Any, source: str = "topology file") -> Topology:
+    """Check the shape of a parsed file and collect its entities (nothing is validated against a namespace yet)."""
+    reader = _Reader(source)
+    topology = Topology(source=source)
+    shape = '{"UserConfig": {"Namespaces": [...]}} (the emulator\'s format)'
+    if not isinstance(data, dict):
+        raise reader.fail(None, f"the top level must be an object {shape}, not {_describe(data)}")
+    top = reader.obj(data, "the top level", "the top level", _KEYS["top"])
+    if "UserConfig" not in top:
+        raise reader.fail(None, f"UserConfig is missing: expected {shape}")
+    user = reader.obj(top["UserConfig"], "UserConfig", "UserConfig", _KEYS["UserConfig"])
+    if "Namespaces" not in user:
+        raise reader.fail("UserConfig", 'Namespaces is missing: expected {"UserConfig": {"Namespaces": [...]}}')
+    for n, namespace in enumerate(reader.array(user["Namespaces"], "UserConfig", "Namespaces")):
+        base = f"UserConfig.Namespaces[{n}]"
+        namespace = reader.obj(namespace, base, "each namespace", _KEYS["namespace"])
+        if "Name" in namespace:
+            reader.name(namespace, base, "namespace")
+        for i, queue in enumerate(reader.array(namespace.get("Queues"), base, "Queues")):
+            topology.queues.append(reader.entity("queue", queue, f"{base}.Queues[{i}]")[0])
+        for i, raw_topic in enumerate(reader.array(namespace.get("Topics"), base, "Topics")):
+            path = f"{base}.Topics[{i}]"
+            topic, item = reader.entity("topic", raw_topic, path)
+            topology.topics.append(topic)
+            for j, raw_sub in enumerate(reader.array(item.get("Subscriptions"), topic.where, "Subscriptions")):
+                sub, sub_item = reader.entity("subscription", raw_sub, f"{path}.Subscriptions[{j}]", topic.name)
+                rules = reader.array(sub_item.get("Rules"), sub.where, "Rules")
+                if rules:
                     topology.warnings.append(
-                        f"{where}: Rules are not evaluated by oncebus yet; it receives every message of the topic"
+                        f"{sub.where}: Rules are not evaluated by oncebus yet; it receives every message of the topic"
                     )
-                topology.subscriptions.append((name, sub_name, sub_props))
+                topology.subscriptions.append(sub)
     return topology
 
 
 def load_topology(path: str | Path) -> Topology:
+    """Read and shape-check a topology file (JSON with comments, as the emulator reads it)."""
+    source = f"topology file {path}"
     try:
-        data = json.loads(Path(path).read_text())
+        text = Path(path).read_text(encoding="utf-8-sig")
     except OSError as exc:
-        raise InvalidArgumentError(f"topology file {path}: {exc.strerror}") from exc
+        raise InvalidArgumentError(f"{source}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidArgumentError(f"{source} is not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    try:
+        data = json5.loads(text, allow_duplicate_keys=False)
+    except RecursionError:
+        raise InvalidArgumentError(f"{source} is nested too deeply to be a topology file") from None
     except ValueError as exc:
-        raise InvalidArgumentError(f"topology file {path} is not valid JSON: {exc}") from exc
-    return parse_topology(data)
+        detail = re.sub(r"^<string>:(\d+)", r"line \1:", str(exc).splitlines()[0] if str(exc) else "")
+        raise InvalidArgumentError(f"{source} is not valid JSON (comments are allowed): {detail}") from None
+    return parse_topology(data, source)
+
+
+# ---------------------------------------------------------------------------------- checking and applying
+def _check_properties(spec: EntitySpec, existing: Any, source: str) -> None:
+    """Each property through the core validation on its own (to name the field), then all of them together."""
+    cls = _CLASSES[spec.kind]
+
+    def check(values: dict[str, Any]) -> None:
+        if existing is not None:
+            existing.updated(**values)
+        else:
+            cls.create(spec.name, **values)
+
+    for key, value in spec.properties.items():
+        try:
+            check({key: value})
+        except InvalidArgumentError as exc:  # the same kind of error (e.g. ImmutablePropertyError), placed in the file
+            raise type(exc)(f"{source}: {spec.where}: Properties.{spec.fields[key]}: {exc}") from None
+    try:
+        check(spec.properties)
+    except InvalidArgumentError as exc:
+        raise type(exc)(f"{source}: {spec.where}: {exc}") from None
+
+
+def check_topology(namespace: Namespace, topology: Topology) -> None:
+    """Refuse the file unless every entity in it can be created or updated as written; changes nothing."""
+    source = topology.source
+    existing: dict[str, dict[str, Any]] = {
+        "queue": {q.name.lower(): q for q in namespace.list_queues()},
+        "topic": {t.name.lower(): t for t in namespace.list_topics()},
+    }
+    seen: dict[str, EntitySpec] = {}
+    for spec in [*topology.queues, *topology.topics]:
+        key = spec.name.lower()
+        if key in seen:
+            raise InvalidArgumentError(f"{source}: {spec.where}: the name is already used by {seen[key].where}")
+        seen[key] = spec
+        other = "topic" if spec.kind == "queue" else "queue"
+        if key in existing[other]:
+            raise InvalidArgumentError(
+                f"{source}: {spec.where}: a {other} named {existing[other][key].name!r} already exists in the "
+                f"data directory; a {spec.kind} cannot have the same name"
+            )
+        _check_properties(spec, existing[spec.kind].get(key), source)
+    subscriptions: dict[tuple[str, str], EntitySpec] = {}
+    for spec in topology.subscriptions:
+        assert spec.topic is not None
+        key2 = (spec.topic.lower(), spec.name.lower())
+        if key2 in subscriptions:
+            other_sub = subscriptions[key2].where
+            raise InvalidArgumentError(f"{source}: {spec.where}: the name is already used by {other_sub}")
+        subscriptions[key2] = spec
+        current = None
+        if spec.topic.lower() in existing["topic"]:
+            current = next(
+                (s for s in namespace.list_subscriptions(spec.topic) if s.name.lower() == spec.name.lower()), None
+            )
+        _check_properties(spec, current, source)
 
 
 async def apply_topology(namespace: Namespace, topology: Topology) -> None:
-    """Create what is missing; update what exists (properties fixed at creation must match)."""
+    """Create what is missing and update what exists, all or nothing (properties fixed at creation must match)."""
+    check_topology(namespace, topology)
     for warning in topology.warnings:
         print(f"oncebus: warning: {warning}", file=sys.stderr)
-    for name, props in topology.queues:
-        try:
-            namespace.get_queue(name)
-        except EntityNotFoundError:
-            await namespace.create_queue(name, **props)
-        else:
-            await namespace.update_queue(name, **props)
-    for name, props in topology.topics:
-        try:
-            namespace.get_topic(name)
-        except EntityNotFoundError:
-            await namespace.create_topic(name, **props)
-        else:
-            await namespace.update_topic(name, **props)
-    for topic, name, props in topology.subscriptions:
-        try:
-            namespace.get_subscription(topic, name)
-        except EntityNotFoundError:
-            await namespace.create_subscription(topic, name, **props)
-        else:
-            await namespace.update_subscription(topic, name, **props)
+    undo: list[Callable[[], Awaitable[Any]]] = []
+    spec: EntitySpec | None = None
+    try:
+        for spec in topology.queues:
+            undo.append(await _apply(namespace, spec))
+        for spec in topology.topics:
+            undo.append(await _apply(namespace, spec))
+        for spec in topology.subscriptions:
+            undo.append(await _apply(namespace, spec))
+    except (OncebusError, OSError) as exc:
+        failed = []
+        for step in reversed(undo):
+            try:
+                await step()
+            except (OncebusError, OSError) as undo_exc:
+                failed.append(str(undo_exc))
+        where = spec.where if spec is not None else "the file"
+        kept = "nothing of the file was kept" if not failed else f"undoing the rest also failed: {failed[0]}"
+        raise type(exc)(f"{topology.source}: applying {where} failed: {exc}; {kept}") from exc
+
+
+async def _apply(namespace: Namespace, spec: EntitySpec) -> Callable[[], Awaitable[Any]]:
+    """Create or update one entity; returns how to undo it."""
+    props = spec.properties
+    if spec.kind == "subscription":
+        assert spec.topic is not None
+        topic = spec.topic
+        current = {s.name.lower(): s for s in namespace.list_subscriptions(topic)}.get(spec.name.lower())
+        if current is None:
+            await namespace.create_subscription(topic, spec.name, **props)
+            return lambda: namespace.delete_subscription(topic, spec.name)
+        await namespace.update_subscription(topic, spec.name, **props)
+        old = _settable(current)
+        return lambda: namespace.update_subscription(topic, spec.name, **old)
+    listed = namespace.list_queues() if spec.kind == "queue" else namespace.list_topics()
+    current_entity = {e.name.lower(): e for e in listed}.get(spec.name.lower())
+    create, update, delete = (getattr(namespace, f"{verb}_{spec.kind}") for verb in ("create", "update", "delete"))
+    if current_entity is None:
+        await create(spec.name, **props)
+        return lambda: delete(spec.name)
+    await update(spec.name, **props)
+    old_props = _settable(current_entity)
+    return lambda: update(spec.name, **old_props)
+
+
+def _settable(props: Any) -> dict[str, Any]:
+    return {key: value for key, value in props.to_dict().items() if key != "name"}

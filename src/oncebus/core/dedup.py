@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import NamedTuple
 
 from oncebus.core.durations import to_micros
-from oncebus.core.keys import dedup_key, effective_partition_key, key_digest, key_text
+from oncebus.core.keys import MessageId, dedup_key, effective_partition_key, id_text, key_digest, key_text
 
 _BLOCK_BITS = 12
 _BLOCK = 1 << _BLOCK_BITS  # entries per log block
@@ -236,6 +236,10 @@ class DedupIndex:
     def window(self) -> timedelta:
         return timedelta(microseconds=self._window_us)
 
+    @property
+    def window_us(self) -> int:
+        return self._window_us
+
     def set_window(self, value: timedelta, now_us: int) -> None:
         """Change the window at ``now_us``: keys that left the old window stay gone; held keys get the new one."""
         self._tick(now_us)
@@ -348,19 +352,47 @@ class DuplicateDetector:
     def set_window(self, value: timedelta, now_us: int) -> None:
         self.index.set_window(value, now_us)
 
-    def key_of(self, message_id: str, partition_key: str | None = None, session_id: str | None = None) -> str:
+    def key_of(self, message_id: MessageId, partition_key: str | None = None, session_id: str | None = None) -> str:
         return dedup_key(message_id, partition_key, session_id, partitioned=self.partitioned).text
 
-    def key_of_valid(self, message_id: str, partition_key: str | None, session_id: str | None) -> str:
-        """``key_of`` for ids already checked with ``validate_ids`` (the broker's hot path)."""
+    def key_of_valid(self, message_id: MessageId, partition_key: str | None, session_id: str | None) -> str:
+        """``key_of`` for ids already checked and normalized (``normalize_message_id``; the broker's hot path)."""
         if not self.partitioned:
-            return message_id
-        return key_text(message_id, effective_partition_key(message_id, partition_key, session_id))
+            return id_text(message_id)
+        pk = effective_partition_key(message_id, partition_key, session_id)
+        assert pk is not None
+        return key_text(message_id, pk)
 
     def judge(self, key: str, now_us: int) -> Verdict:
         if not self.enabled:
             return _NEW
         return self.index.judge(key, now_us)
+
+    def restore(self, key: str, first_accepted_us: int, now_us: int) -> bool:
+        """Hold a key from durable history if it is still inside the window at ``now_us`` (call in
+        ``first_accepted_us`` order); False when it is not held (expired, or detection is off)."""
+        if not self.enabled or first_accepted_us + self.index.window_us <= now_us:
+            return False
+        self.index.restore(key, first_accepted_us)
+        return True
+
+    def expire(self, now_us: int) -> int:
+        """Let the keys whose window has passed go; returns how many went."""
+        return self.index.expire(now_us) if self.enabled else 0
+
+    def stats(self, now_us: int) -> DedupStats:
+        """Held keys, their memory, and the oldest one's age, after expiring what is due at ``now_us``."""
+        if not self.enabled:
+            return DedupStats(0, 0, None)
+        self.index.expire(now_us)
+        oldest = self.index.oldest_first_accepted_us()
+        return DedupStats(len(self.index), self.index.nbytes(), None if oldest is None else (now_us - oldest) / 1e6)
+
+
+class DedupStats(NamedTuple):
+    keys_held: int
+    index_bytes: int
+    oldest_key_age_seconds: float | None
 
 
 _NEW = Verdict(False)

@@ -8,10 +8,12 @@ to live) is written ``P10675199DT2H48M5.4775807S``; it is held here as
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from datetime import timedelta
 
-from oncebus.core.errors import InvalidArgumentError
+from oncebus.core.errors import ArgumentOutOfRangeError, InvalidArgumentError
 
 TIMESPAN_MAX_TEXT = "P10675199DT2H48M5.4775807S"
 TIMESPAN_MAX = timedelta(days=10675199, hours=2, minutes=48, seconds=5, microseconds=477580)
@@ -30,14 +32,21 @@ def parse_duration(text: str | timedelta | int | float, *, name: str = "duration
     """Parse an ISO-8601 duration (``PT10M``), a TimeSpan (``00:10:00``) or seconds.
 
     A ``timedelta`` is returned unchanged. Raises InvalidArgumentError naming the
-    field and the accepted forms.
+    field and the accepted forms; ArgumentOutOfRangeError for a duration longer than
+    .NET's ``TimeSpan.MaxValue`` (about 29,227 years), the longest Service Bus holds.
     """
     if isinstance(text, timedelta):
         return text
     if isinstance(text, bool):
         raise InvalidArgumentError(f"{name}: {text!r} is not a duration")
+    return _parse(text, name)
+
+
+def _parse(text: str | int | float, name: str) -> timedelta:
     if isinstance(text, int | float):
-        return timedelta(seconds=text)
+        if isinstance(text, float) and not math.isfinite(text):
+            raise InvalidArgumentError(f"{name}: {text!r} is not a duration; give a finite number of seconds")
+        return _bounded(name, text, lambda: timedelta(seconds=text))
     if not isinstance(text, str):
         raise InvalidArgumentError(f"{name}: {text!r} is not a duration")
     raw = text.strip()
@@ -47,27 +56,50 @@ def parse_duration(text: str | timedelta | int | float, *, name: str = "duration
     if match and raw.upper() not in ("P", "PT") and not raw.upper().endswith("T"):
         parts = {k: v for k, v in match.groupdict().items() if v is not None}
         seconds = float(parts.get("seconds", "0").replace(",", "."))
-        value = timedelta(
-            weeks=int(parts.get("weeks", 0)),
-            days=int(parts.get("days", 0)),
-            hours=int(parts.get("hours", 0)),
-            minutes=int(parts.get("minutes", 0)),
-            seconds=seconds,
+        value = _bounded(
+            name,
+            text,
+            lambda: timedelta(
+                weeks=int(parts.get("weeks", 0)),
+                days=int(parts.get("days", 0)),
+                hours=int(parts.get("hours", 0)),
+                minutes=int(parts.get("minutes", 0)),
+                seconds=seconds,
+            ),
         )
         return -value if parts.get("sign") else value
     match = _TIMESPAN.match(raw)
     if match:
         parts = {k: v for k, v in match.groupdict().items() if v is not None}
-        return timedelta(
-            days=int(parts.get("days", 0)),
-            hours=int(parts["hours"]),
-            minutes=int(parts["minutes"]),
-            seconds=float(parts["seconds"]),
+        return _bounded(
+            name,
+            text,
+            lambda: timedelta(
+                days=int(parts.get("days", 0)),
+                hours=int(parts["hours"]),
+                minutes=int(parts["minutes"]),
+                seconds=float(parts["seconds"]),
+            ),
         )
     raise InvalidArgumentError(
         f"{name}: {text!r} is not a valid duration; use ISO-8601 such as 'PT10M', 'PT20S', "
         f"'P7D' or 'P1DT2H30M' (days, hours, minutes, seconds; no years or months)"
     )
+
+
+def _bounded(name: str, text: object, make: Callable[[], timedelta]) -> timedelta:
+    """``make()``, refused when longer (either way) than TimeSpan.MaxValue."""
+    too_long = ArgumentOutOfRangeError(
+        f"{name}: {text!r} is out of range; the longest duration is {TIMESPAN_MAX_TEXT} (TimeSpan.MaxValue, "
+        "which Service Bus reads as 'never')"
+    )
+    try:
+        value = make()
+    except (OverflowError, ValueError):
+        raise too_long from None
+    if abs(value) > TIMESPAN_MAX:
+        raise too_long
+    return value
 
 
 def format_duration(value: timedelta) -> str:

@@ -7,6 +7,7 @@ wire, so front ends translate without knowing the rule that raised it::
     ├── InvalidArgumentError          (ValueError; bad input, nothing stored)
     │   ├── ArgumentOutOfRangeError   (a number or duration outside its range)
     │   ├── ImmutablePropertyError    (an update of a property fixed at creation)
+    │   ├── SqlExpressionError        (a rule's SQL filter or action that does not parse or make sense)
     │   └── MessageSizeExceededError  (a message or batch over the entity's limit)
     ├── EntityNotFoundError
     ├── EntityAlreadyExistsError
@@ -17,8 +18,9 @@ wire, so front ends translate without knowing the rule that raised it::
     ├── OperationTimeoutError
     ├── UnauthorizedError
     ├── ServerBusyError
+    │   └── StoreWriteError           (the store could not write, e.g. disk full: nothing of the call is stored)
     ├── QuotaExceededError           (the entity is full: max_size_in_megabytes)
-    └── StoreError                    (the durable store failed; the broker stops)
+    └── StoreError                    (the durable store cannot be opened or read)
 """
 
 from __future__ import annotations
@@ -42,6 +44,32 @@ class ImmutablePropertyError(InvalidArgumentError):
     """Azure answers HTTP 400 SubCode=40000 for these."""
 
     condition = "com.microsoft:argument-error"
+
+
+class SqlExpressionError(InvalidArgumentError):
+    """A SQL filter or action refused when the rule is created, naming where and what was expected.
+
+    ``line`` and ``column`` are 1-based positions in ``expression``; ``expected``
+    lists what could have come there (empty when the text parsed but means
+    nothing, such as an unknown ``sys.`` property).
+    """
+
+    condition = "com.microsoft:argument-error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        expression: str = "",
+        line: int = 1,
+        column: int = 1,
+        expected: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.expression = expression
+        self.line = line
+        self.column = column
+        self.expected = expected
 
 
 class MessageSizeExceededError(InvalidArgumentError):
@@ -82,6 +110,10 @@ class UnauthorizedError(OncebusError, PermissionError):
 
 class ServerBusyError(OncebusError):
     condition = "com.microsoft:server-busy"
+
+
+class StoreWriteError(ServerBusyError):
+    """The durable store refused a write (disk full, I/O error): nothing of the call was stored; retry later."""
 
 
 class QuotaExceededError(OncebusError):

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from oncebus.core.timeutil import us_to_datetime
+from oncebus.core.errors import InvalidArgumentError
+from oncebus.core.keys import MessageId, id_type, service_bus_text
+from oncebus.core.timeutil import us_to_datetime_or_max
 
 
 class ServiceBusReceiveMode(enum.Enum):
@@ -30,7 +32,7 @@ class Message:
     """What a sender sends. Field names follow azure.servicebus.ServiceBusMessage."""
 
     body: bytes = b""
-    message_id: str | None = None
+    message_id: MessageId | None = None  # str, bytes (AMQP binary), uuid.UUID or int (AMQP ulong)
     session_id: str | None = None
     partition_key: str | None = None
     correlation_id: str | None = None
@@ -50,8 +52,58 @@ class Message:
         """Bytes counted against the entity's max_message_size_in_kilobytes."""
         if self.wire is not None:
             return len(self.wire)
-        props = json.dumps(self.application_properties, default=str) if self.application_properties else ""
-        return len(self.body) + len(props.encode())
+        return _size(self.body, self.application_properties)
+
+
+def _size(body: bytes, application_properties: dict[str, Any]) -> int:
+    props = json.dumps(application_properties, default=str) if application_properties else ""
+    return len(body) + len(props.encode())
+
+
+_TEXT_FIELDS = (
+    "session_id",
+    "partition_key",
+    "correlation_id",
+    "subject",
+    "content_type",
+    "reply_to",
+    "reply_to_session_id",
+    "to",
+)
+
+
+def check_message(message: Message) -> None:
+    """Refuse a message whose fields have the wrong type (what a front end may hand over unchecked).
+
+    Ids are checked by ``keys.validate_ids``; this checks the body, the text fields, the application
+    properties, the time to live (a positive ``timedelta``) and the scheduled enqueue time (a ``datetime``).
+    """
+    if not isinstance(message.body, bytes | bytearray | memoryview):
+        raise InvalidArgumentError(f"body must be bytes, not {type(message.body).__name__}")
+    for name in _TEXT_FIELDS:
+        value = getattr(message, name)
+        if value is not None and not isinstance(value, str):
+            raise InvalidArgumentError(f"{name} must be text (a string), not {type(value).__name__}")
+    properties = message.application_properties
+    if not isinstance(properties, dict):
+        raise InvalidArgumentError(f"application_properties must be a map, not {type(properties).__name__}")
+    for key in properties:
+        if not isinstance(key, str):
+            raise InvalidArgumentError(f"application_properties keys must be text, not {type(key).__name__}")
+    ttl = message.time_to_live
+    if ttl is not None:
+        if not isinstance(ttl, timedelta):
+            raise InvalidArgumentError(
+                f"time_to_live must be a duration (timedelta; on AMQP the header's ttl, a uint of milliseconds), "
+                f"not {type(ttl).__name__}"
+            )
+        if ttl <= timedelta(0):
+            raise InvalidArgumentError("time_to_live must be positive")
+    when = message.scheduled_enqueue_time_utc
+    if when is not None and not isinstance(when, datetime):
+        raise InvalidArgumentError(
+            f"scheduled_enqueue_time_utc must be a UTC time (datetime) before year 10000, not {type(when).__name__}"
+        )
 
 
 _META_FIELDS = (
@@ -73,7 +125,7 @@ class StoredMessage:
 
     path: str  # receivable path, lower case: "orders" or "events/subscriptions/audit"
     sequence_number: int
-    message_id: str
+    message_id: MessageId
     body: bytes
     enqueued_time_us: int
     expires_at_us: int | None
@@ -94,15 +146,23 @@ class StoredMessage:
     dead_letter_error_description: str | None = None
     dead_letter_source: str | None = None
     wire: bytes | None = None
-    # runtime only (not stored): the current peek-lock
+    # runtime only (not stored): the current peek-lock, and the size its receivable counted
     lock_token: uuid.UUID | None = None
     locked_until_us: int | None = None
+    counted_size: int = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes this message counts against its entity's size: once, as on the wire (as ``Message.size``)."""
+        if self.wire is not None:
+            return len(self.wire)
+        return _size(self.body, self.application_properties)
 
     def meta_json(self) -> str:
         meta = {
             name: getattr(self, name)
             for name in (
-                *_META_FIELDS,
+                *_META_FIELDS[1:],
                 "application_properties",
                 "time_to_live_us",
                 "scheduled_enqueue_time_us",
@@ -112,7 +172,14 @@ class StoredMessage:
             )
             if getattr(self, name) not in (None, {})
         }
-        return json.dumps(meta, separators=(",", ":"))
+        message_id = self.message_id
+        if isinstance(message_id, str):
+            meta["message_id"] = message_id
+        else:  # typed: kept with its type, returned with it
+            meta["message_id"] = message_id.hex() if isinstance(message_id, bytes) else str(message_id)
+            meta["message_id_type"] = id_type(message_id)
+        # default=str: a value JSON cannot hold is kept as text rather than failing the store's write
+        return json.dumps(meta, separators=(",", ":"), default=str)
 
     @classmethod
     def from_row(
@@ -129,6 +196,9 @@ class StoredMessage:
         meta: str,
     ) -> StoredMessage:
         values = json.loads(meta)
+        kind = values.pop("message_id_type", None)
+        if kind is not None:
+            values["message_id"] = _typed_id(kind, values["message_id"])
         return cls(
             path=path,
             sequence_number=sequence_number,
@@ -145,12 +215,22 @@ class StoredMessage:
         return dataclasses.replace(self, path=path, application_properties=dict(self.application_properties))
 
 
+def _typed_id(kind: str, text: str) -> MessageId:
+    if kind == "binary":
+        return bytes.fromhex(text)
+    if kind == "uuid":
+        return uuid.UUID(text)
+    if kind == "ulong":
+        return int(text)
+    raise ValueError(f"unknown message id type {kind!r}")
+
+
 @dataclass(frozen=True)
 class ReceivedMessage:
     """What a receiver gets. Field names follow azure.servicebus.ServiceBusReceivedMessage."""
 
     body: bytes
-    message_id: str
+    message_id: MessageId  # with the type it was sent with
     sequence_number: int
     enqueued_time_utc: datetime
     delivery_count: int  # deliveries so far, this one included (1 on the first receive)
@@ -177,13 +257,13 @@ class ReceivedMessage:
     @classmethod
     def of(cls, stored: StoredMessage) -> ReceivedMessage:
         def dt(us: int | None) -> datetime | None:
-            return None if us is None else us_to_datetime(us)
+            return None if us is None else us_to_datetime_or_max(us)
 
         return cls(
             body=stored.body,
             message_id=stored.message_id,
             sequence_number=stored.sequence_number,
-            enqueued_time_utc=us_to_datetime(stored.enqueued_time_us),
+            enqueued_time_utc=us_to_datetime_or_max(stored.enqueued_time_us),
             delivery_count=stored.delivery_count,
             state=stored.state,
             lock_token=stored.lock_token,
@@ -212,7 +292,10 @@ class ReceivedMessage:
             value = getattr(self, f.name)
             if f.name == "wire":
                 continue
-            if isinstance(value, datetime):
+            if f.name == "message_id" and not isinstance(value, str):
+                out["message_id_type"] = id_type(value)  # binary as upper-case hex, as Service Bus shows it
+                value = value if isinstance(value, int) else service_bus_text(value)
+            elif isinstance(value, datetime):
                 value = value.isoformat()
             elif isinstance(value, timedelta):
                 value = value.total_seconds()

@@ -15,6 +15,9 @@ from typing import Any, Protocol
 
 from oncebus.core.messages import StoredMessage
 
+DLQ_SUFFIX = "/$deadletterqueue"
+SUBSCRIPTIONS = "/subscriptions/"
+
 
 @dataclass(slots=True)
 class PutEntity:
@@ -25,7 +28,23 @@ class PutEntity:
 
 @dataclass(slots=True)
 class DeleteEntity:
-    path: str  # deletes the entity, its messages, sessions, dedup history and sub-entities
+    path: str  # deletes the entity, its messages, sessions, dedup history and sub-entities (see ``owned_by``)
+
+
+def owned_by(path: str, entity: str) -> bool:
+    """Whether ``path`` (an entity, a receivable or a dead-letter queue) belongs to the queue or topic ``entity``.
+
+    What belongs to ``orders`` is ``orders`` itself, ``orders/$deadletterqueue`` and, for a topic, its
+    subscriptions ``orders/subscriptions/<name>`` and their dead-letter queues. ``orders/eu`` is another
+    entity (entity names may hold '/'; no name segment may be ``$…`` or ``subscriptions``).
+    """
+    return path == entity or path == entity + DLQ_SUFFIX or path.startswith(entity + SUBSCRIPTIONS)
+
+
+def owned_ranges(entity: str) -> tuple[tuple[str, ...], tuple[str, str]]:
+    """``owned_by`` as SQL can use an index for it: exact paths, and a half-open range [low, high) of paths."""
+    prefix = entity + SUBSCRIPTIONS
+    return (entity, entity + DLQ_SUFFIX), (prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
 
 
 @dataclass(slots=True)
@@ -62,14 +81,19 @@ class PutSessionState:
 
 
 @dataclass(slots=True)
-class PutCounters:
+class AddCounters:
+    """Counts committed with this unit: each counter grows by its delta; the next sequence number never shrinks.
+
+    Deltas, not totals, so a unit that fails takes its counts with it and no later unit writes them back.
+    """
+
     entity: str
     next_sequence_number: int
     counters: dict[str, int]
 
 
 Op = (
-    PutEntity | DeleteEntity | PutMessage | DeleteMessage | PutDedupKey | PruneDedupKeys | PutSessionState | PutCounters
+    PutEntity | DeleteEntity | PutMessage | DeleteMessage | PutDedupKey | PruneDedupKeys | PutSessionState | AddCounters
 )
 
 
@@ -81,7 +105,7 @@ class Snapshot:
     messages: list[StoredMessage] = field(default_factory=list)
     dedup_keys: list[PutDedupKey] = field(default_factory=list)  # ordered by first_accepted_us
     session_states: list[PutSessionState] = field(default_factory=list)
-    counters: dict[str, PutCounters] = field(default_factory=dict)
+    counters: dict[str, AddCounters] = field(default_factory=dict)  # totals
 
 
 class Store(Protocol):

@@ -8,21 +8,18 @@ from concurrent.futures import Future
 
 from oncebus.core.messages import StoredMessage
 from oncebus.store.base import (
+    AddCounters,
     DeleteEntity,
     DeleteMessage,
     Op,
     PruneDedupKeys,
-    PutCounters,
     PutDedupKey,
     PutEntity,
     PutMessage,
     PutSessionState,
     Snapshot,
+    owned_by,
 )
-
-
-def _owned_by(path: str, entity: str) -> bool:
-    return path == entity or path.startswith(entity + "/")
 
 
 class MemoryStore:
@@ -32,7 +29,7 @@ class MemoryStore:
         self.messages: dict[tuple[str, int], StoredMessage] = {}
         self.dedup: dict[tuple[str, str], int] = {}
         self.sessions: dict[tuple[str, str], bytes] = {}
-        self.counters: dict[str, PutCounters] = {}
+        self.counters: dict[str, AddCounters] = {}
         self.commits = 0
 
     def load(self) -> Snapshot:
@@ -43,7 +40,9 @@ class MemoryStore:
                 messages=[m.copy_for(m.path) for m in sorted(self.messages.values(), key=lambda m: m.sequence_number)],
                 dedup_keys=[PutDedupKey(e, k, t) for (e, k), t in keys],
                 session_states=[PutSessionState(p, s, st) for (p, s), st in self.sessions.items()],
-                counters=dict(self.counters),
+                counters={
+                    e: AddCounters(e, c.next_sequence_number, dict(c.counters)) for e, c in self.counters.items()
+                },
             )
 
     def submit(self, unit: Sequence[Op]) -> Future[None]:
@@ -61,14 +60,14 @@ class MemoryStore:
             case PutEntity():
                 self.entities[op.path] = op
             case DeleteEntity(path=path):
-                for table in (self.entities, self.counters):
-                    for key in [k for k in table if _owned_by(k, path)]:
-                        del table[key]
-                for mkey in [k for k in self.messages if _owned_by(k[0], path)]:
+                for key in [k for k in self.entities if owned_by(k, path)]:
+                    del self.entities[key]
+                self.counters.pop(path, None)
+                for mkey in [k for k in self.messages if owned_by(k[0], path)]:
                     del self.messages[mkey]
                 for dkey in [k for k in self.dedup if k[0] == path]:
                     del self.dedup[dkey]
-                for skey in [k for k in self.sessions if _owned_by(k[0], path)]:
+                for skey in [k for k in self.sessions if owned_by(k[0], path)]:
                     del self.sessions[skey]
             case PutMessage(message=message, dedup_key=dedup_key):
                 if dedup_key is not None:
@@ -89,8 +88,13 @@ class MemoryStore:
                     self.sessions.pop((path, sid), None)
                 else:
                     self.sessions[(path, sid)] = state
-            case PutCounters():
-                self.counters[op.entity] = op
+            case AddCounters(entity=entity, next_sequence_number=next_seq, counters=deltas):
+                current = self.counters.get(entity)
+                if current is None:
+                    current = self.counters[entity] = AddCounters(entity, next_seq, {})
+                current.next_sequence_number = max(current.next_sequence_number, next_seq)
+                for name, delta in deltas.items():
+                    current.counters[name] = current.counters.get(name, 0) + delta
 
     def close(self) -> None:
         pass

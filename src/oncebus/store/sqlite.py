@@ -5,32 +5,55 @@ commits everything queued so far in one transaction (``synchronous=FULL``: a
 unit is durable when its future resolves). A unit is never split across
 transactions, so a send's messages and their dedup keys land together or not
 at all.
+
+Failures: a transaction that fails (disk full, I/O error) is rolled back and
+every unit in it gets a :class:`StoreWriteError` naming the real cause; the
+store stays usable, and the next unit is tried afresh (the broker reloads what
+was committed before it accepts more work). A store file that cannot be
+opened or read gives a one-line :class:`StoreError` (what, which file, what to
+do). If the database file or its WAL is deleted while the store is open, the
+writer recreates the file from its open connection (which still sees every
+committed transaction) before its next commit, or within a second when idle.
+
+Schema versions (``PRAGMA user_version``): 0, the layout before versions;
+1, typed message ids (dedup key texts of string ids that start with NUL are
+escaped; see ``oncebus.core.keys``). An older file is migrated in place in one
+transaction; a newer one is refused.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
-from oncebus.core.errors import StoreError
+from oncebus.core.errors import StoreError, StoreWriteError
+from oncebus.core.keys import migrate_key_text_v0
 from oncebus.core.messages import StoredMessage
 from oncebus.store.base import (
+    AddCounters,
     DeleteEntity,
     DeleteMessage,
     Op,
     PruneDedupKeys,
-    PutCounters,
     PutDedupKey,
     PutEntity,
     PutMessage,
     PutSessionState,
     Snapshot,
+    owned_ranges,
 )
+
+_LOG = logging.getLogger("oncebus.store")
+SCHEMA_VERSION = 1
+IDLE_CHECK_SECONDS = 1.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entity (
@@ -95,22 +118,122 @@ def _message_row(m: StoredMessage) -> tuple[object, ...]:
 _MAX_UNITS_PER_COMMIT = 512
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, sqlite3.Error):
+        return str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {exc}"
+
+
 class SqliteStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
+        self.wal_path = self.path.with_name(self.path.name + "-wal")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = self._connect()
+        except (sqlite3.Error, OSError) as exc:
+            raise _open_error(self.path, exc) from None
+        try:
+            self._prepare()
+        except BaseException as exc:
+            self._db.close()
+            if isinstance(exc, sqlite3.Error | OSError | ValueError):
+                raise _open_error(self.path, exc) from None
+            raise
+        self._db_identity = _identity(self.path)
+        self._wal_identity = _identity(self.wal_path)
+        self._lock = threading.Lock()  # the connection: the writer's transactions, load(), close()
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.commits = 0
         self.units = 0
-        self._failure: BaseException | None = None
+        self.failures = 0
+        self.recreated = 0
+        # called on the writer thread after each commit with (seconds, units): metrics, see broker/counters.py
+        self.commit_observer: Callable[[float, int], None] | None = None
         self._writer = threading.Thread(target=self._write_loop, name="oncebus-sqlite-writer", daemon=True)
         self._writer.start()
 
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _prepare(self) -> None:
+        """Create the tables of a new file, migrate an older one, refuse a newer one."""
+        db = self._db
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        tables = db.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} was written by a newer oncebus (store schema {version}; this version reads up to "
+                f"{SCHEMA_VERSION}): run that version or a newer one on it"
+            )
+        if tables == 0:  # a crash before the version is set leaves empty tables at 0: migrated next time
+            db.executescript(SCHEMA)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            return
+        db.executescript(SCHEMA)  # IF NOT EXISTS: a table missing from an older file is added (as releases did)
+        if version < SCHEMA_VERSION:
+            self._migrate(version)
+
+    def _migrate(self, version: int) -> None:
+        """Bring an older layout up to date in one transaction: all of it, or nothing (the file stays as it was)."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if version == 0:
+                partitioned = {
+                    path
+                    for path, props in db.execute("SELECT path, properties FROM entity")
+                    if json.loads(props).get("enable_partitioning")
+                }
+                # only string ids starting with NUL change: their key text is escaped now
+                rows = db.execute(
+                    "SELECT entity, first_accepted_us, key FROM dedup_key WHERE instr(CAST(key AS BLOB), X'00') > 0"
+                ).fetchall()
+                for entity, t0, key in rows:
+                    new = migrate_key_text_v0(key, partitioned=entity in partitioned)
+                    if new != key:
+                        db.execute(
+                            "DELETE FROM dedup_key WHERE entity = ? AND first_accepted_us = ? AND key = ?",
+                            (entity, t0, key),
+                        )
+                        db.execute(_INSERT_KEY, (entity, t0, new))
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except Exception as exc:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise StoreError(
+                f"could not migrate {self.path} from store schema {version} to {SCHEMA_VERSION} ({_reason(exc)}); "
+                "the file is unchanged: free disk space if it is full, or run the earlier oncebus on it"
+            ) from None
+        _LOG.warning("migrated %s from store schema %d to %d", self.path, version, SCHEMA_VERSION)
+
     def load(self) -> Snapshot:
+        with self._lock:
+            try:
+                return self._load()
+            except (sqlite3.Error, ValueError, TypeError, KeyError) as exc:
+                raise StoreError(
+                    f"{self.path} could not be read ({_reason(exc)}): the file is damaged; restore it from a "
+                    "backup, or move it (and its -wal file) away to start with an empty store"
+                ) from None
+
+    def _load(self) -> Snapshot:
         db = self._db
         snapshot = Snapshot()
         for path, kind, props in db.execute("SELECT path, kind, properties FROM entity"):
@@ -141,20 +264,25 @@ class SqliteStore:
         for path, sid, state in db.execute("SELECT path, session_id, state FROM session_state"):
             snapshot.session_states.append(PutSessionState(path, sid, bytes(state)))
         for entity, next_seq, counters in db.execute("SELECT entity, next_sequence_number, counters FROM counters"):
-            snapshot.counters[entity] = PutCounters(entity, next_seq, json.loads(counters))
+            snapshot.counters[entity] = AddCounters(entity, next_seq, json.loads(counters))
         return snapshot
 
     def submit(self, unit: Sequence[Op]) -> Future[None]:
         future: Future[None] = Future()
-        if self._failure is not None:
-            future.set_exception(StoreError(f"the store at {self.path} failed earlier: {self._failure}"))
-            return future
         self._queue.put((list(unit), future))
         return future
 
     def _write_loop(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=IDLE_CHECK_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    try:
+                        self._check_files()
+                    except Exception as exc:  # reported again, to a caller, on the next commit
+                        _LOG.debug("store file check failed: %s", exc)
+                continue
             if item is _STOP:
                 return
             group = [item]
@@ -168,33 +296,118 @@ class SqliteStore:
                     stop = True
                     break
                 group.append(more)
-            self._commit(group)  # type: ignore[arg-type]
+            with self._lock:
+                self._commit(group)  # type: ignore[arg-type]
             if stop:
                 return
 
     def _commit(self, group: list[tuple[list[Op], Future[None]]]) -> None:
         # a unit whose waiter was cancelled is still written: the broker's memory already has it
-        waiting = [(unit, future) for unit, future in group if future.set_running_or_notify_cancel()]
-        ops = [op for unit, _ in group for op in unit]
+        units = [(unit, future if future.set_running_or_notify_cancel() else None) for unit, future in group]
+        self.units += len(units)
         try:
-            if ops:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    self._apply_all(ops)
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-                self.commits += 1
-            self.units += len(group)
-        except Exception as exc:  # the whole group failed; nothing of it is stored
-            self._failure = exc
-            error = StoreError(f"could not write to {self.path}: {exc}")
-            for _, future in waiting:
-                future.set_exception(error)
+            self._check_files()
+        except Exception as exc:  # the file is gone or not ours: nothing written now would last
+            if not isinstance(exc, StoreWriteError):
+                exc = StoreWriteError(
+                    f"could not write to {self.path}: the file was deleted while oncebus ran and could not be "
+                    f"recreated ({_reason(exc)}); nothing of this call was stored"
+                )
+            self._fail(units, exc)
             return
-        for _, future in waiting:
-            future.set_result(None)
+        started = time.perf_counter()
+        try:
+            self._transaction([op for unit, _ in units for op in unit])
+        except Exception as exc:
+            if len(units) == 1:
+                self._fail(units, exc)
+                return
+            # nothing of the group is stored; one unit's failure must not fail the others: each on its own
+            for unit, future in units:
+                try:
+                    self._transaction(unit)
+                except Exception as unit_exc:
+                    self._fail([(unit, future)], unit_exc)
+                else:
+                    if future is not None:
+                        future.set_result(None)
+            return
+        if self.commit_observer is not None and any(unit for unit, _ in units):
+            self.commit_observer(time.perf_counter() - started, len(units))
+        for _, future in units:
+            if future is not None:
+                future.set_result(None)
+
+    def _transaction(self, ops: list[Op]) -> None:
+        """Apply ``ops`` in one transaction, all or nothing."""
+        if not ops:
+            return
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            self._apply_all(ops)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:  # SQLite has already rolled back after some errors (disk full)
+                db.execute("ROLLBACK")
+            raise
+        self.commits += 1
+        if self._wal_identity is None:
+            self._wal_identity = _identity(self.wal_path)
+
+    def _fail(self, units: list[tuple[list[Op], Future[None] | None]], exc: BaseException) -> None:
+        self.failures += 1
+        error = exc if isinstance(exc, StoreWriteError) else _write_error(self.path, exc)
+        for _, future in units:
+            if future is not None:
+                future.set_exception(error)
+
+    def _check_files(self) -> None:
+        """Recreate the database file if it (or its WAL) was deleted under the open connection.
+
+        The open connection still reads every committed transaction from the deleted files; a copy of
+        it replaces them, so nothing acknowledged is lost at the next start. A file put in the database's
+        place by someone else is not overwritten: writes are refused, naming it.
+        """
+        db_now = _identity(self.path)
+        if db_now == self._db_identity:
+            if self._wal_identity is None or _identity(self.wal_path) == self._wal_identity:
+                return
+        elif db_now is not None:
+            raise StoreWriteError(
+                f"could not write to {self.path}: the file was replaced by another one while oncebus ran; "
+                "nothing more is written to it. Stop oncebus; what it acknowledged since it started is in the "
+                "file it opened, which is now unlinked"
+            )
+        self._recreate()
+
+    def _recreate(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".restore")
+        tmp.unlink(missing_ok=True)
+        copy = sqlite3.connect(tmp)
+        try:
+            self._db.backup(copy)
+        finally:
+            copy.close()
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        self._db.close()  # the old connection's files are gone; it may only unlink names that are free now
+        self._db = self._connect()
+        self._db_identity = _identity(self.path)
+        self._wal_identity = _identity(self.wal_path)
+        self.recreated += 1
+        _LOG.error(
+            "the store file %s (or its -wal file) was deleted while oncebus ran; recreated it from the open "
+            "database: everything committed is kept",
+            self.path,
+        )
 
     def _apply_all(self, ops: list[Op]) -> None:
         """Apply a group's operations with the same effect as one by one, in fewer statements.
@@ -209,7 +422,7 @@ class SqliteStore:
             return
         messages: list[tuple[object, ...]] = []
         keys: list[tuple[str, int, str]] = []
-        counters: dict[str, PutCounters] = {}
+        counters: dict[str, AddCounters] = {}
         for op in ops:
             if isinstance(op, PutMessage):
                 messages.append(_message_row(op.message))
@@ -218,8 +431,14 @@ class SqliteStore:
                     keys.append((entity, t0, key))
             elif isinstance(op, PutDedupKey):
                 keys.append((op.entity, op.first_accepted_us, op.key))
-            elif isinstance(op, PutCounters):
-                counters[op.entity] = op
+            elif isinstance(op, AddCounters):
+                merged = counters.get(op.entity)
+                if merged is None:
+                    counters[op.entity] = AddCounters(op.entity, op.next_sequence_number, dict(op.counters))
+                else:
+                    merged.next_sequence_number = max(merged.next_sequence_number, op.next_sequence_number)
+                    for name, delta in op.counters.items():
+                        merged.counters[name] = merged.counters.get(name, 0) + delta
             else:
                 self._flush_messages(messages)
                 self._apply(op)
@@ -243,10 +462,14 @@ class SqliteStore:
                     (path, kind, json.dumps(props)),
                 )
             case DeleteEntity(path=path):
-                like = path.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "/%"
-                for table, column in (("entity", "path"), ("message", "path"), ("session_state", "path")):
-                    db.execute(f"DELETE FROM {table} WHERE {column} = ? OR {column} LIKE ? ESCAPE '\\'", (path, like))
-                db.execute("DELETE FROM counters WHERE entity = ? OR entity LIKE ? ESCAPE '\\'", (path, like))
+                # exactly what belongs to the entity (base.owned_by): never another entity named path + "/..."
+                (own, dead_letter), (low, high) = owned_ranges(path)
+                for table in ("entity", "message", "session_state"):
+                    db.execute(
+                        f"DELETE FROM {table} WHERE path IN (?, ?) OR (path >= ? AND path < ?)",
+                        (own, dead_letter, low, high),
+                    )
+                db.execute("DELETE FROM counters WHERE entity = ?", (path,))
                 db.execute("DELETE FROM dedup_key WHERE entity = ?", (path,))
             case PutMessage(message=m, dedup_key=dedup_key):
                 db.execute(_INSERT_MESSAGE, _message_row(m))
@@ -266,14 +489,48 @@ class SqliteStore:
                         "INSERT OR REPLACE INTO session_state (path, session_id, state) VALUES (?, ?, ?)",
                         (path, sid, state),
                     )
-            case PutCounters(entity=entity, next_sequence_number=next_seq, counters=counters):
+            case AddCounters(entity=entity, next_sequence_number=next_seq, counters=deltas):
+                row = db.execute(
+                    "SELECT next_sequence_number, counters FROM counters WHERE entity = ?", (entity,)
+                ).fetchone()
+                totals: dict[str, int] = {} if row is None else json.loads(row[1])
+                for name, delta in deltas.items():
+                    totals[name] = totals.get(name, 0) + delta
                 db.execute(
                     "INSERT OR REPLACE INTO counters (entity, next_sequence_number, counters) VALUES (?, ?, ?)",
-                    (entity, next_seq, json.dumps(counters)),
+                    (entity, next_seq if row is None else max(row[0], next_seq), json.dumps(totals)),
                 )
 
     def close(self) -> None:
         if self._writer.is_alive():
             self._queue.put(_STOP)
             self._writer.join()
-        self._db.close()
+        with self._lock:
+            self._db.close()
+
+
+def _open_error(path: Path, exc: BaseException) -> StoreError:
+    """One line for a store that cannot be opened: what is wrong, which file, what to do."""
+    reason = _reason(exc)
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT) or isinstance(exc, ValueError):
+        return StoreError(
+            f"{path} is not a readable oncebus database ({reason}): restore it from a backup, or move it (and "
+            "its -wal file) away to start with an empty store"
+        )
+    if code == sqlite3.SQLITE_FULL:
+        return StoreError(f"cannot open {path}: {reason}; free disk space and start again")
+    return StoreError(
+        f"cannot open {path} ({reason}): check that the file and its directory exist, are readable and writable "
+        "by this user, and are on a local disk"
+    )
+
+
+def _write_error(path: Path, exc: BaseException) -> StoreWriteError:
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    advice = (
+        "free disk space; oncebus accepts writes again as soon as it can write (no restart needed)"
+        if code == sqlite3.SQLITE_FULL
+        else "oncebus tries again with the next call"
+    )
+    return StoreWriteError(f"could not write to {path}: {_reason(exc)}; nothing of this call was stored; {advice}")

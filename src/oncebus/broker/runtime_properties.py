@@ -1,0 +1,87 @@
+"""Runtime properties with the names ``ServiceBusAdministrationClient`` uses, from the Namespace's public API.
+
+Counts are read after advancing each queue or subscription to now (so due
+scheduled messages count as active and expired ones are gone). A topic holds
+no messages itself in oncebus (each subscription has its copy from the send
+on), so its size is the sum of its subscriptions' and its scheduled count the
+number of distinct scheduled sequence numbers among them.
+
+Created, updated and accessed times are not recorded by the broker yet; see
+``UNKNOWN_TIME``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from oncebus.broker.namespace import Namespace
+from oncebus.broker.receivable import Receivable
+from oncebus.core.messages import MessageState
+
+# Azure's own value for a time that never happened (an entity never accessed): 0001-01-01T00:00:00Z.
+UNKNOWN_TIME = datetime(1, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class RuntimeProperties:
+    active_message_count: int = 0
+    dead_letter_message_count: int = 0
+    scheduled_message_count: int = 0
+    deferred_message_count: int = 0
+    transfer_message_count: int = 0  # oncebus does not forward
+    transfer_dead_letter_message_count: int = 0
+    size_in_bytes: int = 0
+    subscription_count: int = 0  # topics
+    created_at_utc: datetime = UNKNOWN_TIME
+    updated_at_utc: datetime = UNKNOWN_TIME
+    accessed_at_utc: datetime = UNKNOWN_TIME
+
+    @property
+    def total_message_count(self) -> int:
+        """``MessageCount``: every message of the entity, dead-lettered ones included."""
+        return (
+            self.active_message_count
+            + self.dead_letter_message_count
+            + self.scheduled_message_count
+            + self.deferred_message_count
+        )
+
+
+def _of(receivable: Receivable) -> RuntimeProperties:
+    counts = receivable.counts()
+    size = receivable.size_bytes
+    if receivable.dead_letter_queue is not None:
+        size += receivable.dead_letter_queue.size_bytes
+    return RuntimeProperties(
+        active_message_count=counts["active"],
+        dead_letter_message_count=counts["dead_lettered"],
+        scheduled_message_count=counts["scheduled"],
+        deferred_message_count=counts["deferred"],
+        size_in_bytes=size,
+    )
+
+
+def queue_runtime_properties(namespace: Namespace, name: str) -> RuntimeProperties:
+    namespace.get_queue(name)  # EntityNotFoundError when there is no such queue
+    return _of(namespace.receivable(name))
+
+
+def subscription_runtime_properties(namespace: Namespace, topic: str, name: str) -> RuntimeProperties:
+    namespace.get_subscription(topic, name)
+    return _of(namespace.receivable(f"{topic}/Subscriptions/{name}"))
+
+
+def topic_runtime_properties(namespace: Namespace, name: str) -> RuntimeProperties:
+    subscriptions = namespace.list_subscriptions(name)
+    size = 0
+    scheduled: set[int] = set()
+    for subscription in subscriptions:
+        receivable = namespace.receivable(f"{name}/Subscriptions/{subscription.name}")
+        size += receivable.size_bytes
+        scheduled.update(seq for seq, m in receivable.messages.items() if m.state == MessageState.SCHEDULED)
+    return RuntimeProperties(
+        scheduled_message_count=len(scheduled),
+        size_in_bytes=size,
+        subscription_count=len(subscriptions),
+    )

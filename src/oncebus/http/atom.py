@@ -1,0 +1,453 @@
+"""The Service Bus ATOM/XML documents: entity descriptions in and out, feeds, errors.
+
+Elements are written in the order ``azure-servicebus`` writes them
+(``management/_model_workaround.MODEL_CLASS_ATTRIBUTES``, which is Azure's), with
+the XML types its generated models parse: durations as ISO-8601, booleans
+``true``/``false``, times as ISO-8601 UTC. Incoming bodies are parsed with
+``defusedxml`` (no DTDs, no entity expansion) and matched by local element
+name, so the SDK's ``ns1:`` prefixes, its default-namespace workaround and hand
+written bodies all read the same.
+
+This module only converts text to Python values; the values are validated
+where every door validates them, in ``oncebus.core.entities`` (through the
+Namespace).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from xml.etree.ElementTree import Element
+from xml.sax.saxutils import escape, quoteattr
+
+import defusedxml.ElementTree as SafeET
+from defusedxml import DefusedXmlException
+
+from oncebus.broker.runtime_properties import RuntimeProperties
+from oncebus.core.durations import TIMESPAN_MAX, format_duration, parse_duration
+from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
+from oncebus.core.errors import InvalidArgumentError
+
+ATOM_NS = "http://www.w3.org/2005/Atom"
+SB_NS = "http://schemas.microsoft.com/netservices/2010/10/servicebus/connect"
+SB_COUNTS_NS = "http://schemas.microsoft.com/netservices/2011/06/servicebus"
+XSI_NS = "http://www.w3.org/2001/XMLSchema-instance"
+
+ATOM_ENTRY = "application/atom+xml;type=entry;charset=utf-8"
+ATOM_FEED = "application/atom+xml;type=feed;charset=utf-8"
+XML = "application/xml; charset=utf-8"
+
+# The SDK turns TimeSpan.MaxValue into P10675199DT2H48M5.477539S on its way back (a float round trip):
+# anything this close to the maximum is the maximum.
+_MAX_SLACK = timedelta(milliseconds=1)
+
+
+# ----------------------------------------------------------------------------------------- writing
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    if isinstance(value, datetime):
+        return format_time(value)
+    return str(value)
+
+
+def format_time(value: datetime) -> str:
+    value = value.astimezone(UTC)
+    if value.year == 1:
+        return "0001-01-01T00:00:00Z"
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond:06d}0Z"
+
+
+def _elements(fields: Iterable[tuple[str, Any]]) -> str:
+    out = []
+    for name, value in fields:
+        if value is None:
+            continue
+        if isinstance(value, _Raw):
+            out.append(value.xml)
+        else:
+            out.append(f"<{name}>{escape(_text(value))}</{name}>")
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class _Raw:
+    xml: str
+
+
+def _counts(rt: RuntimeProperties) -> _Raw:
+    parts = [
+        ("ActiveMessageCount", rt.active_message_count),
+        ("DeadLetterMessageCount", rt.dead_letter_message_count),
+        ("ScheduledMessageCount", rt.scheduled_message_count),
+        ("TransferMessageCount", rt.transfer_message_count),
+        ("TransferDeadLetterMessageCount", rt.transfer_dead_letter_message_count),
+    ]
+    inner = "".join(f"<d2p1:{n}>{v}</d2p1:{n}>" for n, v in parts)
+    return _Raw(f'<CountDetails xmlns:d2p1="{SB_COUNTS_NS}">{inner}</CountDetails>')
+
+
+def _description(tag: str, fields: Sequence[tuple[str, Any]]) -> str:
+    return f'<{tag} xmlns="{SB_NS}" xmlns:i="{XSI_NS}">{_elements(fields)}</{tag}>'
+
+
+def queue_description(props: QueueProperties, rt: RuntimeProperties, api_version: str) -> str:
+    return _description(
+        "QueueDescription",
+        [
+            ("LockDuration", props.lock_duration),
+            ("MaxSizeInMegabytes", props.max_size_in_megabytes),
+            ("RequiresDuplicateDetection", props.requires_duplicate_detection),
+            ("RequiresSession", props.requires_session),
+            ("DefaultMessageTimeToLive", props.default_message_time_to_live),
+            ("DeadLetteringOnMessageExpiration", props.dead_lettering_on_message_expiration),
+            ("DuplicateDetectionHistoryTimeWindow", props.duplicate_detection_history_time_window),
+            ("MaxDeliveryCount", props.max_delivery_count),
+            ("EnableBatchedOperations", props.enable_batched_operations),
+            ("SizeInBytes", rt.size_in_bytes),
+            ("MessageCount", rt.total_message_count),
+            ("IsAnonymousAccessible", False),
+            ("AuthorizationRules", _Raw("<AuthorizationRules/>")),
+            ("Status", "Active"),
+            ("CreatedAt", rt.created_at_utc),
+            ("UpdatedAt", rt.updated_at_utc),
+            ("AccessedAt", rt.accessed_at_utc),
+            ("SupportOrdering", True),
+            ("CountDetails", _counts(rt)),
+            ("AutoDeleteOnIdle", TIMESPAN_MAX),
+            ("EnablePartitioning", props.enable_partitioning),
+            ("EntityAvailabilityStatus", "Available"),
+            ("EnableExpress", False),
+            ("UserMetadata", props.user_metadata),
+            ("MaxMessageSizeInKilobytes", None if api_version == "2017-04" else props.max_message_size_in_kilobytes),
+        ],
+    )
+
+
+def topic_description(props: TopicProperties, rt: RuntimeProperties, api_version: str) -> str:
+    return _description(
+        "TopicDescription",
+        [
+            ("DefaultMessageTimeToLive", props.default_message_time_to_live),
+            ("MaxSizeInMegabytes", props.max_size_in_megabytes),
+            ("RequiresDuplicateDetection", props.requires_duplicate_detection),
+            ("DuplicateDetectionHistoryTimeWindow", props.duplicate_detection_history_time_window),
+            ("EnableBatchedOperations", props.enable_batched_operations),
+            ("SizeInBytes", rt.size_in_bytes),
+            ("FilteringMessagesBeforePublishing", False),
+            ("IsAnonymousAccessible", False),
+            ("AuthorizationRules", _Raw("<AuthorizationRules/>")),
+            ("Status", "Active"),
+            ("CreatedAt", rt.created_at_utc),
+            ("UpdatedAt", rt.updated_at_utc),
+            ("AccessedAt", rt.accessed_at_utc),
+            ("SupportOrdering", props.support_ordering),
+            ("CountDetails", _counts(rt)),
+            ("SubscriptionCount", rt.subscription_count),
+            ("SqlFilterCount", 0),
+            ("CorrelationFilterCount", 0),
+            ("AutoDeleteOnIdle", TIMESPAN_MAX),
+            ("EnablePartitioning", props.enable_partitioning),
+            ("EntityAvailabilityStatus", "Available"),
+            ("EnableSubscriptionPartitioning", False),
+            ("EnableExpress", False),
+            ("UserMetadata", props.user_metadata),
+            ("MaxMessageSizeInKilobytes", None if api_version == "2017-04" else props.max_message_size_in_kilobytes),
+        ],
+    )
+
+
+def subscription_description(props: SubscriptionProperties, rt: RuntimeProperties) -> str:
+    return _description(
+        "SubscriptionDescription",
+        [
+            ("LockDuration", props.lock_duration),
+            ("RequiresSession", props.requires_session),
+            ("DefaultMessageTimeToLive", props.default_message_time_to_live),
+            ("DeadLetteringOnMessageExpiration", props.dead_lettering_on_message_expiration),
+            ("DeadLetteringOnFilterEvaluationExceptions", True),
+            ("MessageCount", rt.total_message_count),
+            ("MaxDeliveryCount", props.max_delivery_count),
+            ("EnableBatchedOperations", props.enable_batched_operations),
+            ("Status", "Active"),
+            ("CreatedAt", rt.created_at_utc),
+            ("UpdatedAt", rt.updated_at_utc),
+            ("AccessedAt", rt.accessed_at_utc),
+            ("CountDetails", _counts(rt)),
+            ("AutoDeleteOnIdle", TIMESPAN_MAX),
+            ("EntityAvailabilityStatus", "Available"),
+            ("UserMetadata", props.user_metadata),
+        ],
+    )
+
+
+@dataclass(frozen=True)
+class RuleView:
+    """A subscription rule as the administration API shows it (the rules engine will supply these)."""
+
+    name: str
+    filter_xml: str  # a complete <Filter i:type="..."> element
+    action_xml: str  # a complete <Action i:type="..."> element
+    created_at: datetime
+
+
+TRUE_FILTER_XML = (
+    '<Filter i:type="TrueFilter"><SqlExpression>1=1</SqlExpression><CompatibilityLevel>20</CompatibilityLevel></Filter>'
+)
+EMPTY_ACTION_XML = '<Action i:type="EmptyRuleAction"/>'
+
+
+def rule_description(rule: RuleView) -> str:
+    return _description(
+        "RuleDescription",
+        [
+            ("Filter", _Raw(rule.filter_xml)),
+            ("Action", _Raw(rule.action_xml)),
+            ("CreatedAt", rule.created_at),
+            ("Name", rule.name),
+        ],
+    )
+
+
+def namespace_info(name: str, created: datetime, modified: datetime) -> str:
+    return _description(
+        "NamespaceInfo",
+        [
+            ("CreatedTime", created),
+            ("MessagingSKU", "Standard"),
+            ("ModifiedTime", modified),
+            ("Name", name),
+            ("NamespaceType", "Messaging"),
+        ],
+    )
+
+
+def entry(base: str, title: str, content: str, *, published: datetime, updated: datetime, author: str) -> str:
+    """One ``<entry>`` (a document of its own when ``base`` is given to :func:`document`)."""
+    return (
+        f"<entry xml:base={quoteattr(base)}>"
+        f"<id>{escape(base)}</id>"
+        f'<title type="text">{escape(title)}</title>'
+        f"<published>{format_time(published)}</published>"
+        f"<updated>{format_time(updated)}</updated>"
+        f"<author><name>{escape(author)}</name></author>"
+        f'<link rel="self" href={quoteattr(base)}/>'
+        f'<content type="application/xml">{content}</content>'
+        "</entry>"
+    )
+
+
+def entry_document(entry_xml: str) -> bytes:
+    body = entry_xml.replace("<entry ", f'<entry xmlns="{ATOM_NS}" ', 1)
+    return ('<?xml version="1.0" encoding="utf-8"?>' + body).encode("utf-8")
+
+
+def feed_document(
+    self_href: str, title: str, entries: Sequence[str], next_href: str | None, updated: datetime
+) -> bytes:
+    links = f'<link rel="self" href={quoteattr(self_href)}/>'
+    if next_href is not None:
+        links += f'<link rel="next" href={quoteattr(next_href)}/>'
+    body = (
+        f'<feed xmlns="{ATOM_NS}">'
+        f'<title type="text">{escape(title)}</title>'
+        f"<id>{escape(self_href)}</id>"
+        f"<updated>{format_time(updated)}</updated>"
+        f"{links}{''.join(entries)}</feed>"
+    )
+    return ('<?xml version="1.0" encoding="utf-8"?>' + body).encode("utf-8")
+
+
+def error_document(status: int, detail: str) -> bytes:
+    return f"<Error><Code>{status}</Code><Detail>{escape(detail)}</Detail></Error>".encode()
+
+
+# ----------------------------------------------------------------------------------------- reading
+@dataclass(frozen=True)
+class Description:
+    """An incoming description: its kind (Queue, Topic, Subscription, Rule) and its elements by local name."""
+
+    kind: str
+    fields: dict[str, Element]
+    element: Element
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def parse_description(body: bytes) -> Description:
+    """The ``<XxxDescription>`` inside an ATOM entry (or given bare)."""
+    if not body.strip():
+        raise InvalidArgumentError(
+            "the request has no body: send an ATOM entry with a QueueDescription, TopicDescription, "
+            "SubscriptionDescription or RuleDescription"
+        )
+    try:
+        root = SafeET.fromstring(body)
+    except DefusedXmlException as exc:
+        raise InvalidArgumentError(
+            f"the XML body uses a forbidden construct ({exc}): DTDs and entities are refused"
+        ) from None
+    except SafeET.ParseError as exc:
+        raise InvalidArgumentError(f"the body is not well-formed XML: {exc}") from None
+    found = None
+    for element in root.iter():
+        name = _local(element.tag)
+        if name.endswith("Description") and name[: -len("Description")] in ("Queue", "Topic", "Subscription", "Rule"):
+            found = element
+            break
+    if found is None:
+        raise InvalidArgumentError(
+            "the body has no QueueDescription, TopicDescription, SubscriptionDescription or RuleDescription"
+        )
+    fields: dict[str, Element] = {}
+    for child in found:
+        name = _local(child.tag)
+        if name in fields:
+            raise InvalidArgumentError(f"the element {name} appears twice in the description")
+        fields[name] = child
+    return Description(_local(found.tag)[: -len("Description")], fields, found)
+
+
+def _bool(name: str, element: Element) -> bool:
+    text = (element.text or "").strip().lower()
+    if text not in ("true", "false"):
+        raise InvalidArgumentError(f"{name} must be true or false, not {element.text!r}")
+    return text == "true"
+
+
+def _int(name: str, element: Element) -> int:
+    text = (element.text or "").strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidArgumentError(f"{name} must be a whole number, not {element.text!r}") from None
+
+
+def _duration(name: str, element: Element) -> timedelta:
+    value = parse_duration((element.text or "").strip(), name=name)
+    if abs(value - TIMESPAN_MAX) <= _MAX_SLACK:
+        return TIMESPAN_MAX
+    return value
+
+
+def _str(name: str, element: Element) -> str:
+    return element.text or ""
+
+
+# settable elements: XML name -> (core property, converter)
+_SETTABLE: dict[str, dict[str, tuple[str, Any]]] = {
+    "Queue": {
+        "LockDuration": ("lock_duration", _duration),
+        "MaxSizeInMegabytes": ("max_size_in_megabytes", _int),
+        "RequiresDuplicateDetection": ("requires_duplicate_detection", _bool),
+        "RequiresSession": ("requires_session", _bool),
+        "DefaultMessageTimeToLive": ("default_message_time_to_live", _duration),
+        "DeadLetteringOnMessageExpiration": ("dead_lettering_on_message_expiration", _bool),
+        "DuplicateDetectionHistoryTimeWindow": ("duplicate_detection_history_time_window", _duration),
+        "MaxDeliveryCount": ("max_delivery_count", _int),
+        "EnableBatchedOperations": ("enable_batched_operations", _bool),
+        "EnablePartitioning": ("enable_partitioning", _bool),
+        "UserMetadata": ("user_metadata", _str),
+        "MaxMessageSizeInKilobytes": ("max_message_size_in_kilobytes", _int),
+    },
+    "Topic": {
+        "DefaultMessageTimeToLive": ("default_message_time_to_live", _duration),
+        "MaxSizeInMegabytes": ("max_size_in_megabytes", _int),
+        "RequiresDuplicateDetection": ("requires_duplicate_detection", _bool),
+        "DuplicateDetectionHistoryTimeWindow": ("duplicate_detection_history_time_window", _duration),
+        "EnableBatchedOperations": ("enable_batched_operations", _bool),
+        "SupportOrdering": ("support_ordering", _bool),
+        "EnablePartitioning": ("enable_partitioning", _bool),
+        "UserMetadata": ("user_metadata", _str),
+        "MaxMessageSizeInKilobytes": ("max_message_size_in_kilobytes", _int),
+    },
+    "Subscription": {
+        "LockDuration": ("lock_duration", _duration),
+        "RequiresSession": ("requires_session", _bool),
+        "DefaultMessageTimeToLive": ("default_message_time_to_live", _duration),
+        "DeadLetteringOnMessageExpiration": ("dead_lettering_on_message_expiration", _bool),
+        "MaxDeliveryCount": ("max_delivery_count", _int),
+        "EnableBatchedOperations": ("enable_batched_operations", _bool),
+        "UserMetadata": ("user_metadata", _str),
+    },
+}
+
+# read-only elements the SDK sends back on update (it echoes what it read): ignored
+_READ_ONLY = {
+    "SizeInBytes",
+    "MessageCount",
+    "CreatedAt",
+    "UpdatedAt",
+    "AccessedAt",
+    "CountDetails",
+    "MessageCountDetails",
+    "EntityAvailabilityStatus",
+    "SubscriptionCount",
+    "SqlFilterCount",
+    "CorrelationFilterCount",
+}
+
+
+def _is_default_max(name: str, element: Element) -> bool:
+    return _duration(name, element) == TIMESPAN_MAX
+
+
+def _empty(element: Element) -> bool:
+    return not (element.text or "").strip() and len(element) == 0
+
+
+# Service Bus features oncebus does not have: accepted only with the value that means "not used".
+_DEFAULT_ONLY: dict[str, tuple[Any, str]] = {
+    "AutoDeleteOnIdle": (_is_default_max, "auto-delete on idle is not implemented; leave it unset (TimeSpan.Max)"),
+    "EnableExpress": (lambda n, e: not _bool(n, e), "express entities are not implemented; it must be false"),
+    "Status": (
+        lambda n, e: (e.text or "").strip() in ("", "Active"),
+        "only the status Active is supported (disabling entities is not implemented)",
+    ),
+    "ForwardTo": (lambda n, e: _empty(e), "forwarding is not implemented; leave forward_to empty"),
+    "ForwardDeadLetteredMessagesTo": (
+        lambda n, e: _empty(e),
+        "forwarding is not implemented; leave forward_dead_lettered_messages_to empty",
+    ),
+    "AuthorizationRules": (
+        lambda n, e: len(e) == 0,
+        "entity-level authorization rules are not implemented; use the namespace keys (--key)",
+    ),
+    "IsAnonymousAccessible": (lambda n, e: not _bool(n, e), "anonymous access is not supported; it must be false"),
+    "FilteringMessagesBeforePublishing": (lambda n, e: not _bool(n, e), "it must be false"),
+    "EnableSubscriptionPartitioning": (lambda n, e: not _bool(n, e), "it must be false"),
+    "DeadLetteringOnFilterEvaluationExceptions": (
+        lambda n, e: _bool(n, e),
+        "subscription rules are not evaluated yet, so there are no filter exceptions; it must be true",
+    ),
+}
+
+
+def entity_changes(description: Description, kind: str) -> dict[str, Any]:
+    """The core properties an incoming description sets (validated later, by core, through the Namespace)."""
+    settable = _SETTABLE[kind]
+    changes: dict[str, Any] = {}
+    for name, element in description.fields.items():
+        if name in settable:
+            prop, convert = settable[name]
+            changes[prop] = convert(name, element)
+        elif name in _READ_ONLY or (kind == "Queue" and name == "SupportOrdering"):
+            continue
+        elif name in _DEFAULT_ONLY:
+            check, why = _DEFAULT_ONLY[name]
+            if not check(name, element):
+                raise InvalidArgumentError(f"{name} {(element.text or '').strip()!r} is not supported: {why}")
+        elif kind == "Subscription" and name == "DefaultRuleDescription":
+            continue  # checked by the rules seam (see admin.py)
+        else:
+            allowed = sorted([*settable, *_DEFAULT_ONLY])
+            raise InvalidArgumentError(
+                f"unknown {kind}Description element {name}; known: {', '.join(allowed)} (and read-only runtime fields)"
+            )
+    return changes

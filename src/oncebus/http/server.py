@@ -1,0 +1,343 @@
+"""HTTP/1.1 on an asyncio transport, parsed by ``h11``, serving an ASGI application.
+
+Why not uvicorn or hypercorn: oncebus's listener sniffs each connection's first
+bytes and then hands the (possibly TLS) transport to the right protocol object,
+sometimes with bytes already read. ``h11`` is a maintained HTTP/1.1 parser with
+no I/O of its own, so this protocol takes exactly such a hand-over
+(:meth:`HttpProtocol.connection_made` then :meth:`data_received` with the
+buffered bytes) with no private API of a server framework; the application
+itself stays plain ASGI, so any ASGI server could serve it elsewhere.
+
+Limits, for hostile clients: request head at most ``max_header_bytes`` (h11
+refuses more with 431), body at most ``max_body_bytes`` (413), a request must
+arrive completely within ``request_timeout`` seconds of its first byte, an
+idle keep-alive connection is closed after ``keepalive_timeout``; reading
+pauses while a request is being answered, so nothing piles up unbounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import unquote
+
+import h11
+
+_LOG = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+SERVER_HEADER = b"oncebus"
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    max_header_bytes: int = 32 * 1024
+    max_body_bytes: int = 1024 * 1024
+    request_timeout: float = 15.0
+    keepalive_timeout: float = 30.0
+
+
+class HttpProtocol(asyncio.Protocol):
+    """One HTTP/1.1 connection: requests one at a time, each answered by ``app``."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        scheme: str = "http",
+        limits: HttpLimits | None = None,
+        connections: set[HttpProtocol] | None = None,
+    ) -> None:
+        self.app = app
+        self.scheme = scheme
+        self.limits = limits or HttpLimits()
+        self.connections = connections
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_header_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._request: h11.Request | None = None
+        self._body = bytearray()
+        self._closed = False
+        self._receiving = False
+        self._write_paused = False  # the client does not read its answers: take no new request meanwhile
+        self._cycle_waiting = False
+
+    # --- asyncio protocol --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if self.connections is not None:
+            self.connections.add(self)
+        self._arm(self.limits.keepalive_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        if self._closed:
+            return
+        if not self._receiving:
+            self._receiving = True  # the first byte of a request starts its clock; later bytes do not
+            self._arm(self.limits.request_timeout)
+        self.h11.receive_data(data)
+        self._process()
+
+    def eof_received(self) -> bool | None:
+        if not self._closed:
+            self.h11.receive_data(b"")
+            self._process()
+        return None
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._cycle_waiting:
+            self._cycle_waiting = False
+            self._start_cycle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._disarm()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if self.connections is not None:
+            self.connections.discard(self)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._disarm()
+        if self.transport is not None:
+            self.transport.close()
+
+    # --- timers ----------------------------------------------------------------------------------
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, self._timed_out)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        if self._task is not None and not self._task.done():
+            return  # the application is answering; it has its own bounds
+        if self.h11.their_state is h11.SEND_BODY or (self.h11.their_state is h11.IDLE and self.h11.trailing_data[0]):
+            self._error(408, "the request did not arrive in time")
+        else:
+            self.close()
+
+    # --- request parsing -------------------------------------------------------------------------
+    def _process(self) -> None:
+        while not self._closed and self._task is None:
+            try:
+                event = self.h11.next_event()
+            except h11.RemoteProtocolError as exc:
+                status = exc.error_status_hint
+                self._error(status, f"bad HTTP request: {exc}")
+                return
+            if event is h11.NEED_DATA:
+                if len(self.h11.trailing_data[0]) > self.limits.max_header_bytes + self.limits.max_body_bytes:
+                    self._error(413, "too much data")
+                return
+            if event is h11.PAUSED:
+                return
+            if isinstance(event, h11.Request):
+                head = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
+                if head > self.limits.max_header_bytes:
+                    self._error(431, f"the request head is {head} bytes; at most {self.limits.max_header_bytes}")
+                    return
+                self._request = event
+                self._body = bytearray()
+                length = _content_length(event)
+                if length is not None and length > self.limits.max_body_bytes:
+                    self._error(413, f"the body is {length} bytes; at most {self.limits.max_body_bytes} are accepted")
+                    return
+                if self.h11.they_are_waiting_for_100_continue:
+                    self._write(h11.InformationalResponse(status_code=100, headers=[]))
+            elif isinstance(event, h11.Data):
+                if len(self._body) + len(event.data) > self.limits.max_body_bytes:
+                    self._error(413, f"the body is larger than {self.limits.max_body_bytes} bytes")
+                    return
+                self._body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                assert self._request is not None
+                self._disarm()
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                self._task = self.loop.create_task(self._run(self._request, bytes(self._body)))
+                self._body = bytearray()
+            elif isinstance(event, h11.ConnectionClosed):
+                self.close()
+                return
+
+    def _write(self, event: h11.Event) -> None:
+        data = self.h11.send(event)
+        if data and self.transport is not None and not self._closed:
+            self.transport.write(data)
+
+    def _error(self, status: int, text: str) -> None:
+        """Answer a request we could not parse or accept, then close."""
+        _LOG.info("HTTP %d: %s", status, text)
+        if self.h11.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            body = text.encode() + b"\n"
+            with contextlib.suppress(h11.LocalProtocolError):
+                self._write(
+                    h11.Response(
+                        status_code=status,
+                        reason=_reason(status),
+                        headers=[
+                            (b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close"),
+                            (b"server", SERVER_HEADER),
+                        ],
+                    )
+                )
+                self._write(h11.Data(data=body))
+                self._write(h11.EndOfMessage())
+        self.close()
+
+    # --- the application -------------------------------------------------------------------------
+    def _scope(self, request: h11.Request) -> Scope:
+        target = request.target
+        raw_path, _, query = target.partition(b"?")
+        transport = self.transport
+        client = transport.get_extra_info("peername") if transport else None
+        server = transport.get_extra_info("sockname") if transport else None
+        return {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": request.http_version.decode(),
+            "method": request.method.decode("ascii"),
+            "scheme": self.scheme,
+            "path": unquote(raw_path.decode("latin-1")),
+            "raw_path": raw_path,
+            "query_string": query,
+            "root_path": "",
+            "headers": [(name.lower(), value) for name, value in request.headers],
+            "client": tuple(client[:2]) if client else None,
+            "server": tuple(server[:2]) if server else None,
+            "state": {},
+        }
+
+    async def _run(self, request: h11.Request, body: bytes) -> None:
+        scope = self._scope(request)
+        sent_body = False
+        started = False
+        finished = False
+        disconnected = asyncio.Event()
+
+        async def receive() -> Message:
+            nonlocal sent_body
+            if not sent_body:
+                sent_body = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await disconnected.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: Message) -> None:
+            nonlocal started, finished
+            if self._closed or finished:
+                return
+            kind = message["type"]
+            if kind == "http.response.start" and not started:
+                started = True
+                headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", [])]
+                if not any(k.lower() == b"server" for k, _ in headers):
+                    headers.append((b"server", SERVER_HEADER))
+                status = int(message["status"])
+                self._write(h11.Response(status_code=status, headers=headers, reason=_reason(status)))
+            elif kind == "http.response.body" and started:
+                data = bytes(message.get("body", b""))
+                if data:
+                    self._write(h11.Data(data=data))
+                if not message.get("more_body", False):
+                    finished = True
+                    self._write(h11.EndOfMessage())
+            else:
+                raise RuntimeError(f"unexpected ASGI message {kind!r} (response started: {started})")
+
+        try:
+            await self.app(scope, receive, send)
+            if not started:
+                raise RuntimeError("the application returned without a response")
+            if not finished:
+                finished = True
+                self._write(h11.EndOfMessage())
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            _LOG.exception("the HTTP application failed on %s %s", scope["method"], scope["path"])
+            if not started:
+                self._task = None
+                self._error(500, "internal error")
+            else:
+                self.close()
+            return
+        finally:
+            disconnected.set()
+        self._next_cycle()
+
+    def _next_cycle(self) -> None:
+        self._task = None
+        self._request = None
+        self._receiving = False
+        if self._closed:
+            return
+        if self.h11.our_state is h11.MUST_CLOSE or self.h11.their_state is h11.MUST_CLOSE:
+            self.close()
+            return
+        try:
+            self.h11.start_next_cycle()
+        except h11.LocalProtocolError:
+            self.close()
+            return
+        if self._write_paused:
+            self._cycle_waiting = True
+            self._arm(self.limits.keepalive_timeout)  # a client that never reads its answers is dropped
+            return
+        self._start_cycle()
+
+    def _start_cycle(self) -> None:
+        if self._closed:
+            return
+        if self.transport is not None:
+            self.transport.resume_reading()
+        if self.h11.trailing_data[0]:  # a pipelined request has begun
+            self._receiving = True
+            self._arm(self.limits.request_timeout)
+        else:
+            self._arm(self.limits.keepalive_timeout)
+        self._process()
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
+
+
+def _content_length(request: h11.Request) -> int | None:
+    for name, value in request.headers:
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None

@@ -1,0 +1,262 @@
+"""One port, every way in: a listener that sniffs each connection's first bytes.
+
+Each accepted socket is peeked at (``MSG_PEEK``: nothing is consumed) until its
+first bytes tell what it speaks:
+
+* ``AMQP`` (the AMQP 1.0 or SASL protocol header) -> oncebus's AMQP connection;
+* a TLS handshake record (``0x16 0x03``) -> TLS with the local certificate,
+  then, on the first decrypted bytes, AMQP again (``amqps``) or HTTP (HTTPS);
+* an HTTP method and a space -> plain HTTP.
+
+Peeking rather than reading is what lets TLS start on the untouched socket
+(``loop.connect_accepted_socket(..., ssl=context)``), so asyncio's own TLS
+does the handshake; inside TLS the decrypted bytes are read by a small
+protocol that then hands the transport (and those bytes) over with
+``transport.set_protocol``.
+
+Every step is bounded: at most ``max_pending`` connections may be undecided at
+once (more are closed at accept), a connection must show its kind within
+``sniff_timeout`` seconds, the TLS handshake within ``handshake_timeout``;
+anything else is closed. Each listener admits a subset of the kinds (the TLS
+port only TLS, the HTTP port only plain HTTP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+_LOG = logging.getLogger(__name__)
+
+AMQP, TLS, HTTP = "amqp", "tls", "http"
+ALL_KINDS = frozenset({AMQP, TLS, HTTP})
+HTTP_METHODS = (b"GET", b"PUT", b"POST", b"DELETE", b"HEAD", b"OPTIONS", b"PATCH")
+PEEK_BYTES = 8
+POLL_SECONDS = 0.02
+
+
+def classify(data: bytes) -> str | None:
+    """The kind of a connection from its first bytes: AMQP, TLS, HTTP, "" (unknown), None (undecided)."""
+    if not data:
+        return None
+    if data[:4] == b"AMQP":
+        return AMQP
+    if len(data) < 4 and b"AMQP".startswith(data):
+        return None
+    if data[0] == 0x16:
+        if len(data) == 1:
+            return None
+        return TLS if data[1] == 0x03 else ""
+    for method in HTTP_METHODS:
+        token = method + b" "
+        if data.startswith(token):
+            return HTTP
+        if token.startswith(data[: len(token)]):
+            return None
+    return ""
+
+
+@dataclass(frozen=True)
+class Doors:
+    """What a listener hands a decided connection to."""
+
+    amqp: Callable[[], asyncio.Protocol]
+    http: Callable[[str], asyncio.Protocol]  # scheme "http" or "https"
+    tls: ssl.SSLContext | None
+    sniff_timeout: float = 10.0
+    handshake_timeout: float = 10.0
+    max_pending: int = 256
+
+
+class _TlsSniffer(asyncio.Protocol):
+    """Inside TLS: buffer the first decrypted bytes, then hand the transport to AMQP or HTTP."""
+
+    def __init__(self, doors: Doors) -> None:
+        self.doors = doors
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.timer = asyncio.get_running_loop().call_later(self.doors.sniff_timeout, self._give_up)
+
+    def _give_up(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.buffer += data
+        kind = classify(self.buffer[:PEEK_BYTES])
+        if kind is None and len(self.buffer) < PEEK_BYTES:
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        if kind == AMQP:
+            protocol = self.doors.amqp()
+        elif kind == HTTP:
+            protocol = self.doors.http("https")
+        else:
+            _LOG.info("closing a TLS connection that speaks neither AMQP nor HTTP")
+            self.transport.abort()
+            return
+        self.transport.set_protocol(protocol)
+        protocol.connection_made(self.transport)
+        protocol.data_received(self.buffer)
+        self.buffer = b""
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+
+def bind(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for ``host:port`` (every address ``host`` resolves to; port 0 picks one for all)."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    seen: set[tuple[int, str]] = set()
+    try:
+        for family, kind, proto, _, address in infos:
+            if (family, address[0]) in seen:
+                continue
+            seen.add((family, address[0]))
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot listen on {address[0]}:{address[1]}: {exc.strerror}") from None
+            sock.listen(512)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Listener:
+    """Accepts on its sockets and sniffs each connection; ``port`` is the bound port."""
+
+    def __init__(self, sockets: Iterable[socket.socket], doors: Doors, kinds: frozenset[str] = ALL_KINDS) -> None:
+        self.sockets = list(sockets)
+        self.doors = doors
+        self.kinds = kinds
+        if TLS in kinds and doors.tls is None:
+            raise ValueError("a listener that admits TLS needs a TLS context")
+        self.port = int(self.sockets[0].getsockname()[1])
+        self._accepting: list[asyncio.Task[None]] = []
+        self._pending: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def open(cls, host: str, port: int, doors: Doors, kinds: frozenset[str] = ALL_KINDS) -> Listener:
+        return cls(bind(host, port), doors, kinds)
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._accepting = [loop.create_task(self._accept(sock)) for sock in self.sockets]
+
+    async def close(self) -> None:
+        for task in self._accepting:
+            task.cancel()
+        for sock in self.sockets:
+            sock.close()
+        for task in list(self._pending):
+            task.cancel()
+        await asyncio.gather(*self._accepting, *self._pending, return_exceptions=True)
+
+    async def _accept(self, listening: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listening)
+            except asyncio.CancelledError:
+                raise
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    _LOG.warning("accept failed (%s); pausing for a second", exc)
+                    await asyncio.sleep(1.0)
+                continue
+            if len(self._pending) >= self.doors.max_pending:
+                _LOG.warning("too many connections still undecided (%d); closing a new one", len(self._pending))
+                sock.close()
+                continue
+            sock.setblocking(False)
+            task = loop.create_task(self._sniff(sock))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    async def _sniff(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            kind = await self._peek(sock, time.monotonic() + self.doors.sniff_timeout)
+            if kind not in self.kinds:
+                _LOG.info("closing a connection of kind %r on a port that takes %s", kind, sorted(self.kinds))
+                sock.close()
+                return
+            if kind == AMQP:
+                await loop.connect_accepted_socket(self.doors.amqp, sock)
+            elif kind == HTTP:
+                await loop.connect_accepted_socket(lambda: self.doors.http("http"), sock)
+            else:
+                await loop.connect_accepted_socket(
+                    lambda: _TlsSniffer(self.doors),
+                    sock,
+                    ssl=self.doors.tls,
+                    ssl_handshake_timeout=self.doors.handshake_timeout,
+                )
+        except asyncio.CancelledError:
+            sock.close()
+            raise
+        except (OSError, TimeoutError, ssl.SSLError, ConnectionError) as exc:
+            _LOG.info("closing a connection during its first bytes or TLS handshake: %r", exc)
+            sock.close()
+
+    async def _peek(self, sock: socket.socket, deadline: float) -> str:
+        """Wait (bounded) until the first bytes tell the connection's kind; "" when unknown or closed."""
+        loop = asyncio.get_running_loop()
+        fd = sock.fileno()
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("the client sent no protocol header in time")
+            readable: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(fd, _set_once, readable)
+            try:
+                await asyncio.wait_for(readable, remaining)
+            finally:
+                loop.remove_reader(fd)
+            try:
+                data = sock.recv(PEEK_BYTES, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                continue
+            if not data:
+                return ""
+            kind = classify(data)
+            if kind is not None:
+                return kind
+            # a partial header: the peeked bytes keep the socket readable, so poll instead of spinning
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.sleep(POLL_SECONDS), remaining)

@@ -1,0 +1,181 @@
+"""Run the serve process: ``await run(ServeOptions(...), stop=event, ready=callback)``.
+
+No signal handlers are installed here unless ``install_signal_handlers`` is set
+(the CLI sets it when it runs ``oncebus serve`` as the main program); a program
+embedding the server in a thread stops it by setting ``stop``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from oncebus import __version__
+from oncebus.auth import DEFAULT_KEYS
+from oncebus.broker.clock import FileClock, SystemClock
+from oncebus.broker.control import ControlServer
+from oncebus.broker.datadir import DataDir
+from oncebus.broker.namespace import Namespace
+from oncebus.broker.runtime import tune_gc
+from oncebus.core.errors import OncebusError
+from oncebus.http.server import ASGIApp
+from oncebus.server.certs import ensure_certificates
+from oncebus.server.front import Front, open_front
+from oncebus.store.sendlog import SendLogWriter
+from oncebus.store.sqlite import SqliteStore
+
+
+class ServeError(Exception):
+    """The serve process could not start; ``busy`` when the data directory is in use."""
+
+    def __init__(self, message: str, *, busy: bool = False) -> None:
+        super().__init__(message)
+        self.busy = busy
+
+
+DEFAULT_PORT, DEFAULT_TLS_PORT, DEFAULT_HTTP_PORT = 5672, 5671, 5300
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What ``oncebus serve`` runs. Ports: 0 picks a free one; ``http_port``/``tls_port`` None means
+    5300/5671 when ``port`` is the default 5672, else 0 (so ``--port 0`` alone never takes fixed ports);
+    -1 turns that listener off."""
+
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    http_port: int | None = None
+    tls_port: int | None = None
+    keys: Mapping[str, str] | None = None
+    config: str | None = None
+    send_log: str | None = None
+    clock_file: str | None = None  # tests only: time read from a file (ONCEBUS_CLOCK_FILE)
+    mount: ASGIApp | None = None  # an ASGI app for /metrics, / and /dashboard* (see oncebus.http.app)
+
+    def resolved_port(self, given: int | None, default: int) -> int:
+        if given is not None:
+            return given
+        return default if self.port == DEFAULT_PORT else 0
+
+
+def _default_print(line: str) -> None:
+    print(line, flush=True)
+
+
+async def run(
+    options: ServeOptions,
+    *,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[dict[str, Any]], None] | None = None,
+    say: Callable[[str], None] = _default_print,
+    install_signal_handlers: bool = False,
+) -> int:
+    """Serve ``options.data_dir`` until ``stop`` is set (or SIGINT/SIGTERM when installed); returns 0.
+
+    ``ready`` gets the server info (ports, connection string, ...) once every
+    listener is up; ``say`` prints the start-up lines.
+    """
+    topology = None
+    if options.config:  # read and shape-checked before the data directory is touched
+        from oncebus.broker.topology import load_topology
+
+        topology = load_topology(options.config)
+    datadir = DataDir(options.data_dir)
+    if not datadir.try_lock():
+        pid = (datadir.read_server_info() or {}).get("pid") or datadir.owner_pid()
+        raise ServeError(
+            f"the data directory {datadir.path} is already in use by oncebus (pid {pid})"
+            "; stop it or choose another directory with --data-dir",
+            busy=True,
+        )
+    started = time.monotonic()
+    store = SqliteStore(datadir.store_path)
+    send_log = SendLogWriter(options.send_log) if options.send_log else None
+    clock = FileClock(options.clock_file) if options.clock_file else SystemClock()
+    namespace = await Namespace.open(store, clock, send_log=send_log)
+    if topology is not None:
+        from oncebus.broker.topology import apply_topology
+
+        try:
+            await apply_topology(namespace, topology)  # all or nothing
+        except BaseException:
+            with contextlib.suppress(OncebusError):
+                await namespace.close()
+            store.close()
+            if send_log is not None:
+                send_log.close()
+            datadir.unlock()
+            raise
+    tune_gc()
+    control = ControlServer(namespace)
+    await control.start()
+    info: dict[str, Any] = {
+        "pid": os.getpid(),
+        "control_port": control.port,
+        "control_token": control.token,
+        "data_dir": str(datadir.path),
+    }
+    front: Front | None = None
+    timers: asyncio.Task[None] | None = None
+    loop = asyncio.get_running_loop()
+    stop = stop if stop is not None else asyncio.Event()
+    try:
+        certificates = ensure_certificates(datadir.path, options.host)
+        try:
+            front = await open_front(
+                namespace,
+                host=options.host,
+                port=options.port,
+                tls_port=options.resolved_port(options.tls_port, DEFAULT_TLS_PORT),
+                http_port=options.resolved_port(options.http_port, DEFAULT_HTTP_PORT),
+                keys=dict(options.keys) if options.keys is not None else dict(DEFAULT_KEYS),
+                certificates=certificates,
+                mount=options.mount,
+            )
+        except OSError as exc:
+            raise ServeError(f"cannot listen: {exc}") from exc
+        info.update(front.info())
+        timers = asyncio.create_task(namespace.run_timers(0.05 if options.clock_file else 0.5))
+        datadir.write_server_info(info)
+        if install_signal_handlers:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+        say(f"oncebus {__version__} serving {datadir.path} (started in {time.monotonic() - started:.2f} s)")
+        say(f"AMQP on {info['amqp_host']}:{info['amqp_port']} (also AMQP over TLS, HTTPS and HTTP on this port)")
+        if info["tls_port"] is not None:
+            say(f"TLS on {info['amqp_host']}:{info['tls_port']} (AMQP over TLS and HTTPS)")
+        if info["http_port"] is not None:
+            say(f"HTTP on {info['amqp_host']}:{info['http_port']} (administration API, /health, /metrics, dashboard)")
+        say(f"connection string: {info['connection_string']}")
+        say(
+            f"CA certificate: {info['ca_file']} "
+            "(trust it with connection_verify=<this file> or REQUESTS_CA_BUNDLE=<this file>)"
+        )
+        if ready is not None:
+            ready(dict(info))
+        say("ready")
+        await stop.wait()
+    finally:
+        if timers is not None:
+            timers.cancel()
+        if install_signal_handlers:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        if front is not None:
+            await front.close()
+        await control.close()
+        with contextlib.suppress(OncebusError):
+            await namespace.close()
+        store.close()
+        if send_log is not None:
+            send_log.close()
+        datadir.unlock()
+    return 0

@@ -1,0 +1,288 @@
+"""The real ServiceBusAdministrationClient (sync) against ``oncebus serve``: only the printed string and CA."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from azure.core.exceptions import (
+    ClientAuthenticationError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceNotFoundError,
+)
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.management import ApiVersion, ServiceBusAdministrationClient, SqlRuleFilter
+
+from tests.http.conftest import Served
+
+MAX_TTL = timedelta(days=10675199, seconds=10085, microseconds=477581)  # TimeSpan.MaxValue as the SDK reads it
+
+
+@pytest.fixture
+def admin(server: Served) -> Iterator[ServiceBusAdministrationClient]:
+    with ServiceBusAdministrationClient.from_connection_string(
+        server.connection_string, connection_verify=server.ca_file
+    ) as client:
+        yield client
+
+
+def test_queue_lifecycle_with_dedup_window_set_then_changed(admin: ServiceBusAdministrationClient, name: str) -> None:
+    created = admin.create_queue(
+        name, requires_duplicate_detection=True, duplicate_detection_history_time_window=timedelta(seconds=30)
+    )
+    assert created.name == name
+    assert created.requires_duplicate_detection is True
+    assert created.duplicate_detection_history_time_window == timedelta(seconds=30)
+    got = admin.get_queue(name)
+    assert got.duplicate_detection_history_time_window == timedelta(seconds=30)
+    assert got.default_message_time_to_live == MAX_TTL
+    assert got.auto_delete_on_idle == MAX_TTL
+    assert got.status == "Active" and got.availability_status == "Available"
+
+    got.duplicate_detection_history_time_window = timedelta(hours=1)
+    admin.update_queue(got)  # the whole description goes back, read-only fields included
+    assert admin.get_queue(name).duplicate_detection_history_time_window == timedelta(hours=1)
+    admin.update_queue(admin.get_queue(name), duplicate_detection_history_time_window="PT2H")
+    assert admin.get_queue(name).duplicate_detection_history_time_window == timedelta(hours=2)
+
+    assert name in [q.name for q in admin.list_queues()]
+    assert name in [q.name for q in admin.list_queues_runtime_properties()]
+    admin.delete_queue(name)
+    with pytest.raises(ResourceNotFoundError):
+        admin.get_queue(name)
+
+
+def test_every_settable_queue_property_round_trips(admin: ServiceBusAdministrationClient, name: str) -> None:
+    settings = {
+        "lock_duration": timedelta(seconds=45),
+        "max_size_in_megabytes": 2048,
+        "requires_duplicate_detection": True,
+        "requires_session": True,
+        "default_message_time_to_live": timedelta(days=2, hours=3),
+        "dead_lettering_on_message_expiration": True,
+        "duplicate_detection_history_time_window": timedelta(minutes=20),
+        "max_delivery_count": 7,
+        "enable_batched_operations": False,
+        "enable_partitioning": True,
+        "user_metadata": "a <tricky> & 'quoted' \"text\"",
+        "max_message_size_in_kilobytes": 1024,
+    }
+    created = admin.create_queue(name, **settings)
+    got = admin.get_queue(name)
+    for key, value in settings.items():
+        assert getattr(created, key) == value, key
+        assert getattr(got, key) == value, key
+    admin.update_queue(got)  # an unchanged round trip changes nothing
+    again = admin.get_queue(name)
+    assert again.__dict__.keys() == got.__dict__.keys()
+    assert all(getattr(again, k) == getattr(got, k) for k in settings)
+    assert again.default_message_time_to_live == timedelta(days=2, hours=3)
+
+
+def test_defaults_survive_an_update_round_trip(admin: ServiceBusAdministrationClient, name: str) -> None:
+    """The SDK sends TimeSpan.MaxValue back as P10675199DT2H48M5.477539S; it stays the maximum."""
+    admin.create_queue(name)
+    queue = admin.get_queue(name)
+    admin.update_queue(queue, max_delivery_count=4)
+    got = admin.get_queue(name)
+    assert got.max_delivery_count == 4
+    assert got.default_message_time_to_live == MAX_TTL and got.auto_delete_on_idle == MAX_TTL
+
+
+def test_refusals_with_the_sdk_exception_types(admin: ServiceBusAdministrationClient, name: str) -> None:
+    with pytest.raises(HttpResponseError) as short:
+        admin.create_queue(name, requires_duplicate_detection=True, duplicate_detection_history_time_window="PT5S")
+    assert short.value.status_code == 400
+    assert "must be between 00:00:20 and 7.00:00:00" in str(short.value)
+    with pytest.raises(ResourceNotFoundError):
+        admin.get_queue(name)  # a refused create stored nothing
+
+    admin.create_queue(name, requires_duplicate_detection=True)
+    with pytest.raises(ResourceExistsError):
+        admin.create_queue(name)
+    for change in (
+        {"requires_duplicate_detection": False},
+        {"requires_session": True},
+        {"enable_partitioning": True},
+    ):
+        with pytest.raises(HttpResponseError) as refused:
+            admin.update_queue(admin.get_queue(name), **change)
+        assert refused.value.status_code == 400
+        assert "cannot be changed after creation" in str(refused.value) and "SubCode=40000" in str(refused.value)
+    with pytest.raises(HttpResponseError) as window:
+        admin.update_queue(admin.get_queue(name), duplicate_detection_history_time_window=timedelta(days=8))
+    assert window.value.status_code == 400 and "7.00:00:00" in str(window.value)
+    assert admin.get_queue(name).duplicate_detection_history_time_window == timedelta(minutes=10)
+
+    missing = name + "-missing"
+    with pytest.raises(ResourceNotFoundError):
+        admin.get_queue(missing)
+    with pytest.raises(ResourceNotFoundError):
+        admin.delete_queue(missing)
+    ghost = admin.get_queue(name)
+    ghost.name = missing
+    with pytest.raises(ResourceNotFoundError):
+        admin.update_queue(ghost)
+    with pytest.raises(ResourceNotFoundError):
+        admin.get_topic(missing)
+    with pytest.raises(ResourceNotFoundError):
+        admin.create_subscription(missing, "sub")
+
+
+def test_features_oncebus_lacks_are_refused_not_ignored(admin: ServiceBusAdministrationClient, name: str) -> None:
+    admin.create_queue(name + "-target")
+    for kwargs in (
+        {"forward_to": name + "-target"},
+        {"auto_delete_on_idle": timedelta(minutes=10)},
+        {"enable_express": True},
+    ):
+        with pytest.raises(HttpResponseError) as refused:
+            admin.create_queue(name, **kwargs)
+        assert refused.value.status_code == 400 and "not implemented" in str(refused.value)
+    with pytest.raises(ResourceNotFoundError):
+        admin.get_queue(name)
+
+
+def test_topic_and_subscription_lifecycle(admin: ServiceBusAdministrationClient, name: str) -> None:
+    topic = admin.create_topic(
+        name,
+        requires_duplicate_detection=True,
+        duplicate_detection_history_time_window=timedelta(minutes=1),
+        enable_partitioning=True,
+        support_ordering=True,
+        max_size_in_megabytes=2048,
+    )
+    assert topic.requires_duplicate_detection and topic.enable_partitioning and topic.support_ordering
+    got = admin.get_topic(name)
+    assert got.duplicate_detection_history_time_window == timedelta(minutes=1)
+    got.duplicate_detection_history_time_window = timedelta(minutes=3)
+    admin.update_topic(got)
+    assert admin.get_topic(name).duplicate_detection_history_time_window == timedelta(minutes=3)
+    with pytest.raises(HttpResponseError) as refused:
+        admin.update_topic(admin.get_topic(name), enable_partitioning=False)
+    assert refused.value.status_code == 400
+
+    sub = admin.create_subscription(
+        name, "audit", lock_duration=timedelta(seconds=30), max_delivery_count=3, requires_session=True
+    )
+    assert sub.name == "audit" and sub.lock_duration == timedelta(seconds=30) and sub.requires_session
+    admin.create_subscription(name, "billing")
+    with pytest.raises(ResourceExistsError):
+        admin.create_subscription(name, "audit")
+    got_sub = admin.get_subscription(name, "audit")
+    got_sub.max_delivery_count = 5
+    admin.update_subscription(name, got_sub)
+    assert admin.get_subscription(name, "audit").max_delivery_count == 5
+    with pytest.raises(HttpResponseError):
+        admin.update_subscription(name, admin.get_subscription(name, "audit"), requires_session=False)
+    assert sorted(s.name for s in admin.list_subscriptions(name)) == ["audit", "billing"]
+    assert admin.get_topic_runtime_properties(name).subscription_count == 2
+    assert [r.name for r in admin.list_subscriptions_runtime_properties(name)] == ["audit", "billing"]
+
+    rules = list(admin.list_rules(name, "audit"))
+    assert [r.name for r in rules] == ["$Default"] and rules[0].filter.sql_expression == "1=1"
+    with pytest.raises(HttpResponseError) as not_yet:
+        admin.create_rule(name, "audit", "vip", filter=SqlRuleFilter("tier = 'gold'"))
+    assert not_yet.value.status_code == 501 and "not evaluated" in str(not_yet.value)
+
+    admin.delete_subscription(name, "billing")
+    with pytest.raises(ResourceNotFoundError):
+        admin.get_subscription(name, "billing")
+    admin.delete_topic(name)
+    with pytest.raises(ResourceNotFoundError):
+        admin.get_topic(name)
+
+
+def test_runtime_counts_after_sends_and_duplicate_resends(
+    admin: ServiceBusAdministrationClient, server: Served, name: str
+) -> None:
+    admin.create_queue(name, requires_duplicate_detection=True)
+    admin.create_topic(name + "-t", requires_duplicate_detection=True)
+    admin.create_subscription(name + "-t", "a")
+    admin.create_subscription(name + "-t", "b")
+    with ServiceBusClient.from_connection_string(server.connection_string) as client:
+        with client.get_queue_sender(name) as sender:
+            for i in (1, 2, 1, 3, 2):  # two duplicate resends
+                sender.send_messages(ServiceBusMessage(f"m{i}", message_id=f"id-{i}"))
+        with client.get_topic_sender(name + "-t") as sender:
+            sender.send_messages([ServiceBusMessage("x", message_id="x"), ServiceBusMessage("x", message_id="x")])
+        with client.get_queue_receiver(name, max_wait_time=5) as receiver:
+            first = receiver.receive_messages(1, max_wait_time=5)[0]
+            receiver.dead_letter_message(first, reason="test")
+    queue = admin.get_queue_runtime_properties(name)
+    assert (queue.active_message_count, queue.dead_letter_message_count, queue.total_message_count) == (2, 1, 3)
+    assert queue.scheduled_message_count == 0 and queue.transfer_message_count == 0
+    assert queue.size_in_bytes > 0
+    sub = admin.get_subscription_runtime_properties(name + "-t", "a")
+    assert (sub.active_message_count, sub.total_message_count) == (1, 1)
+    topic = admin.get_topic_runtime_properties(name + "-t")
+    assert topic.subscription_count == 2 and topic.size_in_bytes > 0
+
+
+def test_paging_past_100_entities(admin: ServiceBusAdministrationClient, name: str) -> None:
+    for i in range(105):
+        admin.create_queue(f"{name}-{i:03d}")
+    admin.create_topic(name + "-topic")
+    for i in range(103):
+        admin.create_subscription(name + "-topic", f"s{i:03d}")
+    listed = [q.name for q in admin.list_queues() if q.name.startswith(name + "-")]
+    assert listed == [f"{name}-{i:03d}" for i in range(105)]
+    pages = list(admin.list_queues(max_page_size=40).by_page())
+    assert len(pages) >= 3
+    subscriptions = [s.name for s in admin.list_subscriptions(name + "-topic")]
+    assert subscriptions == [f"s{i:03d}" for i in range(103)]
+
+
+def test_a_wrong_key_is_refused(server: Served, name: str) -> None:
+    wrong = server.connection_string.replace("SharedAccessKey=SAS_KEY_VALUE", "SharedAccessKey=not-the-key")
+    with ServiceBusAdministrationClient.from_connection_string(wrong, connection_verify=server.ca_file) as admin:
+        with pytest.raises(ClientAuthenticationError):
+            admin.create_queue(name)
+        with pytest.raises(ClientAuthenticationError):
+            list(admin.list_queues())
+
+
+@pytest.mark.parametrize("version", [ApiVersion.V2017_04, ApiVersion.V2021_05])
+def test_older_api_versions(server: Served, name: str, version: ApiVersion) -> None:
+    with ServiceBusAdministrationClient.from_connection_string(
+        server.connection_string, connection_verify=server.ca_file, api_version=version
+    ) as admin:
+        admin.create_queue(name, max_delivery_count=4)
+        got = admin.get_queue(name)
+        assert got.max_delivery_count == 4
+        expected_size = None if version == ApiVersion.V2017_04 else 256
+        assert got.max_message_size_in_kilobytes == expected_size
+        admin.update_queue(got, max_delivery_count=6)
+        assert admin.get_queue(name).max_delivery_count == 6
+
+
+def test_the_namespace_properties(admin: ServiceBusAdministrationClient) -> None:
+    props = admin.get_namespace_properties()
+    assert props.name == "oncebus" and props.messaging_sku == "Standard" and props.namespace_type == "Messaging"
+
+
+def test_requests_ca_bundle_works_too(server: Served, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", server.ca_file)
+    with ServiceBusAdministrationClient.from_connection_string(server.connection_string) as admin:
+        admin.create_queue(name)
+        assert admin.get_queue(name).name == name
+
+
+def test_the_same_entities_through_the_cli(admin: ServiceBusAdministrationClient, server: Served, name: str) -> None:
+    def cli(*args: str) -> str:
+        cmd = [sys.executable, "-c", "import sys; from oncebus.cli import main; sys.exit(main())"]
+        done = subprocess.run(
+            [*cmd, "--data-dir", str(server.data_dir), *args], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    admin.create_queue(name, requires_duplicate_detection=True, duplicate_detection_history_time_window="PT45S")
+    assert "PT45S" in cli("queue", "show", name)
+    cli("queue", "create", name + "-cli", "--duplicate-detection", "--window", "PT1H")
+    got = admin.get_queue(name + "-cli")
+    assert got.requires_duplicate_detection and got.duplicate_detection_history_time_window == timedelta(hours=1)

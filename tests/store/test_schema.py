@@ -1,0 +1,138 @@
+"""Store schema versions: a file the previous layout (schema 0, before versions) wrote is migrated in place."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from oncebus.broker import ManualClock, Message, Namespace
+from oncebus.core import keys
+from oncebus.core.entities import QueueProperties
+from oncebus.core.errors import StoreError
+from oncebus.store.sqlite import SCHEMA_VERSION, SqliteStore
+
+# the layout of schema 0, verbatim from the release before store versions
+SCHEMA_0 = """
+CREATE TABLE IF NOT EXISTS entity (path TEXT PRIMARY KEY, kind TEXT NOT NULL, properties TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS message (
+    path TEXT NOT NULL, sequence_number INTEGER NOT NULL, state INTEGER NOT NULL, delivery_count INTEGER NOT NULL,
+    enqueued_time_us INTEGER NOT NULL, expires_at_us INTEGER, body BLOB NOT NULL, wire BLOB, meta TEXT NOT NULL,
+    PRIMARY KEY (path, sequence_number)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dedup_key (
+    entity TEXT NOT NULL, first_accepted_us INTEGER NOT NULL, key TEXT NOT NULL,
+    PRIMARY KEY (entity, first_accepted_us, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS session_state (
+    path TEXT NOT NULL, session_id TEXT NOT NULL, state BLOB NOT NULL, PRIMARY KEY (path, session_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counters (
+    entity TEXT PRIMARY KEY, next_sequence_number INTEGER NOT NULL, counters TEXT NOT NULL
+);
+"""
+T0 = 1_700_000_000_000_000
+
+
+def _write_schema_0(path: Path) -> None:
+    """A data file as the previous release left it: two queues, keys (two of string ids led by NUL), a message."""
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(SCHEMA_0)
+    for name, partitioned in (("plain", False), ("parts", True)):
+        props = QueueProperties.create(name, requires_duplicate_detection=True, enable_partitioning=partitioned)
+        db.execute("INSERT INTO entity VALUES (?, 'queue', ?)", (name, json.dumps(props.to_dict())))
+    rows = [
+        ("plain", T0, "order-1"),
+        ("plain", T0 + 1, "\x00odd"),
+        ("parts", T0 + 2, "2:pkorder-1"),
+        ("parts", T0 + 3, "4:\x00odd\x00odd"),  # partitioned by its own NUL-led id
+        ("parts", T0 + 4, "2:pk\x00odd"),
+    ]
+    db.executemany("INSERT INTO dedup_key (entity, first_accepted_us, key) VALUES (?, ?, ?)", rows)
+    db.execute(
+        "INSERT INTO message VALUES ('plain', 1, 0, 0, ?, NULL, x'6869', NULL, ?)",
+        (T0, json.dumps({"message_id": "order-1"})),
+    )
+    db.execute("INSERT INTO counters VALUES ('plain', 3, ?)", (json.dumps({"accepted": 2, "duplicates": 1}),))
+    db.commit()
+    db.close()
+
+
+def test_a_schema_0_file_is_migrated_and_keeps_every_key_and_message(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    _write_schema_0(path)
+    store = SqliteStore(path)
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+    stored = {(k.entity, k.key) for k in store.load().dedup_keys}
+    assert stored == {
+        ("plain", "order-1"),
+        ("plain", keys.dedup_key("\x00odd").text),
+        ("parts", "2:pkorder-1"),
+        ("parts", keys.dedup_key("\x00odd", partitioned=True).text),
+        ("parts", keys.dedup_key("\x00odd", "pk", partitioned=True).text),
+    }
+
+    async def go() -> None:
+        ns = await Namespace.open(store, ManualClock(T0 + 10))
+        resent = await ns.send("plain", [Message(b"", message_id="order-1"), Message(b"", message_id="\x00odd")])
+        assert [o.duplicate for o in resent] == [True, True]
+        resent = await ns.send(
+            "parts",
+            [
+                Message(b"", message_id="order-1", partition_key="pk"),
+                Message(b"", message_id="\x00odd"),
+                Message(b"", message_id="\x00odd", partition_key="pk"),
+                Message(b"", message_id="\x00sodd"),  # new: the escape does not make it a duplicate
+            ],
+        )
+        assert [o.duplicate for o in resent] == [True, True, True, False]
+        assert [m.message_id for m in ns.peek_messages("plain")] == ["order-1"]
+        stats = ns.stats("plain")
+        assert (stats.accepted, stats.duplicates_dropped, stats.next_sequence_number) == (2, 1 + 2, 3)
+        await ns.close()
+
+    asyncio.run(go())
+    store.close()
+    assert SqliteStore(path)._db.execute("PRAGMA user_version").fetchone()[0] == 1  # reopened: nothing more to do
+
+
+def test_a_failed_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "oncebus.db"
+    _write_schema_0(path)
+    seen: list[str] = []
+
+    def failing(text: str, *, partitioned: bool) -> str:
+        seen.append(text)
+        if len(seen) == 2:
+            raise ValueError("simulated failure half way")
+        return keys.migrate_key_text_v0(text, partitioned=partitioned)
+
+    monkeypatch.setattr("oncebus.store.sqlite.migrate_key_text_v0", failing)
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 0 to 1 .*the file is unchanged"):
+        SqliteStore(path)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 0
+    assert sorted(k for (k,) in db.execute("SELECT key FROM dedup_key")) == sorted(
+        ["order-1", "\x00odd", "2:pkorder-1", "4:\x00odd\x00odd", "2:pk\x00odd"]
+    )
+
+
+def test_a_file_from_a_newer_release_is_refused_naming_both_versions(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    SqliteStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 7")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match=r"newer oncebus \(store schema 7; this version reads up to 1\)"):
+        SqliteStore(path)
+
+
+def test_a_new_file_starts_at_the_current_schema(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "oncebus.db")
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    store.close()

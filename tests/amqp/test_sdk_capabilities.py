@@ -412,11 +412,6 @@ def test_a_non_string_partition_key_refuses_that_message_only(server: ServerProc
         assert drain(client, "badfields") == [("odd", b"fine")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the engine to take typed message ids (core/store/broker: str | bytes | UUID | int, "
-    "type kept in the dedup key); the AMQP codec already passes them typed",
-)
 def test_distinct_binary_and_typed_message_ids_never_collide(server: ServerProcess) -> None:
     """Issue 7, item 3: 01ff10, 01fe10, 0180 10 were one key (UTF-8 with replacement); ids come back typed."""
     ids: list[object] = [bytes.fromhex("01ff10"), bytes.fromhex("01fe10"), bytes.fromhex("018010")]

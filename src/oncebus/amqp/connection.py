@@ -115,7 +115,7 @@ class AmqpConnection(asyncio.Protocol):
         self.socket = transport
         # above this many unsent bytes asyncio calls pause_writing(): receive links stop taking messages
         transport.set_write_buffer_limits(high=self.limits.outgoing_buffer_limit)
-        self.server.connections.add(self)
+        self.server.connection_opened(self)
         self._handshake_timer = self.loop.call_later(self.limits.handshake_timeout, self._handshake_expired)
         self.pump()
 

@@ -14,7 +14,7 @@ import proton
 from oncebus.amqp import cbs, management
 from oncebus.amqp.connection import AmqpConnection
 from oncebus.amqp.errors import condition_of
-from oncebus.amqp.limits import DEFAULT_LIMITS, AmqpLimits
+from oncebus.amqp.limits import AmqpLimits
 from oncebus.amqp.links import (
     DEFAULT_SESSION_WAIT_SECONDS,
     OPERATION_TIMEOUT,
@@ -168,12 +168,12 @@ class AmqpServer:
         namespace: Namespace,
         keys: Mapping[str, str],
         wall_time: Callable[[], float] = time.time,
-        limits: AmqpLimits = DEFAULT_LIMITS,
+        limits: AmqpLimits | None = None,
     ) -> None:
         self.namespace = namespace
         self.keys = dict(keys)
         self.wall_time = wall_time
-        self.limits = limits
+        self.limits = limits if limits is not None else AmqpLimits.from_env()
         self.router = Router(self)
         self.connections: set[AmqpConnection] = set()
         self.host = "127.0.0.1"
@@ -196,7 +196,12 @@ class AmqpServer:
         self._server = await loop.create_server(lambda: AmqpConnection(self), host, port)
         self.host = host
         self.port = int(self._server.sockets[0].getsockname()[1])
-        self._token_checks = loop.create_task(self._check_tokens())
+
+    def connection_opened(self, conn: AmqpConnection) -> None:
+        """A connection started (on this server's socket or one accepted elsewhere): keep checking its tokens."""
+        self.connections.add(conn)
+        if self._token_checks is None or self._token_checks.done():
+            self._token_checks = asyncio.get_running_loop().create_task(self._check_tokens())
 
     async def _check_tokens(self) -> None:
         """Detach links whose CBS token lapsed without renewal, on every connection, every few moments."""
@@ -239,7 +244,7 @@ async def serve_amqp(
     server = AmqpServer(
         namespace,
         keys if keys is not None else DEFAULT_KEYS,
-        limits=limits if limits is not None else AmqpLimits.from_env(),
+        limits=limits,
     )
     if not server.keys:
         raise ValueError("give at least one SAS key (name -> key)")

@@ -24,9 +24,10 @@ from azure.servicebus._pyamqp.utils import amqp_timestamp_value
 from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from azure.servicebus.amqp import AmqpAnnotatedMessage
 
-from oncebus.amqp import codec
+from oncebus.amqp import codec, outgoing
 from oncebus.amqp.connection import raw_delivery_tag
-from oncebus.amqp.frames import BATCH_MESSAGE_FORMAT, FrameError, FrameScanner
+from oncebus.amqp.frames import FrameError, FrameScanner
+from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.messages import MessageState, ReceivedMessage
 
@@ -168,7 +169,7 @@ def test_encode_received_adds_broker_annotations_and_keeps_the_message() -> None
         dead_letter_source=None,
         wire=wire,
     )
-    decoded = decode_payload(memoryview(codec.encode_received(received, lock_annotations=True)))
+    decoded = decode_payload(memoryview(outgoing.encode_received(received, lock_annotations=True)))
     annotations = decoded.message_annotations
     assert annotations[b"x-opt-sequence-number"] == 42
     assert annotations[b"x-opt-enqueued-time"] == 1_893_456_000_000
@@ -353,7 +354,7 @@ def test_the_fast_decoder_reads_what_proton_reads() -> None:
         try:
             codec._decode_fast(wire)
             fast += 1
-        except codec._Unusual:
+        except codec.Unusual:
             pass
     assert fast == len(messages) - 2  # the value and sequence bodies go through proton
     with pytest.raises(InvalidArgumentError):
@@ -410,11 +411,13 @@ def test_the_fast_encoder_gives_receivers_what_proton_gives() -> None:
     ]
     for received in cases:
         for locks, token in ((True, None), (False, None), (True, uuid.UUID(int=77))):
-            wire = received.wire if received.wire is not None else codec._fields_encoding(received)
-            slow = codec.encode_received_with_proton(received, wire, lock_annotations=locks, lock_token=token)
-            fast = codec._encode_received_fast(received, wire, lock_annotations=locks, lock_token=token)  # no fallback
+            wire = received.wire if received.wire is not None else outgoing._fields_encoding(received)
+            slow = outgoing.encode_received_with_proton(received, wire, lock_annotations=locks, lock_token=token)
+            fast = outgoing._encode_received_fast(
+                received, wire, lock_annotations=locks, lock_token=token
+            )  # no fallback
             assert fast == slow  # the very bytes proton's path writes
-            assert codec.encode_received(received, lock_annotations=locks, lock_token=token) == slow
+            assert outgoing.encode_received(received, lock_annotations=locks, lock_token=token) == slow
             if token is not None:  # as Service Bus gives a message received by sequence number (SDK 7.14 reads it)
                 assert decode_payload(memoryview(slow)).delivery_annotations == {b"x-opt-lock-token": token}
 
@@ -460,18 +463,18 @@ def test_a_message_id_of_a_type_amqp_does_not_allow_is_refused(encoded_id: bytes
 
 def test_a_ulong_message_id_goes_back_to_receivers_as_a_ulong() -> None:
     received = _received(None, message_id=2**40)
-    wire = codec._fields_encoding(received)  # a message that arrived without an AMQP encoding
+    wire = outgoing._fields_encoding(received)  # a message that arrived without an AMQP encoding
     sections = codec.split_sections(wire)
     properties = next(s for s in sections if s.code == codec.PROPERTIES)
     assert properties.raw[3:].startswith(b"\xc0") or properties.raw[3:].startswith(b"\xd0")
     first_field = properties.raw[6:] if properties.raw[3] == 0xC0 else properties.raw[12:]
     assert first_field[0] == 0x80  # ulong, not long (0x81)
-    out = codec.encode_received(received, lock_annotations=False)
+    out = outgoing.encode_received(received, lock_annotations=False)
     assert decode_payload(memoryview(out)).properties.message_id == 2**40
     # a stored encoding goes back as it came, whatever the id's type
     for value in (42, uuid.UUID(int=9), bytes.fromhex("01ff10")):
         wire = _with_id(value)
-        again = decode_payload(memoryview(codec.encode_received(_received(wire), lock_annotations=True)))
+        again = decode_payload(memoryview(outgoing.encode_received(_received(wire), lock_annotations=True)))
         assert again.properties.message_id == value
 
 
@@ -481,7 +484,7 @@ def test_a_value_body_with_binary_map_keys_round_trips_exactly() -> None:
     wire = _sdk_encoding(AmqpAnnotatedMessage(value_body=value, properties={"message_id": "v"}))
     message = codec.decode_message(wire)
     assert message.wire == wire
-    out = codec.encode_received(_received(message.wire), lock_annotations=True)
+    out = outgoing.encode_received(_received(message.wire), lock_annotations=True)
     assert decode_payload(memoryview(out)).value == value
 
 

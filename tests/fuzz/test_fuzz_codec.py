@@ -22,8 +22,9 @@ import proton
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oncebus.amqp import codec
-from oncebus.amqp.frames import BATCH_MESSAGE_FORMAT, FrameError, FrameScanner
+from oncebus.amqp import codec, outgoing
+from oncebus.amqp.frames import FrameError, FrameScanner
+from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.messages import MessageState, ReceivedMessage
 from tests.fuzz.mutations import amqp_values, encode_value, nested, performative, scalars
@@ -130,7 +131,7 @@ def _judge(payload: bytes, message_format: int) -> None:
         return  # refused, with a message saying why: fine
     for message in decoded:
         for dead_lettered in (False, True):
-            out = codec.encode_received(_received(message, dead_lettered=dead_lettered), lock_annotations=True)
+            out = outgoing.encode_received(_received(message, dead_lettered=dead_lettered), lock_annotations=True)
             assert codec.split_sections(out)  # deliverable, and well formed
 
 

@@ -7,8 +7,9 @@ section being a whole encoded message. Every message keeps its own encoding
 as ``wire`` so a receiver gets back exactly what was sent (property types,
 value bodies, several data sections).
 
-Outgoing: the stored encoding with a fresh header (delivery count) and
-message annotations (sequence number, enqueued time, lock expiry, ...).
+A field of a type Service Bus does not take refuses that message (an
+``InvalidArgumentError`` naming the field), never the connection. Outgoing:
+:mod:`oncebus.amqp.outgoing`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from typing import Any
 import proton
 
 from oncebus.amqp.encoding import DEFAULT_MAX_DEPTH, DecodeError, Reader, decode
-from oncebus.amqp.frames import BATCH_MESSAGE_FORMAT, PLAIN_MESSAGE_FORMAT
+from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT, PLAIN_MESSAGE_FORMAT
 from oncebus.core.errors import InvalidArgumentError
-from oncebus.core.messages import Message, MessageState, ReceivedMessage
+from oncebus.core.messages import Message, MessageState
 from oncebus.core.timeutil import datetime_to_us, us_to_datetime
 
 HEADER = 0x70
@@ -49,7 +50,7 @@ DEAD_LETTER_SOURCE = proton.symbol("x-opt-deadletter-source")
 DEAD_LETTER_REASON = "DeadLetterReason"
 DEAD_LETTER_ERROR_DESCRIPTION = "DeadLetterErrorDescription"
 
-_SDK_STATES = {MessageState.ACTIVE: 0, MessageState.DEFERRED: 1, MessageState.SCHEDULED: 2}
+SDK_STATES = {MessageState.ACTIVE: 0, MessageState.DEFERRED: 1, MessageState.SCHEDULED: 2}
 
 
 class Section:
@@ -122,7 +123,7 @@ def check_sections(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
     split_sections(payload, max_depth)
 
 
-def _encode_section(code: int, value: Any) -> bytes:
+def encode_section(code: int, value: Any) -> bytes:
     data = proton.Data()
     data.put_object(proton.Described(proton.ulong(code), value))
     return bytes(data.encode())
@@ -232,7 +233,7 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
-class _Unusual(Exception):
+class Unusual(Exception):
     """The fast decoder met something it leaves to the general path (same result, just slower)."""
 
 
@@ -241,7 +242,7 @@ _UNPACK_U64 = struct.Struct(">Q").unpack_from
 _UNPACK_I64 = struct.Struct(">q").unpack_from
 
 
-def _scalar(data: bytes, pos: int) -> tuple[Any, int]:
+def scalar(data: bytes, pos: int) -> tuple[Any, int]:
     """A null, string, symbol, binary, uuid, uint, ulong or timestamp at ``pos`` (anything else is unusual)."""
     code = data[pos]
     pos += 1
@@ -281,7 +282,7 @@ def _scalar(data: bytes, pos: int) -> tuple[Any, int]:
         return proton.ulong(data[pos]), pos + 1
     if code == 0x80:
         return proton.ulong(_UNPACK_U64(data, pos)[0]), pos + 8
-    raise _Unusual
+    raise Unusual
 
 
 def _compound(data: bytes, pos: int, list_codes: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -293,7 +294,7 @@ def _compound(data: bytes, pos: int, list_codes: tuple[int, int, int]) -> tuple[
         return pos + 3, data[pos + 2], pos + 2 + data[pos + 1]
     if code == list_codes[2]:
         return pos + 9, _UNPACK_U32(data, pos + 5)[0], pos + 5 + _UNPACK_U32(data, pos + 1)[0]
-    raise _Unusual
+    raise Unusual
 
 
 _LIST_CODES = (0x45, 0xC0, 0xD0)
@@ -361,7 +362,7 @@ def _check_reencodable(
         try:
             value = build()
             if value:
-                _encode_section(code, value)
+                encode_section(code, value)
         except Exception as exc:
             raise InvalidArgumentError(
                 f"the message's {what} hold a value AMQP does not allow there ({type(exc).__name__}: {exc}); "
@@ -370,7 +371,7 @@ def _check_reencodable(
 
 
 def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
-    """:func:`decode_message` for the usual shape; raises :class:`_Unusual` otherwise.
+    """:func:`decode_message` for the usual shape; raises :class:`Unusual` otherwise.
 
     Reads the properties and the data sections itself (all a Service Bus batch's inner messages
     usually hold); the header, annotations and application properties, rarer and of many types,
@@ -387,24 +388,24 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
     try:
         while pos < end:
             if data[pos] != 0x00 or data[pos + 1] != 0x53:
-                raise _Unusual
+                raise Unusual
             code = data[pos + 2]
             start = pos
             pos += 3
             if code == DATA:
-                value, pos = _scalar(data, pos)
+                value, pos = scalar(data, pos)
                 if not isinstance(value, bytes):
-                    raise _Unusual
+                    raise Unusual
                 bodies.append(value)
             elif code == PROPERTIES:
                 item, count, list_end = _compound(data, pos, _LIST_CODES)
                 if count > 13:
-                    raise _Unusual
+                    raise Unusual
                 for _ in range(count):
-                    value, item = _scalar(data, item)
+                    value, item = scalar(data, item)
                     props.append(value)
                 if item != list_end:
-                    raise _Unusual
+                    raise Unusual
                 pos = list_end
             elif code in (HEADER, MESSAGE_ANNOTATIONS, APPLICATION_PROPERTIES, DELIVERY_ANNOTATIONS, FOOTER):
                 reader = Reader(memoryview(data)[start:], max_depth)
@@ -421,19 +422,19 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
                 else:
                     application = value
             else:  # an amqp-value or amqp-sequence body, or not a section at all
-                raise _Unusual
+                raise Unusual
     except (IndexError, struct.error, UnicodeDecodeError, ValueError, DecodeError, proton.DataException):
-        raise _Unusual from None
+        raise Unusual from None
     except Exception:  # whatever proton made of an odd value: the general path says what it is
-        raise _Unusual from None
+        raise Unusual from None
     if pos != end or not bodies:
-        raise _Unusual
+        raise Unusual
     if (header is not None and not isinstance(header, list)) or (
         annotations is not None and not isinstance(annotations, dict)
     ):
-        raise _Unusual
+        raise Unusual
     if application is not None and not isinstance(application, dict):
-        raise _Unusual
+        raise Unusual
     return _message(
         body=bodies[0] if len(bodies) == 1 else b"".join(bodies),
         properties=props,
@@ -449,7 +450,7 @@ def decode_message(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Messag
     payload = bytes(payload)
     try:
         return _decode_fast(payload, max_depth)
-    except _Unusual:
+    except Unusual:
         return decode_message_general(payload, max_depth)
 
 
@@ -522,21 +523,21 @@ def _data_sections(payload: bytes, max_depth: int) -> list[bytes]:
         end = len(payload)
         while pos < end:
             if payload[pos] == 0x00 and payload[pos + 1] == 0x53 and payload[pos + 2] == DATA:
-                value, pos = _scalar(payload, pos + 3)
+                value, pos = scalar(payload, pos + 3)
                 if not isinstance(value, bytes):
-                    raise _Unusual
+                    raise Unusual
                 found.append(value)
             else:
                 reader = Reader(memoryview(payload)[pos:], max_depth)
                 code = reader.descriptor()
                 if code is None or not HEADER <= code <= FOOTER:
-                    raise _Unusual
+                    raise Unusual
                 reader.skip()
                 pos += reader.pos
         if pos != end:
-            raise _Unusual
+            raise Unusual
         return found
-    except (_Unusual, IndexError, struct.error, UnicodeDecodeError, DecodeError):
+    except (Unusual, IndexError, struct.error, UnicodeDecodeError, DecodeError):
         return [s.binary() for s in split_sections(payload, max_depth) if s.code == DATA]  # reports what is wrong
 
 
@@ -560,221 +561,3 @@ def decode_transfer(payload: bytes, message_format: int, max_depth: int = DEFAUL
     raise InvalidArgumentError(
         f"message format 0x{message_format:08x} is not supported: use 0 (a message) or 0x80013700 (a batch)"
     )
-
-
-# ---------------------------------------------------------------------------------- outgoing
-def _fields_encoding(message: ReceivedMessage) -> bytes:
-    """An encoding for a message that arrived without one (from another front end)."""
-    message_id: Any = message.message_id
-    if isinstance(message_id, int):  # a ulong message-id goes back as a ulong, never a long
-        message_id = proton.ulong(message_id)
-    out = proton.Message(
-        body=message.body,
-        id=message_id,
-        group_id=message.session_id,
-        correlation_id=message.correlation_id,
-        subject=message.subject,
-        content_type=message.content_type,
-        reply_to=message.reply_to,
-        reply_to_group_id=message.reply_to_session_id,
-        address=message.to,
-        properties=dict(message.application_properties) or None,
-    )
-    out.inferred = True
-    if message.time_to_live is not None:
-        out.ttl = message.time_to_live.total_seconds()
-    if message.partition_key is not None:
-        out.annotations = {PARTITION_KEY: message.partition_key}
-    return bytes(out.encode())
-
-
-def _ms(moment: datetime.datetime) -> proton.timestamp:
-    return proton.timestamp(datetime_to_us(moment) // 1000)
-
-
-def _symbol8(name: str) -> bytes:
-    raw = name.encode("ascii")
-    return bytes((0xA3, len(raw))) + raw
-
-
-def _long(value: int) -> bytes:
-    return b"\x55" + struct.pack(">b", value) if -128 <= value <= 127 else b"\x81" + struct.pack(">q", value)
-
-
-def _string(value: str) -> bytes:
-    raw = value.encode("utf-8")
-    return bytes((0xA1, len(raw))) + raw if len(raw) < 256 else b"\xb1" + struct.pack(">I", len(raw)) + raw
-
-
-def _timestamp(moment: datetime.datetime) -> bytes:
-    return b"\x83" + struct.pack(">q", datetime_to_us(moment) // 1000)
-
-
-def _uint(value: int) -> bytes:
-    if value == 0:
-        return b"\x43"
-    return bytes((0x52, value)) if value < 256 else b"\x70" + struct.pack(">I", value)
-
-
-def _described_list(code: int, fields: list[bytes]) -> bytes:
-    body = b"".join(fields)
-    return bytes((0x00, 0x53, code, 0xD0)) + struct.pack(">II", len(body) + 4, len(fields)) + body
-
-
-def _described_map(code: int, pairs: list[bytes]) -> bytes:
-    body = b"".join(pairs)
-    return bytes((0x00, 0x53, code, 0xD1)) + struct.pack(">II", len(body) + 4, len(pairs)) + body
-
-
-_SEQUENCE_NUMBER_KEY = _symbol8(str(SEQUENCE_NUMBER))
-_ENQUEUED_TIME_KEY = _symbol8(str(ENQUEUED_TIME))
-_SCHEDULED_KEY = _symbol8(str(SCHEDULED_ENQUEUE_TIME))
-_PARTITION_KEY_KEY = _symbol8(str(PARTITION_KEY))
-_DEAD_LETTER_SOURCE_KEY = _symbol8(str(DEAD_LETTER_SOURCE))
-_MESSAGE_STATE_KEY = _symbol8(str(MESSAGE_STATE))
-_LOCKED_UNTIL_KEY = _symbol8(str(LOCKED_UNTIL))
-_LOCK_TOKEN_KEY = _symbol8(str(LOCK_TOKEN))
-
-
-def _delivery_annotations(lock_token: uuid.UUID | None) -> bytes:
-    """The lock token as Service Bus gives it with a message received by sequence number (SDK 7.14 reads it)."""
-    if lock_token is None:
-        return b""
-    return _described_map(DELIVERY_ANNOTATIONS, [_LOCK_TOKEN_KEY, b"\x98" + lock_token.bytes])
-
-
-def _encode_received_fast(
-    message: ReceivedMessage, wire: bytes, *, lock_annotations: bool, lock_token: uuid.UUID | None = None
-) -> bytes:
-    """:func:`encode_received` without proton for a message that is not dead-lettered.
-
-    The stored sections are copied as they are; the header's fields and the message annotations'
-    entries are copied raw, with the broker's values put in (same entries, same order as proton's path).
-    """
-    header: list[bytes] = [b"\x40"] * 4
-    original: list[tuple[bytes, bytes]] = []  # message annotations: (raw key, raw value)
-    rest: list[bytes] = []
-    view = memoryview(wire)
-    pos, end = 0, len(wire)
-    try:
-        while pos < end:
-            if wire[pos] != 0x00 or wire[pos + 1] != 0x53:
-                raise _Unusual
-            code = wire[pos + 2]
-            start = pos
-            reader = Reader(view[pos + 3 :])
-            if code == HEADER or code == MESSAGE_ANNOTATIONS:
-                spans = reader.field_spans() if code == HEADER else reader.map_spans()
-                raw = [bytes(view[pos + 3 + a : pos + 3 + b]) for a, b in spans]
-                if code == HEADER:
-                    if len(raw) > 5:
-                        raise _Unusual
-                    header[: min(len(raw), 4)] = raw[:4]
-                else:
-                    original = list(zip(raw[0::2], raw[1::2], strict=True))
-            else:
-                reader.skip()
-            pos += 3 + reader.pos
-            if code == DELIVERY_ANNOTATIONS or code == HEADER or code == MESSAGE_ANNOTATIONS:
-                continue
-            if not HEADER <= code <= FOOTER:
-                raise _Unusual
-            rest.append(wire[start:pos])
-    except (IndexError, struct.error, DecodeError):
-        raise _Unusual from None
-    if pos != end:
-        raise _Unusual
-    ours = {
-        _SEQUENCE_NUMBER_KEY: _long(int(message.sequence_number)),
-        _ENQUEUED_TIME_KEY: _timestamp(message.enqueued_time_utc),
-    }
-    if message.scheduled_enqueue_time_utc is not None:
-        ours[_SCHEDULED_KEY] = _timestamp(message.scheduled_enqueue_time_utc)
-    if message.partition_key is not None:
-        ours[_PARTITION_KEY_KEY] = _string(message.partition_key)
-    if message.dead_letter_source is not None:
-        ours[_DEAD_LETTER_SOURCE_KEY] = _string(message.dead_letter_source)
-    ours[_MESSAGE_STATE_KEY] = _long(int(_SDK_STATES.get(message.state, 0)))
-    if lock_annotations and message.locked_until_utc is not None:
-        ours[_LOCKED_UNTIL_KEY] = _timestamp(message.locked_until_utc)
-    pairs: list[bytes] = []
-    for key, value in original:  # a key the broker sets keeps its place, as in a dict
-        name, _ = _scalar(key, 0) if key[0] in (0xA3, 0xB3) else (None, 0)
-        mine = None if name is None else _symbol8(name)
-        pairs += (key, ours.pop(mine, value) if mine is not None else value)
-    for key, value in ours.items():
-        pairs += (key, value)
-    out = _described_list(HEADER, [*header, _uint(max(message.delivery_count - 1, 0))]) + _delivery_annotations(
-        lock_token
-    )
-    return out + _described_map(MESSAGE_ANNOTATIONS, pairs) + b"".join(rest)
-
-
-def encode_received(message: ReceivedMessage, *, lock_annotations: bool, lock_token: uuid.UUID | None = None) -> bytes:
-    """The encoding a receiver gets: the stored message, a fresh header and the broker's annotations."""
-    wire = message.wire if message.wire is not None else _fields_encoding(message)
-    dead_lettered = message.dead_letter_reason is not None or message.dead_letter_error_description is not None
-    if not dead_lettered:
-        try:
-            return _encode_received_fast(message, wire, lock_annotations=lock_annotations, lock_token=lock_token)
-        except (_Unusual, UnicodeDecodeError):
-            pass
-    return encode_received_with_proton(message, wire, lock_annotations=lock_annotations, lock_token=lock_token)
-
-
-def encode_received_with_proton(
-    message: ReceivedMessage, wire: bytes, *, lock_annotations: bool, lock_token: uuid.UUID | None = None
-) -> bytes:
-    """:func:`encode_received` through proton: every case (dead-lettered messages get properties added)."""
-    sections = split_sections(wire)
-    header: list[Any] = [None, None, None, None, None]
-    annotations: dict[Any, Any] = {}
-    properties: dict[Any, Any] | None = None
-    rest: list[bytes] = []
-    dead_lettered = message.dead_letter_reason is not None or message.dead_letter_error_description is not None
-    for section in sections:
-        if section.code == HEADER:
-            original = list(section.value())
-            header[: len(original)] = original[:5]
-        elif section.code == MESSAGE_ANNOTATIONS:
-            annotations = dict(section.value() or {})
-        elif section.code == DELIVERY_ANNOTATIONS:
-            continue
-        elif section.code == APPLICATION_PROPERTIES and dead_lettered:
-            properties = dict(section.value() or {})
-        else:
-            rest.append(section.raw)
-    header[4] = proton.uint(max(message.delivery_count - 1, 0))
-    annotations[SEQUENCE_NUMBER] = int(message.sequence_number)
-    annotations[ENQUEUED_TIME] = _ms(message.enqueued_time_utc)
-    if message.scheduled_enqueue_time_utc is not None:
-        annotations[SCHEDULED_ENQUEUE_TIME] = _ms(message.scheduled_enqueue_time_utc)
-    if message.partition_key is not None:
-        annotations[PARTITION_KEY] = message.partition_key
-    if message.dead_letter_source is not None:
-        annotations[DEAD_LETTER_SOURCE] = message.dead_letter_source
-    annotations[MESSAGE_STATE] = int(_SDK_STATES.get(message.state, 0))
-    if lock_annotations and message.locked_until_utc is not None:
-        annotations[LOCKED_UNTIL] = _ms(message.locked_until_utc)
-    out = bytearray(_encode_section(HEADER, header)) + _delivery_annotations(lock_token)
-    out += _encode_section(MESSAGE_ANNOTATIONS, proton.AnnotationDict(annotations))
-    if dead_lettered:
-        properties = properties if properties is not None else {}
-        if message.dead_letter_reason is not None:
-            properties[DEAD_LETTER_REASON] = message.dead_letter_reason
-        if message.dead_letter_error_description is not None:
-            properties[DEAD_LETTER_ERROR_DESCRIPTION] = message.dead_letter_error_description
-        # the application properties go before the body, right after the properties section
-        index = next((i for i, raw in enumerate(rest) if _code(raw) > APPLICATION_PROPERTIES), len(rest))
-        rest.insert(index, _encode_section(APPLICATION_PROPERTIES, proton.PropertyDict(properties)))
-    for raw in rest:
-        out += raw
-    return bytes(out)
-
-
-def _code(raw: bytes) -> int:
-    return raw[2] if raw[1] == 0x53 else raw[9]
-
-
-def state_name(state: MessageState) -> int:
-    return _SDK_STATES.get(state, 0)

@@ -22,15 +22,8 @@ import cproton
 import proton
 
 from oncebus.amqp.errors import INTERNAL_ERROR, TRACKING_ID
-from oncebus.amqp.frames import (
-    AMQP_HEADER,
-    FrameError,
-    FrameScanner,
-    IncomingDelivery,
-    NotAmqpError,
-    close_frame,
-    open_frame,
-)
+from oncebus.amqp.frames import FrameError, FrameScanner, IncomingDelivery, NotAmqpError
+from oncebus.amqp.performatives import AMQP_HEADER, close_frame, open_frame
 from oncebus.amqp.sas import Grant
 
 if TYPE_CHECKING:

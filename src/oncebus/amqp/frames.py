@@ -66,67 +66,36 @@ from oncebus.amqp.encoding import (
     NULL,
     DecodeError,
     Reader,
-    encode_described,
     encode_list,
-    encode_string,
-    encode_symbol,
     encode_uint,
     skip,
 )
 from oncebus.amqp.limits import DEFAULT_LIMITS, AmqpLimits
+from oncebus.amqp.performatives import (
+    AMQP_HEADER,
+    AMQP_PERFORMATIVES,
+    ATTACH,
+    BEGIN,
+    CLOSE,
+    DETACH,
+    DISPOSITION,
+    END,
+    FRAME_HEADER_SIZE,
+    FRAME_TYPE_AMQP,
+    FRAME_TYPE_SASL,
+    FULL_FIELD_COUNTS,
+    OPEN,
+    PLAIN_MESSAGE_FORMAT,
+    PROTOCOL_HEADER_PREFIX,
+    SASL_HEADER,
+    SASL_PERFORMATIVES,
+    TRANSFER,
+    descriptor_code,
+    descriptor_length,
+    pad_fields,
+    split_frames,
+)
 
-PROTOCOL_HEADER_PREFIX = b"AMQP"
-AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
-SASL_HEADER = b"AMQP\x03\x01\x00\x00"
-BATCH_MESSAGE_FORMAT = 0x80013700
-PLAIN_MESSAGE_FORMAT = 0
-
-FRAME_TYPE_AMQP = 0
-FRAME_TYPE_SASL = 1
-OPEN = 0x10
-BEGIN = 0x11
-ATTACH = 0x12
-FLOW = 0x13
-TRANSFER = 0x14
-DISPOSITION = 0x15
-DETACH = 0x16
-END = 0x17
-CLOSE = 0x18
-ERROR = 0x1D
-SASL_OUTCOME = 0x44
-_AMQP_PERFORMATIVES = {
-    OPEN: "open",
-    BEGIN: "begin",
-    ATTACH: "attach",
-    FLOW: "flow",
-    TRANSFER: "transfer",
-    DISPOSITION: "disposition",
-    DETACH: "detach",
-    END: "end",
-    CLOSE: "close",
-}
-_SASL_PERFORMATIVES = {
-    0x40: "sasl-mechanisms",
-    0x41: "sasl-init",
-    0x42: "sasl-challenge",
-    0x43: "sasl-response",
-    SASL_OUTCOME: "sasl-outcome",
-}
-# the field counts of the AMQP performatives: proton leaves out trailing fields that hold their default
-# (legal AMQP), azure-servicebus 7.14 reads fields by position (open's properties are frame[9], a transfer's
-# payload follows its 11th field, a detach's error is frame[2], ...) and fails with "list index out of range";
-# so every performative oncebus sends carries every field (an absent one as null, which means its default)
-FULL_FIELD_COUNTS = {
-    OPEN: 10,
-    BEGIN: 8,
-    ATTACH: 14,
-    FLOW: 11,
-    TRANSFER: 11,
-    DISPOSITION: 6,
-    DETACH: 3,
-    END: 1,
-    CLOSE: 1,
-}
 _SEQUENCE_MASK = 0xFFFFFFFF
 _HEADER, _SASL, _AMQP = "header", "sasl", "amqp"
 
@@ -219,79 +188,6 @@ class _Frame:
         rest = bytes(self.view[self.end :]) if payload else b""
         size = len(head) + len(rest)
         return struct.pack(">I", size) + head[4:] + rest
-
-
-def _descriptor_code(frame: bytes | memoryview, start: int) -> int | None:
-    """The numeric descriptor of the performative at ``start`` (None for any other encoding)."""
-    if len(frame) >= start + 3 and frame[start] == 0x00 and frame[start + 1] == 0x53:
-        return int(frame[start + 2])
-    if len(frame) >= start + 10 and frame[start] == 0x00 and frame[start + 1] == 0x80:
-        value = int(struct.unpack_from(">Q", frame, start + 2)[0])
-        return value if value < 256 else None
-    return None
-
-
-def _descriptor_length(frame: bytes | memoryview, start: int) -> int:
-    return 3 if frame[start + 1] == 0x53 else 10
-
-
-def pad_fields(frame: bytes | memoryview, start: int, wanted: int) -> bytes | None:
-    """``frame`` with its performative list extended by nulls to ``wanted`` fields (None: nothing to add)."""
-    at = start + _descriptor_length(frame, start)
-    code = frame[at]
-    if code == 0x45:
-        count, items, stop = 0, at + 1, at + 1
-    elif code == 0xC0:
-        count, items, stop = frame[at + 2], at + 3, at + 2 + frame[at + 1]
-    elif code == 0xD0:
-        size, count = struct.unpack_from(">II", frame, at + 1)
-        items, stop = at + 9, at + 5 + size
-    else:
-        return None
-    if count >= wanted:
-        return None
-    body = bytes(frame[items:stop]) + NULL * (wanted - count)
-    if len(body) + 1 <= 255:
-        listed = bytes((0xC0, len(body) + 1, wanted)) + body
-    else:
-        listed = b"\xd0" + struct.pack(">II", len(body) + 4, wanted) + body
-    head = bytes(frame[4:at])
-    rest = bytes(frame[stop:])
-    return struct.pack(">I", 4 + len(head) + len(listed) + len(rest)) + head + listed + rest
-
-
-_FRAME_HEADER = 8
-
-
-def _split(frames: bytes) -> list[bytes]:
-    """Whole frames (as this module writes them: data offset 2) one by one."""
-    out = []
-    offset = 0
-    while offset < len(frames):
-        (size,) = struct.unpack_from(">I", frames, offset)
-        out.append(frames[offset : offset + size])
-        offset += size
-    return out
-
-
-def error_list(condition: str, description: str) -> bytes:
-    """An AMQP ``error`` (with the empty info map the SDK reads unconditionally)."""
-    return encode_described(ERROR, encode_list([encode_symbol(condition), encode_string(description), b"\xc1\x01\x00"]))
-
-
-def amqp_frame(performative: int, fields: list[bytes], channel: int = 0) -> bytes:
-    body = encode_described(performative, encode_list(fields))
-    return struct.pack(">IBBH", 8 + len(body), 2, FRAME_TYPE_AMQP, channel) + body
-
-
-def open_frame(container_id: str, max_frame_size: int) -> bytes:
-    """An ``open`` with every field present (for a close that must come after an open)."""
-    fields = [encode_string(container_id), NULL, encode_uint(max_frame_size)] + [NULL] * 7
-    return amqp_frame(OPEN, fields)
-
-
-def close_frame(condition: str, description: str) -> bytes:
-    return amqp_frame(CLOSE, [error_list(condition, description)])
 
 
 class FrameScanner:
@@ -430,8 +326,8 @@ class FrameScanner:
 
     def _frame(self, channel: int, frame_type: int, frame: memoryview, start: int) -> bytes | None:
         """Check one frame's performative; let the AMQP ones that matter update what is known."""
-        names = _SASL_PERFORMATIVES if frame_type == FRAME_TYPE_SASL else _AMQP_PERFORMATIVES
-        code = _descriptor_code(frame, start)
+        names = SASL_PERFORMATIVES if frame_type == FRAME_TYPE_SASL else AMQP_PERFORMATIVES
+        code = descriptor_code(frame, start)
         if code is None or code not in names:
             raise FrameError(
                 f"the frame does not hold a known {'SASL' if frame_type else 'AMQP'} performative "
@@ -440,7 +336,7 @@ class FrameScanner:
                 + ")",
                 DECODE_ERROR,
             )
-        list_at = start + _descriptor_length(frame, start)
+        list_at = start + descriptor_length(frame, start)
         if frame[list_at] not in (0x45, 0xC0, 0xD0):
             raise FrameError(f"the {names[code]} performative's fields are not a list", DECODE_ERROR)
         try:
@@ -634,7 +530,7 @@ class FrameScanner:
         return b"".join(pieces)
 
     def _outgoing(self, channel_bytes: bytes, frame: memoryview, start: int) -> bytes | None:
-        code = _descriptor_code(frame, start)
+        code = descriptor_code(frame, start)
         if code == TRANSFER:
             return pad_fields(frame, start, FULL_FIELD_COUNTS[TRANSFER])
         channel = struct.unpack(">H", channel_bytes)[0]
@@ -645,7 +541,8 @@ class FrameScanner:
                 mapped = self._outgoing_disposition(session, frame, start)
                 if mapped is not None:
                     return b"".join(
-                        pad_fields(f, _FRAME_HEADER, FULL_FIELD_COUNTS[DISPOSITION]) or f for f in _split(mapped)
+                        pad_fields(f, FRAME_HEADER_SIZE, FULL_FIELD_COUNTS[DISPOSITION]) or f
+                        for f in split_frames(mapped)
                     )
         elif code == OPEN:
             self.sent_open = True

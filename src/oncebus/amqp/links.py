@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import proton
 
-from oncebus.amqp import codec
+from oncebus.amqp import codec, outgoing
 from oncebus.amqp.errors import TRACKING_ID, condition_of
 from oncebus.core.errors import (
     InvalidArgumentError,
@@ -315,7 +315,7 @@ class ReceiveLink:
             await wait_for_change(namespace, self.wake, IDLE_POLL_SECONDS)
 
     def _transfer(self, message: ReceivedMessage) -> None:
-        payload = codec.encode_received(message, lock_annotations=self.session is None)
+        payload = outgoing.encode_received(message, lock_annotations=self.session is None)
         self.largest = max(self.largest, len(payload))
         if self.mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE or message.lock_token is None:
             delivery = self.link.delivery(uuid.uuid4().bytes)

@@ -313,9 +313,7 @@ class AmqpConnection(asyncio.Protocol):
         """Detach every link whose entity no unexpired CBS token covers any more (as Service Bus does)."""
         if self.closed:
             return
-        expired = [grant for grant in self.grants if grant.expires_at <= now]
-        if not expired:
-            return
+        # (``authorized()`` may have dropped an expired grant already: the links are what is checked)
         self.grants = [grant for grant in self.grants if grant.expires_at > now]
         for link in self._links():
             handler = getattr(link, "oncebus_handler", None)

@@ -1166,3 +1166,14 @@ class Namespace:
 
     def entity_names(self) -> list[str]:
         return [e.properties.name for e in self._entities.values()]
+
+    async def reset(self) -> None:
+        """Delete every entity with its messages, sessions, counters and dedup history, in one commit, and
+        let the time start again from the clock's reading (``oncebus.testing``'s fresh namespace per test)."""
+        self._check_alive()
+        paths = list(self._entities)
+        self._entities.clear()
+        self._floor_us = 0
+        self._notify()
+        if paths:
+            await self._write([DeleteEntity(path) for path in paths])

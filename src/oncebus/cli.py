@@ -396,12 +396,10 @@ def _stats(args: argparse.Namespace, target: _Remote | _Local) -> int:
                     "dedup": r["duplicate_detection_history_time_window"]
                     if r["requires_duplicate_detection"]
                     else "off",
-                    "active": r.get("active", sum(s["active"] for s in r.get("subscriptions", {}).values())),
-                    "scheduled": r.get("scheduled", ""),
-                    "deferred": r.get("deferred", ""),
-                    "dead_lettered": r.get(
-                        "dead_lettered", sum(s["dead_lettered"] for s in r.get("subscriptions", {}).values())
-                    ),
+                    "active": r["active_message_count"],
+                    "scheduled": r["scheduled_message_count"],
+                    "deferred": r["deferred_message_count"],
+                    "dead_lettered": r["dead_letter_message_count"],
                     "accepted": r["accepted"],
                     "duplicates": r["duplicates_dropped"],
                     "keys_held": r["keys_held"],

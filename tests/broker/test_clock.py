@@ -66,11 +66,11 @@ def test_the_timer_task_survives_a_failing_tick(caplog: pytest.LogCaptureFixture
             await asyncio.sleep(0.001)
         clock.advance(2)
         for _ in range(2500):  # the task still ticks: the scheduled message becomes active
-            if ns.stats("q")["active"] == 1:
+            if ns.stats("q").active_message_count == 1:
                 break
             await asyncio.sleep(0.002)
         assert not timers.done()
-        assert ns.stats("q")["active"] == 1
+        assert ns.stats("q").active_message_count == 1
         timers.cancel()
 
     with caplog.at_level(logging.ERROR, logger="oncebus.broker"):

@@ -86,12 +86,12 @@ def test_defer_and_receive_deferred(stores: StoreFactory) -> None:
         got = (await ns.receive("q"))[0]
         await ns.defer("q", got.lock_token)  # type: ignore[arg-type]
         assert await ns.receive("q") == []
-        assert ns.stats("q")["deferred"] == 1
+        assert ns.stats("q").deferred_message_count == 1
         with pytest.raises(MessageNotFoundError):
             await ns.receive_deferred_messages("q", [got.sequence_number + 100])
         deferred = await ns.receive_deferred_messages("q", [got.sequence_number])
         await ns.complete("q", deferred[0].lock_token)  # type: ignore[arg-type]
-        assert ns.stats("q")["deferred"] == 0
+        assert ns.stats("q").deferred_message_count == 0
 
     run(go())
 
@@ -138,10 +138,10 @@ def test_schedule_and_cancel_keeps_the_key(stores: StoreFactory) -> None:
         ns = await _ns(stores, clock)
         await ns.create_queue("q", requires_duplicate_detection=True)
         seqs = await ns.schedule_messages("q", Message(b"x", message_id="a"), us_to_datetime(clock.now_us() + 60e6))
-        assert ns.stats("q")["scheduled"] == 1
+        assert ns.stats("q").scheduled_message_count == 1
         assert await ns.receive("q") == []
         await ns.cancel_scheduled_messages("q", seqs)
-        assert ns.stats("q")["scheduled"] == 0
+        assert ns.stats("q").scheduled_message_count == 0
         await ns.send("q", Message(b"x", message_id="a"))
         clock.advance(120)
         ns.tick()
@@ -202,7 +202,7 @@ def test_topic_fans_out_and_checks_once(stores: StoreFactory) -> None:
         for sub in ("t/Subscriptions/a", "T/subscriptions/B"):
             assert [m.message_id for m in await ns.receive(sub, 10, receive_mode=RAD)] == ["x"]
         stats = ns.stats("t")
-        assert stats["accepted"] == 1 and stats["duplicates_dropped"] == 1 and stats["keys_held"] == 1
+        assert stats.accepted == 1 and stats.duplicates_dropped == 1 and stats.keys_held == 1
 
     run(go())
 
@@ -230,13 +230,13 @@ def test_bad_input_stores_nothing(stores: StoreFactory) -> None:
         props = ns.get_queue("q")
         assert props.lock_duration == timedelta(minutes=1) and props.requires_duplicate_detection
         stats = ns.stats("q")
-        assert stats["accepted"] == 0 and stats["keys_held"] == 0 and stats["active"] == 0
+        assert stats.accepted == 0 and stats.keys_held == 0 and stats.active_message_count == 0
         # "fine" was in the rejected batches: it is still new
         await ns.send("q", Message(b"ok", message_id="fine"))
-        assert ns.stats("q")["active"] == 1
+        assert ns.stats("q").active_message_count == 1
         await ns.close()
         reopened = await Namespace.open(stores.open(), ns.clock)
-        assert reopened.stats("q")["active"] == 1
+        assert reopened.stats("q").active_message_count == 1
         assert reopened.list_queues()[0].name == "q"
         assert [q.name for q in reopened.list_queues()] == ["q"]
 
@@ -255,9 +255,9 @@ def test_late_resends_are_counted_with_their_delay(stores: StoreFactory) -> None
         outcome = await ns.send("q", Message(b"x", message_id="a"))
         assert not outcome[0].duplicate and outcome[0].late_resend_delay_us == 22_000_000
         stats = ns.stats("q")
-        assert stats["late_resends"] == 1 and stats["late_resend_delay_seconds"]["max"] == 22.0
-        assert stats["accepted"] == 2 and stats["duplicates_dropped"] == 1
-        assert stats["oldest_key_age_seconds"] == 0.0
+        assert stats.late_resends == 1 and stats.late_resend_delay_seconds.max == 22.0
+        assert stats.accepted == 2 and stats.duplicates_dropped == 1
+        assert stats.oldest_key_age_seconds == 0.0
 
     run(go())
 

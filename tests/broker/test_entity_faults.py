@@ -45,7 +45,7 @@ def test_deleting_a_queue_keeps_the_queues_named_under_it(stores: StoreFactory) 
         assert [m.message_id for m in ns.peek_messages("orders/eu", 5)] == ["eu-2"]
         assert [m.message_id for m in ns.peek_messages("orders/eu/$DeadLetterQueue", 5)] == ["eu-1"]
         assert [m.message_id for m in ns.peek_messages("orders_x", 5)] == ["x-1"]
-        assert ns.stats("orders/eu")["accepted"] == 2 and ns.stats("orders/eu")["keys_held"] == 2
+        assert ns.stats("orders/eu").accepted == 2 and ns.stats("orders/eu").keys_held == 2
         assert (await ns.send("orders/eu", Message(b"eu", message_id="eu-1")))[0].duplicate
         with pytest.raises(EntityNotFoundError):
             ns.get_queue("orders")
@@ -108,12 +108,12 @@ def test_a_time_to_live_past_year_9999_means_never(stores: StoreFactory) -> None
         assert [m.message_id for m in peeked] == ["1", "2", "4"]
         assert [m.expires_at_utc for m in peeked] == [None, None, None]  # never (4: past the end once enqueued)
         assert peeked[0].time_to_live == timedelta(days=10675199)
-        assert ns.stats("q")["active"] == 2 and ns.stats("q")["scheduled"] == 1
+        assert ns.stats("q").active_message_count == 2 and ns.stats("q").scheduled_message_count == 1
         got = await ns.receive("q", 10)
         assert [m.message_id for m in got] == ["1", "2"] and got[0].expires_at_utc is None
         for m in got:
             await ns.complete("q", m.lock_token)  # type: ignore[arg-type]
-        assert ns.stats("q")["active"] == 0
+        assert ns.stats("q").active_message_count == 0
         assert [m.message_id for m in ns.peek_messages("t/subscriptions/s", 5)] == ["3"]
         clock.advance(86_400 * 365 * 100)  # a century: nothing expires
         ns.tick()
@@ -181,9 +181,9 @@ def test_a_bad_message_field_is_refused_for_that_message_only(message: Message, 
         await ns.create_queue("q", requires_duplicate_detection=True)
         with pytest.raises(InvalidArgumentError, match=f"message 2 of 2: {error}"):
             await ns.send("q", [Message(b"ok", message_id="ok"), message])
-        assert ns.stats("q")["accepted"] == 0 and ns.stats("q")["keys_held"] == 0
+        assert ns.stats("q").accepted == 0 and ns.stats("q").keys_held == 0
         await ns.send("q", Message(b"ok", message_id="ok"))  # the connection and the entity go on
-        assert ns.stats("q")["active"] == 1
+        assert ns.stats("q").active_message_count == 1
 
     run(go())
 
@@ -237,12 +237,12 @@ def test_the_entity_size_counts_each_message_once_at_its_wire_size(stores: Store
             room = limit - used
             with pytest.raises(QuotaExceededError, match="max_size_in_megabytes=1"):
                 await ns.send(entity, _wired(room - 8 + 1, "over"))  # one byte over: refused, nothing stored
-            assert ns.stats(entity)["accepted"] == 5
+            assert ns.stats(entity).accepted == 5
             assert len(ns.peek_messages(path, 10)) == 5
             await ns.send(entity, _wired(room - 8, "edge"))  # exactly full: accepted
             with pytest.raises(QuotaExceededError):
                 await ns.send(entity, _wired(0, "one-more"))
-            assert ns.stats(entity)["accepted"] == 6
+            assert ns.stats(entity).accepted == 6
         await ns.close()
         ns = await _ns(stores, clock)  # the same after a restart
         with pytest.raises(QuotaExceededError):

@@ -61,8 +61,8 @@ def test_distinct_ids_never_collide_and_come_back_with_their_type(stores: StoreF
         got = await ns.receive("q", 100, receive_mode=RAD)
         assert [m.message_id for m in got] == DISTINCT
         assert [type(m.message_id) for m in got] == [type(mid) for mid in DISTINCT]
-        assert ns.stats("q")["accepted"] == len(DISTINCT)
-        assert ns.stats("q")["duplicates_dropped"] == len(DISTINCT)
+        assert ns.stats("q").accepted == len(DISTINCT)
+        assert ns.stats("q").duplicates_dropped == len(DISTINCT)
 
     run(go())
 
@@ -127,7 +127,7 @@ def test_ids_of_the_wrong_type_or_range_are_refused(fields: dict[str, object], e
             message = Message(b"x", **{"message_id": "m", **fields})  # type: ignore[arg-type]
             with pytest.raises(InvalidArgumentError, match=error.replace("(", r"\(").replace(")", r"\)")):
                 await ns.send(queue, message)
-            assert ns.stats(queue)["accepted"] == 0
+            assert ns.stats(queue).accepted == 0
 
     run(go())
 

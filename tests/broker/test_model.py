@@ -70,7 +70,7 @@ def test_broker_matches_reference(partitioned: bool, ops: list[tuple[str, object
                 await drain()
         await drain()
         assert delivered == expected
-        assert ns.stats("q")["keys_held"] == len(
+        assert ns.stats("q").keys_held == len(
             [k for k, t0 in model.held.items() if t0 + model.window_us > clock.now_us()]
         )
 

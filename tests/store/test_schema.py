@@ -92,7 +92,7 @@ def test_a_schema_0_file_is_migrated_and_keeps_every_key_and_message(tmp_path: P
         assert [o.duplicate for o in resent] == [True, True, True, False]
         assert [m.message_id for m in ns.peek_messages("plain")] == ["order-1"]
         stats = ns.stats("plain")
-        assert (stats["accepted"], stats["duplicates_dropped"], stats["next_sequence_number"]) == (2, 1 + 2, 3)
+        assert (stats.accepted, stats.duplicates_dropped, stats.next_sequence_number) == (2, 1 + 2, 3)
         await ns.close()
 
     asyncio.run(go())

@@ -78,11 +78,11 @@ def test_broker_refuses_then_recovers_when_the_store_fails() -> None:
             await ns.send("q", Message(b"x", message_id="b"))  # refused, saying why, until reloaded
         store.fail = False
         await _recovered(ns)
-        assert ns.stats("q")["active"] == 0 and ns.stats("q")["accepted"] == 0
+        assert ns.stats("q").active_message_count == 0 and ns.stats("q").accepted == 0
         assert not (await ns.send("q", Message(b"x", message_id="a")))[0].duplicate  # the failed send kept no key
-        assert ns.stats("q")["active"] == 1
+        assert ns.stats("q").active_message_count == 1
         restarted = await Namespace.open(store, ManualClock())
-        assert restarted.stats("q")["active"] == 1 and restarted.stats("q")["accepted"] == 1
+        assert restarted.stats("q").active_message_count == 1 and restarted.stats("q").accepted == 1
 
     asyncio.run(go())
 
@@ -114,7 +114,7 @@ def test_history_is_pruned_and_rebuilt_within_the_window(tmp_path: Path) -> None
         assert [k.key for k in rows] == ["fresh"]
         store2 = SqliteStore(tmp_path / "db")
         ns2 = await Namespace.open(store2, clock)
-        assert ns2.stats("q")["keys_held"] == 1
+        assert ns2.stats("q").keys_held == 1
         assert (await ns2.send("q", Message(b"x", message_id="fresh")))[0].duplicate
         store2.close()
 

@@ -88,13 +88,13 @@ def test_disk_full_at_the_broker_refuses_clearly_counts_nothing_and_recovers_wit
             assert isinstance(caught.value, ServerBusyError)
             await _recovered(ns)
             stats = ns.stats("q")
-            assert (stats["accepted"], stats["active"], stats["keys_held"]) == (5, 5, 5), attempt
+            assert (stats.accepted, stats.active_message_count, stats.keys_held) == (5, 5, 5), attempt
         assert ns.reloads >= 1
         assert [m.message_id for m in ns.peek_messages("q", 20)] == acked
         _free_space(store)
         outcomes = await ns.send("q", batch)  # the same batch: new, not duplicates of the failed sends
         assert [o.duplicate for o in outcomes] == [False] * 10
-        assert ns.stats("q")["accepted"] == 15
+        assert ns.stats("q").accepted == 15
         await ns.close()
         store.close()
 
@@ -102,7 +102,7 @@ def test_disk_full_at_the_broker_refuses_clearly_counts_nothing_and_recovers_wit
         ns = await Namespace.open(store, clock)
         got = await ns.receive("q", 50, receive_mode=RAD)
         assert [m.message_id for m in got] == acked + [m.message_id for m in batch]
-        assert ns.stats("q")["accepted"] == 15
+        assert ns.stats("q").accepted == 15
         store.close()
 
     with caplog.at_level(logging.INFO, logger="oncebus"):
@@ -165,12 +165,12 @@ def test_a_duplicate_of_a_send_whose_write_fails_is_refused_not_dropped() -> Non
         assert (await other)[0].sequence_number is not None
         await _recovered(ns)
         stats = ns.stats("q")
-        assert (stats["accepted"], stats["duplicates_dropped"]) == (1, 0)  # the committed send only
+        assert (stats.accepted, stats.duplicates_dropped) == (1, 0)  # the committed send only
         assert not (await ns.send("q", Message(b"2", message_id="k")))[0].duplicate  # the retry is stored
         got = await ns.receive("q", 5, receive_mode=RAD)
         assert [(m.message_id, m.body) for m in got] == [("other", b"3"), ("k", b"2")]
         restarted = await Namespace.open(store, ManualClock())
-        assert restarted.stats("q")["accepted"] == 2  # no later unit wrote the failed send's count back
+        assert restarted.stats("q").accepted == 2  # no later unit wrote the failed send's count back
 
     asyncio.run(go())
 
@@ -192,7 +192,7 @@ def test_a_settlement_whose_write_fails_leaves_the_message_to_be_received_again(
         again = await ns.receive("q")  # memory was reloaded: the message is neither lost nor stuck
         assert [m.message_id for m in again] == ["m"]
         await ns.complete("q", again[0].lock_token)  # type: ignore[arg-type]
-        assert ns.stats("q")["active"] == 0
+        assert ns.stats("q").active_message_count == 0
 
     asyncio.run(go())
 

@@ -35,8 +35,8 @@ def test_reset_deletes_everything_durably_and_lets_the_time_start_again(tmp_path
         await ns.create_queue("orders", requires_duplicate_detection=True)
         (outcome,) = await ns.send("orders", [Message(b"again", message_id="1")])
         assert not outcome.duplicate and outcome.sequence_number == 1
-        stats = ns.stats("orders")
-        assert (stats["accepted"], stats["duplicates_dropped"], stats["active"]) == (1, 0, 1)
+        stats = ns.stats("orders").to_dict()
+        assert (stats["accepted"], stats["duplicates_dropped"], stats["active_message_count"]) == (1, 0, 1)
         await ns.close()
         store.close()
 
@@ -55,7 +55,7 @@ def test_reset_forgets_the_time_floor_so_a_rewound_clock_is_read_again(tmp_path:
         rewound = ManualClock(start_us=ahead - 3_600_000_000)
         ns.clock = rewound  # as the file clock does when the testing API writes a lower offset
         assert (await dispatch(ns, "clock.tick", {}))["now_us"] == rewound.now_us()
-        assert ns.stats("q")["oldest_key_age_seconds"] == 0.0  # held at the floor until the reset
+        assert ns.stats("q").oldest_key_age_seconds == 0.0  # held at the floor until the reset
         await dispatch(ns, "namespace.reset", {})
         await ns.create_queue("q", requires_duplicate_detection=True)
         (outcome,) = await ns.send("q", [Message(b"a", message_id="1")])

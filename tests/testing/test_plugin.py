@@ -65,7 +65,7 @@ def test_declared_entities_and_the_sdk(oncebus_namespace):
             receiver.complete_message(got)
     send(oncebus_namespace, "orders", ("a", "o1"), ("a", "o1"))
     assert oncebus_namespace.stats("orders")["duplicates_dropped"] == 1
-    assert oncebus_namespace.stats("events")["subscriptions"]["audit"]["active"] == 1
+    assert oncebus_namespace.stats("events")["subscriptions"]["audit"]["active_message_count"] == 1
 
 
 def test_the_session_server_is_the_namespace_server(oncebus_server, oncebus_namespace):
@@ -89,7 +89,7 @@ servers = []
 def test_first_leaves_a_message_behind(oncebus_namespace):
     servers.append(oncebus_namespace.info["pid"])
     send(oncebus_namespace, "orders", ("from the first test", "m1"))
-    assert oncebus_namespace.stats("orders")["active"] == 1
+    assert oncebus_namespace.stats("orders")["active_message_count"] == 1
 
 
 def test_second_starts_empty_with_no_dedup_history(oncebus_namespace):

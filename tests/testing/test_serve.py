@@ -130,7 +130,7 @@ def test_reset_deletes_messages_and_dedup_history_and_brings_the_clock_back(fres
     fresh.create_queue("orders", requires_duplicate_detection=True)
     send(fresh, "orders", ServiceBusMessage("new", message_id="m1"))
     stats = fresh.stats("orders")
-    assert (stats["accepted"], stats["duplicates_dropped"], stats["active"]) == (1, 0, 1)
+    assert (stats["accepted"], stats["duplicates_dropped"], stats["active_message_count"]) == (1, 0, 1)
     assert receive(fresh, "orders") == ["new"]
 
 
@@ -153,10 +153,18 @@ def test_advance_applies_scheduled_messages_and_ttl_at_once(fresh: OncebusServer
             sender.schedule_messages(ServiceBusMessage("later"), fresh.now() + timedelta(hours=1))
             sender.send_messages(ServiceBusMessage("short-lived", time_to_live=timedelta(minutes=5)))
     stats = fresh.stats("jobs")
-    assert (stats["scheduled"], stats["active"], stats["dead_lettered"]) == (1, 1, 0)
+    assert (stats["scheduled_message_count"], stats["active_message_count"], stats["dead_letter_message_count"]) == (
+        1,
+        1,
+        0,
+    )
     fresh.advance(timedelta(hours=1, seconds=1))
     stats = fresh.stats("jobs")  # straight after advance() returns: no wait for a timer
-    assert (stats["scheduled"], stats["active"], stats["dead_lettered"]) == (0, 1, 1)
+    assert (stats["scheduled_message_count"], stats["active_message_count"], stats["dead_letter_message_count"]) == (
+        0,
+        1,
+        1,
+    )
     assert receive(fresh, "jobs") == ["later"]
     assert [m["body"] for m in fresh.peek("jobs/$DeadLetterQueue")] == ["short-lived"]
 
@@ -251,7 +259,7 @@ def test_keys_replace_the_default_key(mode: Mode) -> None:
         assert "SharedAccessKeyName=tester;SharedAccessKey=c2VjcmV0a2V5;" in server.connection_string
         server.create_queue("q")
         send(server, "q", ServiceBusMessage("signed with the given key"))
-        assert server.stats("q")["active"] == 1
+        assert server.stats("q")["active_message_count"] == 1
 
 
 def test_a_subprocess_broker_stops_when_its_test_process_is_killed(tmp_path: Path) -> None:

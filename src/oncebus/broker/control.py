@@ -241,7 +241,7 @@ async def _peek(ns: Namespace, args: dict[str, Any]) -> Any:
 @operation("stats")
 async def _stats(ns: Namespace, args: dict[str, Any]) -> Any:
     names = [args["name"]] if args.get("name") else ns.entity_names()
-    return [ns.stats(name) for name in names]
+    return [ns.stats(name).to_dict() for name in names]
 
 
 @operation("ping")

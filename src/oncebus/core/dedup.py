@@ -236,6 +236,10 @@ class DedupIndex:
     def window(self) -> timedelta:
         return timedelta(microseconds=self._window_us)
 
+    @property
+    def window_us(self) -> int:
+        return self._window_us
+
     def set_window(self, value: timedelta, now_us: int) -> None:
         """Change the window at ``now_us``: keys that left the old window stay gone; held keys get the new one."""
         self._tick(now_us)
@@ -363,6 +367,32 @@ class DuplicateDetector:
         if not self.enabled:
             return _NEW
         return self.index.judge(key, now_us)
+
+    def restore(self, key: str, first_accepted_us: int, now_us: int) -> bool:
+        """Hold a key from durable history if it is still inside the window at ``now_us`` (call in
+        ``first_accepted_us`` order); False when it is not held (expired, or detection is off)."""
+        if not self.enabled or first_accepted_us + self.index.window_us <= now_us:
+            return False
+        self.index.restore(key, first_accepted_us)
+        return True
+
+    def expire(self, now_us: int) -> int:
+        """Let the keys whose window has passed go; returns how many went."""
+        return self.index.expire(now_us) if self.enabled else 0
+
+    def stats(self, now_us: int) -> DedupStats:
+        """Held keys, their memory, and the oldest one's age, after expiring what is due at ``now_us``."""
+        if not self.enabled:
+            return DedupStats(0, 0, None)
+        self.index.expire(now_us)
+        oldest = self.index.oldest_first_accepted_us()
+        return DedupStats(len(self.index), self.index.nbytes(), None if oldest is None else (now_us - oldest) / 1e6)
+
+
+class DedupStats(NamedTuple):
+    keys_held: int
+    index_bytes: int
+    oldest_key_age_seconds: float | None
 
 
 _NEW = Verdict(False)

@@ -1,0 +1,169 @@
+"""The commit journal: units of store operations submitted, waited for, and what happens when one fails.
+
+``write`` submits one unit and returns once it is durable; ``write_later`` submits
+background work nobody waits for; ``barrier`` waits until everything submitted so
+far is durable. If the store fails a write (disk full, I/O error), the caller gets a
+``StoreWriteError`` (server-busy) naming the cause, the failure is logged once, and
+``check_alive`` refuses work, saying why, until every write in flight has finished;
+the journal then calls ``reload`` (the namespace rebuilds itself from what the store
+holds, as a restart would) and accepts work again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+from oncebus.core.errors import StoreWriteError
+from oncebus.store.base import Op, Store
+
+RECOVER_FIRST_SECONDS = 0.05  # after a failed write, the first reload waits this long, doubling up to the next
+RECOVER_MAX_SECONDS = 5.0
+_LOG = logging.getLogger("oncebus.broker")
+
+
+class Journal:
+    def __init__(self, store: Store, *, reload: Callable[[], None], reloaded: Callable[[], None]) -> None:
+        self.store = store
+        self._reload = reload
+        self._reloaded = reloaded
+        self.failure: StoreWriteError | None = None  # set from a failed write until the reload after it
+        self.failed_writes = 0  # failed writes so far: a duplicate's verdict holds only if none failed meanwhile
+        self._failure_logged = False  # one log line per episode (until a write succeeds again)
+        self._recover_delay = RECOVER_FIRST_SECONDS
+        self._recovery: asyncio.Task[None] | None = None
+        self._in_flight = 0  # writes submitted whose outcome the loop has not handled yet
+        self._idle: asyncio.Event | None = None
+        self.reloads = 0
+
+    def check_alive(self) -> None:
+        if self.failure is not None:
+            raise StoreWriteError(
+                f"{self.failure} (oncebus is reloading what the store holds and refuses work until then; "
+                "try again shortly)"
+            )
+
+    def cancel(self) -> None:
+        """Stop a pending recovery (the namespace is closing)."""
+        if self._recovery is not None:
+            self._recovery.cancel()
+
+    async def write(
+        self, ops: Sequence[Op], on_commit: Callable[[], None] | None = None, *, verdicts_since: int | None = None
+    ) -> None:
+        """Submit one unit and wait until it is durable.
+
+        ``on_commit`` runs on the loop once the unit is durable, even if the caller was cancelled
+        meanwhile, so memory never ends up behind the disk. A failed write is reported to the caller
+        (and starts the recovery, see the module). ``verdicts_since``: the count of failed writes when
+        this unit's duplicates were judged; if a write failed since, a key they were judged against
+        may be gone, so the call is refused (what this unit stored stays: a resend is judged afresh).
+        """
+        self.check_alive()
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if nobody waits
+
+        def committed(future: Future[None]) -> None:
+            self._landed()
+            error = future.exception()
+            if error is not None:
+                refusal = self._store_failed(error)
+                if not done.done():
+                    done.set_exception(refusal)
+                return
+            self._store_succeeded()
+            if on_commit is not None:
+                on_commit()
+            if done.done():
+                return
+            if verdicts_since is not None and self.failed_writes != verdicts_since:
+                done.set_exception(
+                    StoreWriteError(
+                        "a send this one was judged a duplicate of failed to store meanwhile; send again "
+                        f"(the store's error: {self.failure or 'see the server log'})"
+                    )
+                )
+                return
+            done.set_result(None)
+
+        future = self._submit(ops)
+        future.add_done_callback(lambda f: loop.call_soon_threadsafe(committed, f))
+        await asyncio.shield(done)
+
+    def write_later(self, ops: Sequence[Op]) -> None:
+        """Background writes (expiry, lock-expiry dead-lettering): nobody waits; a failure starts the recovery."""
+        if not ops or self.failure is not None:
+            return  # while failed, memory is reloaded from the store anyway
+        loop = asyncio.get_running_loop()
+
+        def done(f: Future[None]) -> None:
+            self._landed()
+            if f.exception() is not None:
+                self._store_failed(f.exception())  # type: ignore[arg-type]
+            else:
+                self._store_succeeded()
+
+        future = self._submit(ops)
+        future.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
+
+    async def barrier(self, verdicts_since: int) -> None:
+        """Wait until every write submitted so far is durable (duplicates ack after their original)."""
+        if self._in_flight:  # the empty unit's outcome is handled after every earlier one's
+            await self.write([], verdicts_since=verdicts_since)
+        elif self.failed_writes != verdicts_since:
+            self.check_alive()
+            raise StoreWriteError("a send this one was judged a duplicate of failed to store meanwhile; send again")
+
+    def _submit(self, ops: Sequence[Op]) -> Future[None]:
+        future = self.store.submit(ops)
+        self._in_flight += 1
+        if self._idle is not None:
+            self._idle.clear()
+        return future
+
+    def _landed(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    def _store_failed(self, error: BaseException) -> StoreWriteError:
+        """A write failed (on the loop): refuse work, log once, and reload from the store once writes are idle."""
+        refusal = error if isinstance(error, StoreWriteError) else StoreWriteError(f"the message store failed: {error}")
+        self.failed_writes += 1
+        if self.failure is None:
+            self.failure = refusal
+            if not self._failure_logged:
+                self._failure_logged = True
+                _LOG.error("%s; refusing work until what the store holds is reloaded", refusal)
+            self._recovery = asyncio.get_running_loop().create_task(self._recover())
+        return refusal
+
+    def _store_succeeded(self) -> None:
+        if self.failure is None and self._failure_logged:
+            self._failure_logged = False
+            self._recover_delay = RECOVER_FIRST_SECONDS
+            _LOG.warning("the message store accepts writes again")
+
+    async def _recover(self) -> None:
+        """After a failed write: wait until no write is in flight, reload from the store, accept work again."""
+        while True:
+            await asyncio.sleep(self._recover_delay)
+            self._recover_delay = min(self._recover_delay * 2, RECOVER_MAX_SECONDS)
+            if self._idle is None:
+                self._idle = asyncio.Event()
+            if self._in_flight:
+                self._idle.clear()
+                await self._idle.wait()
+            try:
+                self._reload()
+            except Exception as exc:
+                _LOG.error("could not reload the store after a failed write (%s); trying again", exc)
+                continue
+            self.reloads += 1
+            self.failure = None
+            self._recovery = None
+            self._reloaded()
+            return

@@ -1,0 +1,232 @@
+"""The entity registry: the namespace's queues, topics and subscriptions, looked up by name or path.
+
+Pure bookkeeping on the broker's loop: ``create``/``update``/``delete`` change
+memory and return the store operations that make the change durable; the
+namespace writes them (one unit each) and owns the failure handling.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from oncebus.broker.paths import EntityPath, parse_path, subscription_path
+from oncebus.broker.receivable import Receivable, ReceivableSettings
+from oncebus.core.dedup import DuplicateDetector
+from oncebus.core.durations import to_micros
+from oncebus.core.entities import (
+    QueueProperties,
+    SubscriptionProperties,
+    TopicProperties,
+    validate_entity_name,
+    validate_subscription_name,
+)
+from oncebus.core.errors import EntityAlreadyExistsError, EntityNotFoundError, InvalidArgumentError
+from oncebus.store.base import AddCounters, DeleteEntity, Op, PruneDedupKeys, PutEntity
+
+EntityKind = Literal["queue", "topic"]
+COUNTERS = ("accepted", "duplicates", "late_resends")
+LATE_DELAYS_KEPT = 1_000
+
+
+@dataclass
+class Subscription:
+    properties: SubscriptionProperties
+    receivable: Receivable
+
+    def accepts(self, message: Any) -> bool:
+        """Every message for now; correlation and SQL filters plug in here."""
+        return True
+
+
+@dataclass
+class Entity:
+    kind: EntityKind
+    properties: QueueProperties | TopicProperties
+    detector: DuplicateDetector
+    receivable: Receivable | None = None  # queues
+    subscriptions: dict[str, Subscription] = field(default_factory=dict)  # topics
+    next_sequence_number: int = 1
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    unsaved: dict[str, int] = field(default_factory=dict)  # counted (committed sends' duplicates), not yet stored
+    late_delays_us: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=LATE_DELAYS_KEPT))
+    last_prune_us: int = 0
+
+    @property
+    def path(self) -> str:
+        return self.properties.name.lower()
+
+    def receivables(self) -> Iterator[Receivable]:
+        """The queue itself, or the topic's subscriptions (not their dead-letter sub-queues)."""
+        if self.receivable is not None:
+            yield self.receivable
+        for subscription in self.subscriptions.values():
+            yield subscription.receivable
+
+    def counters_op(self, deltas: dict[str, int]) -> AddCounters | None:
+        """This unit's counts plus those counted but not stored yet (None when there is nothing to store)."""
+        merged = dict(self.unsaved)
+        self.unsaved.clear()
+        for name, delta in deltas.items():
+            merged[name] = merged.get(name, 0) + delta
+        merged = {name: delta for name, delta in merged.items() if delta}
+        if not merged and not deltas:
+            return None
+        return AddCounters(self.path, self.next_sequence_number, merged)
+
+
+def receivable_settings(props: QueueProperties | SubscriptionProperties, max_size_mb: int) -> ReceivableSettings:
+    return ReceivableSettings(
+        lock_duration_us=to_micros(props.lock_duration),
+        max_delivery_count=props.max_delivery_count,
+        dead_lettering_on_message_expiration=props.dead_lettering_on_message_expiration,
+        requires_session=props.requires_session,
+        max_size_bytes=max_size_mb * 1024 * 1024,
+    )
+
+
+def _detector(props: QueueProperties | TopicProperties) -> DuplicateDetector:
+    return DuplicateDetector(
+        requires_duplicate_detection=props.requires_duplicate_detection,
+        window=props.duplicate_detection_history_time_window,
+        partitioned=props.enable_partitioning,
+    )
+
+
+_PROPERTIES: dict[str, type[QueueProperties] | type[TopicProperties]] = {
+    "queue": QueueProperties,
+    "topic": TopicProperties,
+}
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.entities: dict[str, Entity] = {}
+
+    # ------------------------------------------------------------------------------ install
+    def install(self, kind: EntityKind, props: QueueProperties | TopicProperties) -> Entity:
+        entity = Entity(kind, props, _detector(props))
+        if isinstance(props, QueueProperties):
+            entity.receivable = Receivable(entity.path, receivable_settings(props, props.max_size_in_megabytes))
+        self.entities[entity.path] = entity
+        return entity
+
+    def install_subscription(self, topic: str, props: SubscriptionProperties) -> Subscription:
+        entity = self.entity(topic, "topic")
+        path = subscription_path(entity.path, props.name)
+        receivable = Receivable(path, receivable_settings(props, entity.properties.max_size_in_megabytes))
+        subscription = Subscription(props, receivable)
+        entity.subscriptions[props.name.lower()] = subscription
+        return subscription
+
+    # ------------------------------------------------------------------------------ lookup
+    def entity(self, name: str, kind: EntityKind | None = None) -> Entity:
+        entity = self.entities.get(name.lower())
+        if entity is None:
+            raise EntityNotFoundError(
+                f"The messaging entity '{name}' could not be found: no queue or topic named {name!r} exists"
+            )
+        if kind is not None and entity.kind != kind:
+            raise EntityNotFoundError(
+                f"The messaging entity '{name}' could not be found: {name!r} is a {entity.kind}, not a {kind}"
+            )
+        return entity
+
+    def subscription(self, topic_name: str, name: str) -> Subscription:
+        topic = self.entity(topic_name, "topic")
+        subscription = topic.subscriptions.get(name.lower())
+        if subscription is None:
+            raise EntityNotFoundError(
+                f"The messaging entity '{topic_name}/Subscriptions/{name}' could not be found: "
+                f"topic {topic_name!r} has no subscription named {name!r}"
+            )
+        return subscription
+
+    def of_kind(self, kind: EntityKind) -> list[Entity]:
+        return [e for e in self.entities.values() if e.kind == kind]
+
+    def resolve(self, where: EntityPath) -> Receivable:
+        entity = self.entities.get(where.entity)
+        if entity is None:
+            raise EntityNotFoundError(f"The messaging entity '{where.entity}' could not be found")
+        if where.subscription is None:
+            if entity.receivable is None:
+                raise InvalidArgumentError(
+                    f"'{entity.properties.name}' is a topic: receive from one of its subscriptions "
+                    f"('{entity.properties.name}/Subscriptions/<name>')"
+                )
+            receivable = entity.receivable
+        else:
+            subscription = entity.subscriptions.get(where.subscription)
+            if subscription is None:
+                raise EntityNotFoundError(
+                    f"The messaging entity '{where.entity}/Subscriptions/{where.subscription}' could not be found"
+                )
+            receivable = subscription.receivable
+        if where.dead_letter:
+            assert receivable.dead_letter_queue is not None
+            return receivable.dead_letter_queue
+        return receivable
+
+    def receivable_by_path(self, path: str) -> Receivable | None:
+        try:
+            return self.resolve(parse_path(path))
+        except EntityNotFoundError:
+            return None
+
+    # ------------------------------------------------------------------------------ changes
+    def create(self, kind: EntityKind, name: str, properties: dict[str, Any]) -> tuple[Any, list[Op]]:
+        validate_entity_name(name, kind=kind)
+        if name.lower() in self.entities:
+            raise EntityAlreadyExistsError(f"a {self.entities[name.lower()].kind} named {name!r} already exists")
+        props = _PROPERTIES[kind].create(name, **properties)
+        self.install(kind, props)
+        return props, [PutEntity(name.lower(), kind, props.to_dict())]
+
+    def create_subscription(
+        self, topic_name: str, name: str, properties: dict[str, Any]
+    ) -> tuple[SubscriptionProperties, list[Op]]:
+        validate_subscription_name(name)
+        topic = self.entity(topic_name, "topic")
+        if name.lower() in topic.subscriptions:
+            raise EntityAlreadyExistsError(f"topic {topic_name!r} already has a subscription named {name!r}")
+        props = SubscriptionProperties.create(name, **properties)
+        self.install_subscription(topic.path, props)
+        return props, [PutEntity(subscription_path(topic.path, name), "subscription", props.to_dict())]
+
+    def update(self, kind: EntityKind, name: str, changes: dict[str, Any], now_us: int) -> tuple[Any, list[Op]]:
+        """New properties, applied; the ops store them and prune the keys that left the old window (one unit)."""
+        entity = self.entity(name, kind)
+        props = entity.properties.updated(**changes)
+        prune = PruneDedupKeys(entity.path, now_us - to_micros(entity.detector.window) + 1)
+        entity.properties = props
+        entity.detector.set_window(props.duplicate_detection_history_time_window, now_us)
+        if entity.receivable is not None and isinstance(props, QueueProperties):
+            new = receivable_settings(props, props.max_size_in_megabytes)
+            entity.receivable.settings.__dict__.update(new.__dict__)
+        for subscription in entity.subscriptions.values():
+            subscription.receivable.settings.max_size_bytes = props.max_size_in_megabytes * 1024 * 1024
+        return props, [PutEntity(entity.path, kind, props.to_dict()), prune]
+
+    def update_subscription(
+        self, topic_name: str, name: str, changes: dict[str, Any]
+    ) -> tuple[SubscriptionProperties, list[Op]]:
+        subscription = self.subscription(topic_name, name)
+        topic = self.entity(topic_name, "topic")
+        props = subscription.properties.updated(**changes)
+        subscription.properties = props
+        new = receivable_settings(props, topic.properties.max_size_in_megabytes)
+        subscription.receivable.settings.__dict__.update(new.__dict__)
+        return props, [PutEntity(subscription.receivable.path, "subscription", props.to_dict())]
+
+    def delete(self, kind: EntityKind, name: str) -> list[Op]:
+        entity = self.entity(name, kind)
+        del self.entities[entity.path]
+        return [DeleteEntity(entity.path)]
+
+    def delete_subscription(self, topic_name: str, name: str) -> list[Op]:
+        subscription = self.subscription(topic_name, name)
+        del self.entity(topic_name, "topic").subscriptions[name.lower()]
+        return [DeleteEntity(subscription.receivable.path)]

@@ -1,0 +1,178 @@
+"""Sending: validate a whole send, judge its keys, store it as one unit, fan it out once committed.
+
+A send is judged by the entity's ``DuplicateDetector`` (the rule lives in
+``oncebus.core``), written to the store as one unit (messages and dedup keys
+together), and acknowledged once that unit is durable. Nothing is counted or
+made receivable before it is committed; duplicates alone are acknowledged once
+what they duplicate is durable.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from oncebus.broker.journal import Journal
+from oncebus.broker.paths import parse_path
+from oncebus.broker.receivable import Receivable
+from oncebus.broker.registry import COUNTERS, Entity, Registry
+from oncebus.core.durations import to_micros
+from oncebus.core.errors import InvalidArgumentError, MessageNotFoundError, QuotaExceededError
+from oncebus.core.keys import MessageId, service_bus_text
+from oncebus.core.messages import Message, MessageState, StoredMessage
+from oncebus.core.sending import stored_message, subscription_copy, validate_send
+from oncebus.store.base import Op, PutDedupKey, PutMessage
+
+SendLog = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class SendOutcome:
+    """What happened to one message of a send (front ends report every send as accepted)."""
+
+    message_id: MessageId
+    sequence_number: int | None  # None for a dropped duplicate
+    duplicate: bool
+    late_resend_delay_us: int | None = None
+
+
+class Sender:
+    def __init__(
+        self,
+        registry: Registry,
+        journal: Journal,
+        now: Callable[[], int],
+        notify: Callable[[], None],
+        send_log: SendLog | None,
+    ) -> None:
+        self.registry = registry
+        self.journal = journal
+        self.now = now
+        self.notify = notify
+        self.send_log = send_log
+
+    def _check_quota(self, entity: Entity, total: int) -> None:
+        props = entity.properties
+        for receivable in entity.receivables():
+            if receivable.size_bytes + total > receivable.settings.max_size_bytes:
+                raise QuotaExceededError(
+                    f"The maximum entity size has been reached or exceeded for '{props.name}': "
+                    f"max_size_in_megabytes={props.max_size_in_megabytes} ({receivable.settings.max_size_bytes} "
+                    f"bytes); {receivable.path!r} holds {receivable.size_bytes} bytes and this send needs {total} more"
+                )
+
+    async def send(self, entity_name: str, batch: list[Message], scheduled_us: int | None) -> list[SendOutcome]:
+        self.journal.check_alive()
+        if not batch:
+            raise InvalidArgumentError("nothing to send: give at least one message")
+        where = parse_path(entity_name)
+        if where.subscription is not None or where.dead_letter:
+            raise InvalidArgumentError(
+                f"cannot send to {entity_name!r}: send to a queue or a topic, not to a subscription or "
+                "a dead-letter queue"
+            )
+        entity = self.registry.entity(where.entity)
+        checked = validate_send(entity.properties, entity.detector, batch, scheduled=scheduled_us is not None)
+        self._check_quota(entity, checked.total_bytes)
+        now = self.now()
+        verdicts_since = self.journal.failed_writes
+        ops: list[Op] = []
+        outcomes: list[SendOutcome] = []
+        stored: list[tuple[Receivable, StoredMessage]] = []
+        deltas = dict.fromkeys(COUNTERS, 0)
+        late_delays: list[int] = []
+        detector = entity.detector  # keys are None when duplicate detection is off
+        for message, given_id, key in zip(batch, checked.ids, checked.keys, strict=True):
+            message_id: MessageId = given_id if given_id is not None else uuid.uuid4().hex
+            verdict = detector.judge(key, now) if key is not None else None
+            if self.send_log is not None and key is not None:
+                self.send_log(
+                    {
+                        "entity": entity.path,
+                        "key": key,
+                        "message_id": message_id if isinstance(message_id, str) else service_bus_text(message_id),
+                        "time_us": now,
+                        "outcome": "duplicate"
+                        if verdict and verdict.duplicate
+                        else ("late" if verdict and verdict.late_resend_delay_us is not None else "new"),
+                        "window_us": to_micros(detector.window),
+                    }
+                )
+            if verdict is not None and verdict.duplicate:
+                deltas["duplicates"] += 1
+                outcomes.append(SendOutcome(message_id, None, True))
+                continue
+            late = verdict.late_resend_delay_us if verdict is not None else None
+            if late is not None:
+                deltas["late_resends"] += 1
+                late_delays.append(late)
+            seq = entity.next_sequence_number
+            entity.next_sequence_number += 1
+            deltas["accepted"] += 1
+            record = stored_message(entity.properties, message, message_id, seq, now, scheduled_us)
+            dedup_key = None if key is None else (entity.path, key, now)
+            for receivable, copy in self.fan_out(entity, message, record):
+                stored.append((receivable, copy))
+                ops.append(PutMessage(copy, dedup_key))
+                dedup_key = None  # written once, with the first copy
+            if dedup_key is not None:  # a topic without subscriptions still remembers the key
+                ops.append(PutDedupKey(*dedup_key))
+            outcomes.append(SendOutcome(message_id, seq, False, late))
+        if deltas["accepted"]:
+            counters = entity.counters_op(deltas)
+            assert counters is not None
+            ops.append(counters)
+
+            def visible() -> None:  # counted and shown only once committed
+                for name, delta in deltas.items():
+                    entity.counters[name] += delta
+                entity.late_delays_us.extend(late_delays)
+                committed_at = self.now()
+                for receivable, copy in stored:
+                    receivable.add(copy, committed_at)
+                self.notify()
+
+            await self.journal.write(
+                ops, on_commit=visible, verdicts_since=verdicts_since if deltas["duplicates"] else None
+            )
+        else:  # duplicates only: acknowledged once what they duplicate is durable
+            await self.journal.barrier(verdicts_since)
+            entity.counters["duplicates"] += deltas["duplicates"]
+            entity.unsaved["duplicates"] = entity.unsaved.get("duplicates", 0) + deltas["duplicates"]
+        return outcomes
+
+    def fan_out(
+        self, entity: Entity, message: Message, record: StoredMessage
+    ) -> list[tuple[Receivable, StoredMessage]]:
+        """Where an accepted message goes: the queue, or a copy for each subscription that accepts it."""
+        if entity.receivable is not None:
+            return [(entity.receivable, record)]
+        copies = []
+        for subscription in entity.subscriptions.values():
+            if subscription.accepts(message):
+                receivable = subscription.receivable
+                copies.append((receivable, subscription_copy(record, receivable.path, subscription.properties)))
+        return copies
+
+    async def cancel_scheduled(self, entity_name: str, sequence_numbers: Iterable[int]) -> None:
+        """Cancel scheduled messages; their dedup keys stay in the history."""
+        self.journal.check_alive()
+        entity = self.registry.entity(entity_name)
+        targets: list[tuple[Receivable, StoredMessage]] = []
+        for seq in sequence_numbers:
+            found = [
+                (r, r.messages[seq])
+                for r in entity.receivables()
+                if seq in r.messages and r.messages[seq].state == MessageState.SCHEDULED
+            ]
+            if not found and not (entity.kind == "topic" and 0 < seq < entity.next_sequence_number):
+                raise MessageNotFoundError(
+                    f"no scheduled message with sequence number {seq} in {entity.properties.name!r}"
+                )
+            targets += found
+        ops: list[Op] = []
+        for receivable, message in targets:
+            ops += receivable.remove(message)
+        await self.journal.write(ops)

@@ -1,0 +1,136 @@
+"""What a send must satisfy before anything of it is judged or stored, and the record it becomes.
+
+Pure functions of the entity's properties and the messages: the broker calls
+``validate_send`` on a whole batch (a refused batch stores none of it), then
+``stored_message`` for each accepted message, and ``subscription_copy`` per
+subscription a topic's message goes to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from oncebus.core.dedup import DuplicateDetector
+from oncebus.core.durations import TIMESPAN_MAX, to_micros
+from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
+from oncebus.core.errors import InvalidArgumentError, MessageSizeExceededError
+from oncebus.core.keys import MessageId, normalize_message_id, require_identifiable, validate_ids
+from oncebus.core.messages import Message, MessageState, StoredMessage, check_message
+from oncebus.core.timeutil import add_us, datetime_to_us
+
+MAX_BATCH_BYTES = 1024 * 1024
+
+
+@dataclass(slots=True)
+class CheckedSend:
+    ids: list[MessageId | None]  # each message's id, normalized (None: none given)
+    keys: list[str | None]  # each message's dedup key (None: duplicate detection off, or no id)
+    total_bytes: int
+
+
+def validate_send(
+    props: QueueProperties | TopicProperties,
+    detector: DuplicateDetector,
+    messages: Sequence[Message],
+    *,
+    scheduled: bool,
+) -> CheckedSend:
+    """Check a whole send before judging any of it: types, ids, sessions, sizes."""
+    limit = props.max_message_size_in_kilobytes * 1024
+    requires_session = isinstance(props, QueueProperties) and props.requires_session
+    ids: list[MessageId | None] = []
+    keys: list[str | None] = []
+    total = 0
+    count = len(messages)
+    for position, message in enumerate(messages):
+        where = f"message {position + 1} of {count}" if count > 1 else "the message"
+        if not isinstance(message, Message):
+            raise InvalidArgumentError(f"{where} is a {type(message).__name__}, not a Message")
+        try:
+            check_message(message)
+            message_id = None if message.message_id is None else normalize_message_id(message.message_id)
+            validate_ids(message_id, message.partition_key, message.session_id)
+            require_identifiable(
+                message_id,
+                message.partition_key,
+                message.session_id,
+                partitioned=props.enable_partitioning,
+                requires_duplicate_detection=props.requires_duplicate_detection,
+            )
+        except InvalidArgumentError as exc:
+            raise type(exc)(f"{where}: {exc}") from None
+        if requires_session and message.session_id is None:
+            raise InvalidArgumentError(
+                f"{where}: the SessionId was not set on a message, and it cannot be sent to the entity "
+                f"{props.name!r}. Entities that have session support enabled can only receive messages "
+                "that have the SessionId set"
+            )
+        size = message.size
+        if size > limit:
+            raise MessageSizeExceededError(
+                f"{where} is {size} bytes, over the limit of {limit} bytes "
+                f"(max_message_size_in_kilobytes={props.max_message_size_in_kilobytes} of {props.name!r})"
+            )
+        total += size
+        ids.append(message_id)
+        if detector.enabled and message_id is not None:
+            keys.append(detector.key_of_valid(message_id, message.partition_key, message.session_id))
+        else:
+            keys.append(None)
+    batch_limit = max(limit, MAX_BATCH_BYTES)
+    if not scheduled and count > 1 and total > batch_limit:
+        raise MessageSizeExceededError(
+            f"the batch is {total} bytes, over the limit of {batch_limit} bytes for one send"
+        )
+    return CheckedSend(ids, keys, total)
+
+
+def stored_message(
+    props: QueueProperties | TopicProperties,
+    message: Message,
+    message_id: MessageId,
+    seq: int,
+    now_us: int,
+    scheduled_us: int | None,
+) -> StoredMessage:
+    """The record of an accepted message: its sequence number, enqueue and expiry times, state."""
+    if scheduled_us is None and message.scheduled_enqueue_time_utc is not None:
+        scheduled_us = datetime_to_us(message.scheduled_enqueue_time_utc)
+    ttl = props.default_message_time_to_live
+    if message.time_to_live is not None:
+        ttl = min(ttl, message.time_to_live)
+    ttl_us = None if ttl >= TIMESPAN_MAX else to_micros(ttl)
+    later = scheduled_us is not None and scheduled_us > now_us
+    enqueued = scheduled_us if later and scheduled_us is not None else now_us
+    return StoredMessage(
+        path=props.name.lower(),
+        sequence_number=seq,
+        message_id=message_id,
+        body=bytes(message.body),
+        enqueued_time_us=enqueued,
+        expires_at_us=add_us(enqueued, ttl_us),  # None: never (no time to live, or past year 9999)
+        state=MessageState.SCHEDULED if later else MessageState.ACTIVE,
+        session_id=message.session_id,
+        partition_key=message.partition_key,
+        correlation_id=message.correlation_id,
+        subject=message.subject,
+        content_type=message.content_type,
+        reply_to=message.reply_to,
+        reply_to_session_id=message.reply_to_session_id,
+        to=message.to,
+        application_properties=dict(message.application_properties),
+        time_to_live_us=ttl_us,
+        scheduled_enqueue_time_us=scheduled_us,
+        wire=message.wire,
+    )
+
+
+def subscription_copy(record: StoredMessage, path: str, props: SubscriptionProperties) -> StoredMessage:
+    """A topic message's copy for one subscription: the shorter of its time to live and the subscription's."""
+    copy = record.copy_for(path)
+    ttl = props.default_message_time_to_live
+    if ttl < TIMESPAN_MAX and (copy.time_to_live_us is None or to_micros(ttl) < copy.time_to_live_us):
+        copy.time_to_live_us = to_micros(ttl)
+        copy.expires_at_us = add_us(copy.enqueued_time_us, copy.time_to_live_us)
+    return copy

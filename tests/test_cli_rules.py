@@ -97,6 +97,7 @@ def test_forwarding_and_auto_delete_options(tmp_path: Path) -> None:
     assert "at least 5 minutes" in assert_one_line_error(short)
     nowhere = oncebus("queue", "create", "lost", "--forward-to", "nope", data_dir=d)
     assert "nope" in assert_one_line_error(nowhere)
+    _ok("queue", "update", "source", "--forward-to", "sink", data_dir=d)
     loop = oncebus("queue", "update", "sink", "--forward-to", "source", data_dir=d)
     assert "loop" in assert_one_line_error(loop)
 

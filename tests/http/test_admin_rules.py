@@ -80,7 +80,13 @@ def test_mgmt_rule_sample_sync(admin: ServiceBusAdministrationClient, name: str)
             "property1 = @param1 AND property2 = @param2", parameters={"@param1": "value3", "@param2": 3}
         ),
     )
-    assert _params(admin.get_rule(topic, subscription, rule_name)) == {"@param1": "value3", "@param2": 3}
+    # azure-servicebus 7.15 serializes the parameters of the rule object it is given, not those of the
+    # filter= keyword (update_rule: serialize_rule_key_values(request_body, rule)); oncebus stores what is sent
+    assert _params(admin.get_rule(topic, subscription, rule_name)) == {"@param1": "value2", "@param2": 2}
+    admin.update_rule(
+        topic, subscription, admin.get_rule(topic, subscription, rule_name), filter=SqlRuleFilter("x = 1")
+    )
+    assert admin.get_rule(topic, subscription, rule_name).filter.sql_expression == "x = 1"
     # delete_rule
     admin.delete_rule(topic, subscription, rule_name)
     admin.delete_rule(topic, subscription, sql_rule_name)
@@ -127,7 +133,8 @@ def test_mgmt_rule_sample_async(server: Served, name: str) -> None:
                     "property1 = @param1 AND property2 = @param2", parameters={"@param1": "value3", "@param2": 3}
                 ),
             )
-            assert _params(await admin.get_rule(topic, subscription, rule_name)) == {"@param1": "value3", "@param2": 3}
+            # the SDK sends the rule object's parameters, not the filter keyword's (see the sync test)
+            assert _params(await admin.get_rule(topic, subscription, rule_name)) == {"@param1": "value2", "@param2": 2}
             await admin.delete_rule(topic, subscription, rule_name)
             await admin.delete_rule(topic, subscription, sql_rule_name)
             assert [r.name async for r in admin.list_rules(topic, subscription)] == ["$Default"]

@@ -30,6 +30,7 @@ from typing import Any
 from oncebus.core.durations import TIMESPAN_MAX, to_micros
 from oncebus.core.messages import MessageState, StoredMessage
 from oncebus.core.rules import MessageView
+from oncebus.core.sending import subscription_copy
 from oncebus.core.timeutil import add_us
 from oncebus.store.base import DLQ_SUFFIX, Op, PutDedupKey, PutMessage
 
@@ -63,6 +64,13 @@ class Plan:
         deltas = self.deltas.setdefault(entity.path, {})
         deltas[name] = deltas.get(name, 0) + 1
 
+    def count_committed(self) -> None:
+        """Add the forwarded-to entities' counts (once the unit is durable)."""
+        for path, deltas in self.deltas.items():
+            counters = self.touched[path].counters
+            for name, delta in deltas.items():
+                counters[name] = counters.get(name, 0) + delta
+
     def flush_key(self) -> None:
         """The send's key when no copy was stored (a topic without matching subscriptions still remembers it)."""
         if self.dedup_key is not None:
@@ -80,16 +88,6 @@ def dead_lettered(message: StoredMessage, receivable: Any, reason: str, descript
     return dead
 
 
-def subscription_copy(record: StoredMessage, path: str, props: Any) -> StoredMessage:
-    """A topic message's copy for one subscription: the shorter of its time to live and the subscription's."""
-    copy = record.copy_for(path)
-    ttl = props.default_message_time_to_live
-    if ttl < TIMESPAN_MAX and (copy.time_to_live_us is None or to_micros(ttl) < copy.time_to_live_us):
-        copy.time_to_live_us = to_micros(ttl)
-        copy.expires_at_us = add_us(copy.enqueued_time_us, copy.time_to_live_us)
-    return copy
-
-
 class Router:
     """Plans the route of accepted messages through rules and forwarding (pure bookkeeping, no I/O).
 
@@ -98,9 +96,15 @@ class Router:
     AMQP layer encodes it from its fields).
     """
 
-    def __init__(self, lookup: Callable[[str], Any], reencode: Reencode | None = None) -> None:
+    def __init__(
+        self,
+        lookup: Callable[[str], Any],
+        reencode: Reencode | None = None,
+        touch: Callable[[str], None] | None = None,
+    ) -> None:
         self.lookup = lookup
         self.reencode = reencode
+        self.touch = touch  # a forward into an entity is a send to it (not idle)
 
     # ------------------------------------------------------------------------------ one message
     def route(self, entity: Any, record: StoredMessage, now: int, plan: Plan, hops: int = 0) -> None:
@@ -166,6 +170,8 @@ class Router:
             text = f"the forwarding destination {target!r} does not exist"
             plan.put(source.dead_letter_queue or source, _dead(message, source, NO_DESTINATION_REASON, text))
             return
+        if self.touch is not None:
+            self.touch(destination.path)
         detector = destination.detector
         key = None
         if detector.enabled and message.message_id is not None:

@@ -30,6 +30,7 @@ days); all namespaces of the file are merged into oncebus's one namespace.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import sys
@@ -387,7 +388,7 @@ async def _apply(namespace: Namespace, spec: EntitySpec) -> Callable[[], Awaitab
             return lambda: namespace.delete_subscription(topic, spec.name)
         old_rules = namespace.list_rules(topic, spec.name)
         await namespace.update_subscription(topic, spec.name, **props)
-        if spec.rules is not None:
+        if spec.rules is not None and _unstamped(spec.rules) != _unstamped(old_rules):
             await namespace.set_rules(topic, spec.name, spec.rules)
         old = {k: v for k, v in _settable(current).items() if k not in _FORWARDING}
 
@@ -405,6 +406,10 @@ async def _apply(namespace: Namespace, spec: EntitySpec) -> Callable[[], Awaitab
     await update(spec.name, **props)
     old_props = {k: v for k, v in _settable(current_entity).items() if k not in _FORWARDING}
     return lambda: update(spec.name, **old_props)
+
+
+def _unstamped(rules: list[RuleProperties]) -> list[RuleProperties]:
+    return [dataclasses.replace(r, created_at_utc=None) for r in rules]
 
 
 def _settable(props: Any) -> dict[str, Any]:

@@ -289,6 +289,10 @@ def check_forwarding(entities: dict[str, Entity], owner: str, props: Any) -> Non
         target = getattr(props, key, None)
         if target is None:
             continue
+        if key == "forward_to" and target.lower() == owner:
+            raise InvalidArgumentError(
+                f"forward_to {target!r} would forward messages to where they came from; loops are refused"
+            )
         if target.lower() not in entities:
             raise EntityNotFoundError(
                 f"{key} {target!r}: no queue or topic named {target!r} exists; the destination of forwarding must "

@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from oncebus.broker.clock import Clock, SystemClock
+from oncebus.broker.counters import NamespaceObserver
 from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path, subscription_path
 from oncebus.broker.receivable import Receivable, SessionLock
@@ -90,6 +91,8 @@ class Namespace:
         self._timer_error: str | None = None
         self._activity = Activity(self.clock.now_us())  # auto_delete_on_idle
         self._rules = Rules(self._registry, self._journal, self._now, self._touch_subscription)
+        self.observer = NamespaceObserver()  # metrics, dashboard history, per-minute duplicate log
+        self.observer.attach_store(store)
 
     # ------------------------------------------------------------------------------ lifecycle
     @classmethod
@@ -185,6 +188,7 @@ class Namespace:
                     ops.append(PruneDedupKeys(entity.path, now - to_micros(entity.detector.window) + 1))
         ops += pump_forwarding(self._registry, self._router, now)
         self._write_later(ops)
+        self.observer.tick(self, now)
         self._notify()
 
     async def run_timers(self, interval: float = 0.5) -> None:
@@ -424,6 +428,7 @@ class Namespace:
         session: SessionLock | None,
     ) -> list[ReceivedMessage]:
         now = self._now()
+        receivable.counters.received += len(messages)
         if mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
             out = []
             ops: list[Op] = []
@@ -462,6 +467,7 @@ class Namespace:
     async def complete(self, path: str, lock_token: uuid.UUID | str) -> None:
         receivable, message = self._locked(path, lock_token)
         ops = receivable.remove(message)
+        receivable.counters.completed += 1
         self._drop_session_token(receivable, message)
         await self._settle(ops)
 
@@ -472,6 +478,7 @@ class Namespace:
         if properties_to_modify:
             message.application_properties.update(properties_to_modify)
         self._drop_session_token(receivable, message)
+        receivable.counters.abandoned += 1
         ops = receivable.unlock(message, self._now())
         if message.sequence_number in receivable.messages:
             ops.append(PutMessage(message))
@@ -481,7 +488,8 @@ class Namespace:
     async def defer(self, path: str, lock_token: uuid.UUID | str) -> None:
         receivable, message = self._locked(path, lock_token)
         self._drop_session_token(receivable, message)
-        message.state = MessageState.DEFERRED
+        receivable.set_state(message, MessageState.DEFERRED)
+        receivable.counters.deferred += 1
         receivable.unlock(message, self._now())
         await self._settle([PutMessage(message)])
 

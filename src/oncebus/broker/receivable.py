@@ -13,6 +13,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from oncebus.broker.counters import ReceivableCounters
 from oncebus.core.messages import MessageState, StoredMessage
 from oncebus.core.timeutil import add_us, clamp_us
 from oncebus.store.base import DeleteMessage, Op, PutMessage
@@ -41,7 +42,14 @@ class ReceivableSettings:
 
 
 class Receivable:
-    def __init__(self, path: str, settings: ReceivableSettings, *, dead_letter: bool = False) -> None:
+    def __init__(
+        self,
+        path: str,
+        settings: ReceivableSettings,
+        *,
+        dead_letter: bool = False,
+        counters: ReceivableCounters | None = None,
+    ) -> None:
         self.path = path
         self.settings = settings
         self.is_dead_letter = dead_letter
@@ -57,13 +65,21 @@ class Receivable:
         self.lost_tokens: OrderedDict[uuid.UUID, str] = OrderedDict()
         self.sessions: dict[str, SessionLock] = {}
         self.session_states: dict[str, bytes] = {}
+        self.counters = counters if counters is not None else ReceivableCounters()  # shared with the dead-letter queue
+        self._state_counts = [0] * len(MessageState)  # messages by state, kept as they change (counts() is O(1))
         self.dead_letter_queue: Receivable | None = (
-            None if dead_letter else Receivable(path + "/$deadletterqueue", settings, dead_letter=True)
+            None
+            if dead_letter
+            else Receivable(path + "/$deadletterqueue", settings, dead_letter=True, counters=self.counters)
         )
 
     # --- adding -----------------------------------------------------------------------------
     def add(self, message: StoredMessage, now_us: int) -> None:
+        replaced = self.messages.get(message.sequence_number)
+        if replaced is not None:
+            self._state_counts[replaced.state] -= 1
         self.messages[message.sequence_number] = message
+        self._state_counts[message.state] += 1
         message.counted_size = message.size  # taken back as counted, whatever changes later
         self.size_bytes += message.counted_size
         if message.state == MessageState.SCHEDULED:
@@ -92,6 +108,7 @@ class Receivable:
         message = self.messages.pop(seq, None)
         self._available_set.discard(seq)
         if message is not None:
+            self._state_counts[message.state] -= 1
             self.size_bytes -= message.counted_size
             if message.lock_token is not None:
                 self.locks.pop(message.lock_token, None)
@@ -106,7 +123,7 @@ class Receivable:
             message = self.messages.get(seq)
             if message is None or message.state != MessageState.SCHEDULED or message.scheduled_enqueue_time_us != due:
                 continue
-            message.state = MessageState.ACTIVE
+            self.set_state(message, MessageState.ACTIVE)
             message.enqueued_time_us = due
             if message.time_to_live_us is not None:
                 message.expires_at_us = add_us(due, message.time_to_live_us)  # None (never) past year 9999
@@ -137,6 +154,7 @@ class Receivable:
         return ops
 
     def _expire(self, message: StoredMessage) -> list[Op]:
+        self.counters.expired += 1
         if self.settings.dead_lettering_on_message_expiration:
             return self.move_to_dead_letter(
                 message, "TTLExpiredException", "The message expired and was dead lettered."
@@ -209,6 +227,7 @@ class Receivable:
 
     def move_to_dead_letter(self, message: StoredMessage, reason: str | None, description: str | None) -> list[Op]:
         assert self.dead_letter_queue is not None
+        self.counters.dead_lettered += 1
         self._forget(message.sequence_number)
         dead = message.copy_for(self.dead_letter_queue.path)
         dead.state = MessageState.DEAD_LETTERED
@@ -254,14 +273,19 @@ class Receivable:
         return sorted(ids | set(self.session_states))
 
     # --- counts ---------------------------------------------------------------------------------
+    def set_state(self, message: StoredMessage, state: MessageState) -> None:
+        """Change the state of a message held here (keeps ``counts`` right)."""
+        if message.sequence_number in self.messages:
+            self._state_counts[message.state] -= 1
+            self._state_counts[state] += 1
+        message.state = state
+
     def counts(self) -> dict[str, int]:
-        out = {"active": 0, "scheduled": 0, "deferred": 0}
-        for message in self.messages.values():
-            if message.state == MessageState.ACTIVE:
-                out["active"] += 1
-            elif message.state == MessageState.SCHEDULED:
-                out["scheduled"] += 1
-            elif message.state == MessageState.DEFERRED:
-                out["deferred"] += 1
-        out["dead_lettered"] = len(self.dead_letter_queue.messages) if self.dead_letter_queue else 0
-        return out
+        """Messages by state, in O(1): active (locked ones included), scheduled, deferred, dead-lettered."""
+        counts = self._state_counts
+        return {
+            "active": counts[MessageState.ACTIVE],
+            "scheduled": counts[MessageState.SCHEDULED],
+            "deferred": counts[MessageState.DEFERRED],
+            "dead_lettered": len(self.dead_letter_queue.messages) if self.dead_letter_queue else 0,
+        }

@@ -31,7 +31,8 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -164,6 +165,8 @@ class SqliteStore:
         self.units = 0
         self.failures = 0
         self.recreated = 0
+        # called on the writer thread after each commit with (seconds, units): metrics, see broker/counters.py
+        self.commit_observer: Callable[[float, int], None] | None = None
         self._writer = threading.Thread(target=self._write_loop, name="oncebus-sqlite-writer", daemon=True)
         self._writer.start()
 
@@ -330,6 +333,7 @@ class SqliteStore:
                 )
             self._fail(units, exc)
             return
+        started = time.perf_counter()
         try:
             self._transaction([op for unit, _ in units for op in unit])
         except Exception as exc:
@@ -346,6 +350,8 @@ class SqliteStore:
                     if future is not None:
                         future.set_result(None)
             return
+        if self.commit_observer is not None and any(unit for unit, _ in units):
+            self.commit_observer(time.perf_counter() - started, len(units))
         for _, future in units:
             if future is not None:
                 future.set_result(None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
@@ -238,3 +239,41 @@ def test_rules_made_with_the_admin_client_route_sdk_sends(
     runtime = admin.get_topic_runtime_properties(name)
     assert runtime.subscription_count == 5
     admin.delete_topic(name)
+
+
+def test_forwarding_auto_delete_and_filter_exception_settings_round_trip(
+    admin: ServiceBusAdministrationClient, name: str
+) -> None:
+    admin.create_queue(name + "-end")
+    queue = admin.create_queue(
+        name,
+        forward_to=name + "-end",
+        forward_dead_lettered_messages_to=name + "-end",
+        auto_delete_on_idle=timedelta(minutes=7),
+    )
+    assert queue.forward_to is not None and queue.forward_to.endswith("/" + name + "-end")  # as Azure: sb://host/name
+    assert queue.forward_dead_lettered_messages_to.endswith("/" + name + "-end")  # type: ignore[union-attr]
+    assert admin.get_queue(name).auto_delete_on_idle == timedelta(minutes=7)
+    with pytest.raises(HttpResponseError) as loop:
+        admin.update_queue(admin.get_queue(name + "-end"), forward_to=name)
+    assert loop.value.status_code == 400 and "loop" in str(loop.value)
+    with pytest.raises(ResourceNotFoundError):
+        admin.create_queue(name + "-x", forward_to=name + "-nowhere")
+    with pytest.raises(HttpResponseError) as short:
+        admin.create_queue(name + "-y", auto_delete_on_idle=timedelta(minutes=1))
+    assert short.value.status_code == 400 and "at least 5 minutes" in str(short.value)
+
+    admin.create_topic(name + "-t", auto_delete_on_idle=timedelta(hours=1))
+    assert admin.get_topic(name + "-t").auto_delete_on_idle == timedelta(hours=1)
+    sub = admin.create_subscription(
+        name + "-t", "s", forward_to=name + "-end", dead_lettering_on_filter_evaluation_exceptions=False
+    )
+    assert sub.dead_lettering_on_filter_evaluation_exceptions is False and sub.forward_to.endswith(name + "-end")  # type: ignore[union-attr]
+    got = admin.get_subscription(name + "-t", "s")
+    got.dead_lettering_on_filter_evaluation_exceptions = True
+    admin.update_subscription(name + "-t", got)
+    assert admin.get_subscription(name + "-t", "s").dead_lettering_on_filter_evaluation_exceptions is True
+    for entity in (name + "-t",):
+        admin.delete_topic(entity)
+    for entity in (name, name + "-end"):
+        admin.delete_queue(entity)

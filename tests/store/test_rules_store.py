@@ -7,19 +7,21 @@ which is how every subscription behaved then.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from pathlib import Path
 
 import pytest
 
+from oncebus.broker import ManualClock, Message, Namespace
 from oncebus.core.entities import SubscriptionProperties, TopicProperties
 from oncebus.core.errors import StoreError
 from oncebus.core.rules import CorrelationRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter, default_rule
 from oncebus.store.base import DeleteEntity, PutEntity, PutRules
 from oncebus.store.memory import MemoryStore
 from oncebus.store.sqlite import SCHEMA_VERSION, SqliteStore
-from tests.store.test_schema import SCHEMA_0
+from tests.store.test_schema import SCHEMA_0, T0
 
 RED = RuleProperties("red", SqlRuleFilter("color = @c", {"@c": "red"}), SqlRuleAction("SET sys.To = 'x'"))
 VIP = RuleProperties("vip", CorrelationRuleFilter(label="vip", properties={"tier": 3}))
@@ -92,6 +94,15 @@ def test_a_schema_1_file_is_migrated_and_its_subscriptions_get_the_default_rule(
         "events/subscriptions/audit": [default_rule()],
         "events/subscriptions/billing": [default_rule()],
     }
+
+    async def through_the_namespace() -> None:
+        ns = await Namespace.open(store, ManualClock(T0))
+        assert [r.name for r in ns.list_rules("events", "audit")] == ["$Default"]
+        await ns.send("events", Message(b"", message_id="m"))  # both subscriptions get it, as before
+        assert [len(ns.peek_messages(f"events/Subscriptions/{s}")) for s in ("audit", "billing")] == [1, 1]
+        await ns.close()
+
+    asyncio.run(through_the_namespace())
     store.close()
     again = SqliteStore(path)  # reopened: nothing more to do
     assert again._db.execute("PRAGMA user_version").fetchone()[0] == 2

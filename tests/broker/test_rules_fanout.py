@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from oncebus.broker import ManualClock, Message, Namespace
+from oncebus.broker.runtime_properties import topic_runtime_properties
 from oncebus.core.errors import EntityAlreadyExistsError, EntityNotFoundError, InvalidArgumentError
 from oncebus.core.rules import (
     DEFAULT_RULE_NAME,
@@ -187,5 +188,32 @@ def test_copies_through_rules_with_actions_have_their_own_sequence_numbers(store
         assert got[0].sequence_number == first[0].sequence_number
         plain = await ns.receive("t/Subscriptions/plain", 10)
         assert [m.sequence_number for m in plain] == [first[0].sequence_number, second[0].sequence_number]
+
+    run(go())
+
+
+def test_a_scheduled_topic_message_waits_at_the_topic_and_can_be_cancelled(stores: StoreFactory) -> None:
+    async def go() -> None:
+        clock = ManualClock(START)
+        ns = await Namespace.open(stores.open(), clock)
+        await ns.create_topic("t")
+        await ns.create_subscription("t", "s")
+        later = us_to_datetime(START + 60_000_000)
+        (kept,) = await ns.schedule_messages("t", Message(b"xyz", message_id="kept"), later)
+        (gone,) = await ns.schedule_messages("t", Message(b"", message_id="gone"), later)
+        topic = topic_runtime_properties(ns, "t")
+        assert topic.scheduled_message_count == 2 and topic.size_in_bytes > 0
+        assert ns.peek_messages("t/Subscriptions/s") == []  # not in the subscription before it is due
+        await ns.cancel_scheduled_messages("t", [gone])
+        await ns.close()
+        ns = await Namespace.open(stores.open(), clock)  # it waits at the topic across a restart
+        assert topic_runtime_properties(ns, "t").scheduled_message_count == 1
+        await ns.set_rules("t", "s", [RuleProperties("late", SqlRuleFilter("sys.MessageId = 'kept'"))])
+        clock.advance(61)
+        ns.tick()  # due: the rules of now decide
+        got = await drain(ns, "t/Subscriptions/s")
+        assert [m["message_id"] for m in got] == ["kept"]
+        assert topic_runtime_properties(ns, "t").scheduled_message_count == 0
+        assert kept > 0
 
     run(go())

@@ -17,8 +17,10 @@ committed transaction) before its next commit, or within a second when idle.
 
 Schema versions (``PRAGMA user_version``): 0, the layout before versions;
 1, typed message ids (dedup key texts of string ids that start with NUL are
-escaped; see ``oncebus.core.keys``). An older file is migrated in place in one
-transaction; a newer one is refused.
+escaped; see ``oncebus.core.keys``); 2, subscription rules (table
+``subscription_rules``: every subscription of an older file gets the
+``$Default`` rule, which is what it behaved as). An older file is migrated in
+place in one transaction; a newer one is refused.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pathlib import Path
 from oncebus.core.errors import StoreError, StoreWriteError
 from oncebus.core.keys import migrate_key_text_v0
 from oncebus.core.messages import StoredMessage
+from oncebus.core.rules import default_rule
 from oncebus.store.base import (
     AddCounters,
     DeleteEntity,
@@ -46,13 +49,14 @@ from oncebus.store.base import (
     PutDedupKey,
     PutEntity,
     PutMessage,
+    PutRules,
     PutSessionState,
     Snapshot,
     owned_ranges,
 )
 
 _LOG = logging.getLogger("oncebus.store")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 IDLE_CHECK_SECONDS = 1.0
 
 SCHEMA = """
@@ -90,6 +94,11 @@ CREATE TABLE IF NOT EXISTS counters (
     entity TEXT PRIMARY KEY,
     next_sequence_number INTEGER NOT NULL,
     counters TEXT NOT NULL
+);
+-- schema 2: a subscription's rules, in order, as a JSON list of RuleProperties.to_dict()
+CREATE TABLE IF NOT EXISTS subscription_rules (
+    path TEXT PRIMARY KEY,
+    rules TEXT NOT NULL
 );
 """
 
@@ -194,7 +203,7 @@ class SqliteStore:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            if version == 0:
+            if version < 1:
                 partitioned = {
                     path
                     for path, props in db.execute("SELECT path, properties FROM entity")
@@ -212,6 +221,13 @@ class SqliteStore:
                             (entity, t0, key),
                         )
                         db.execute(_INSERT_KEY, (entity, t0, new))
+            if version < 2:  # every subscription behaved as if it had the $Default rule: now it has it
+                default = json.dumps([default_rule().to_dict()])
+                db.execute(
+                    "INSERT OR IGNORE INTO subscription_rules (path, rules) "
+                    "SELECT path, ? FROM entity WHERE kind = 'subscription'",
+                    (default,),
+                )
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")
         except Exception as exc:
@@ -265,6 +281,8 @@ class SqliteStore:
             snapshot.session_states.append(PutSessionState(path, sid, bytes(state)))
         for entity, next_seq, counters in db.execute("SELECT entity, next_sequence_number, counters FROM counters"):
             snapshot.counters[entity] = AddCounters(entity, next_seq, json.loads(counters))
+        for path, rules in db.execute("SELECT path, rules FROM subscription_rules"):
+            snapshot.rules[path] = json.loads(rules)
         return snapshot
 
     def submit(self, unit: Sequence[Op]) -> Future[None]:
@@ -416,7 +434,7 @@ class SqliteStore:
         touches no entity definitions or history pruning they are written last,
         and runs of message writes go through ``executemany``.
         """
-        if any(isinstance(op, PutEntity | DeleteEntity | PruneDedupKeys | PutSessionState) for op in ops):
+        if any(isinstance(op, PutEntity | DeleteEntity | PruneDedupKeys | PutSessionState | PutRules) for op in ops):
             for op in ops:
                 self._apply(op)
             return
@@ -464,7 +482,7 @@ class SqliteStore:
             case DeleteEntity(path=path):
                 # exactly what belongs to the entity (base.owned_by): never another entity named path + "/..."
                 (own, dead_letter), (low, high) = owned_ranges(path)
-                for table in ("entity", "message", "session_state"):
+                for table in ("entity", "message", "session_state", "subscription_rules"):
                     db.execute(
                         f"DELETE FROM {table} WHERE path IN (?, ?) OR (path >= ? AND path < ?)",
                         (own, dead_letter, low, high),
@@ -489,6 +507,10 @@ class SqliteStore:
                         "INSERT OR REPLACE INTO session_state (path, session_id, state) VALUES (?, ?, ?)",
                         (path, sid, state),
                     )
+            case PutRules(path=path, rules=rules):
+                db.execute(
+                    "INSERT OR REPLACE INTO subscription_rules (path, rules) VALUES (?, ?)", (path, json.dumps(rules))
+                )
             case AddCounters(entity=entity, next_sequence_number=next_seq, counters=deltas):
                 row = db.execute(
                     "SELECT next_sequence_number, counters FROM counters WHERE entity = ?", (entity,)

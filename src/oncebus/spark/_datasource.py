@@ -59,13 +59,17 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+ORDERED_BY = "oncebus.orderedBy"  # also read by deduplicate_stream
+
 SOURCE_SCHEMA = StructType(
     [
         StructField("message_id", StringType()),
         StructField("body", BinaryType()),
         StructField("partition_key", StringType()),
         StructField("session_id", StringType()),
-        StructField("enqueued_time", TimestampType()),
+        # the broker assigns enqueued times in sequence order per entity, and the reader receives in that
+        # order: deduplicate_stream needs to hold nothing back (see ORDERED_BY)
+        StructField("enqueued_time", TimestampType(), metadata={ORDERED_BY: "sequence_number"}),
         StructField("sequence_number", LongType()),
         StructField("delivery_count", IntegerType()),
         StructField("subject", StringType()),
@@ -74,6 +78,7 @@ SOURCE_SCHEMA = StructType(
         StructField("application_properties", MapType(StringType(), StringType())),
     ]
 )
+
 
 _MESSAGE_COLUMNS = ("message_id", "partition_key", "session_id", "subject", "content_type", "correlation_id")
 

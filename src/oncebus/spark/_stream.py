@@ -39,10 +39,13 @@ from oncebus.core.durations import parse_duration, to_micros
 from oncebus.core.entities import DEFAULT_DUPLICATE_WINDOW
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.spark import _plan
+from oncebus.spark._datasource import ORDERED_BY
 from oncebus.spark._files import HadoopFiles
 from oncebus.spark._settings import resolve_settings
 
 DEFAULT_MAX_OUT_OF_ORDER = timedelta(seconds=5)
+# ORDERED_BY: column metadata a source puts on its time column when it delivers rows in that column's
+# order (ties in the order of the column it names): nothing needs holding then. The oncebus source sets it.
 KEY_SCHEMA = T.StructType(
     [
         T.StructField("h1", T.LongType(), False),
@@ -52,6 +55,54 @@ KEY_SCHEMA = T.StructType(
 )
 _MANIFESTS_KEPT = 100
 ForeachBatch = Callable[[DataFrame, int], None]
+Clock = Callable[[], int]
+
+
+def _wall_clock_us() -> int:
+    return time.time_ns() // 1000
+
+
+def next_watermark(
+    *,
+    previous_us: int | None,
+    max_time_us: int | None,
+    bound_us: int,
+    ordered: bool,
+    idle_release: bool,
+    arrivals: Sequence[Sequence[int]],
+    now_us: int,
+) -> tuple[int | None, list[list[int]]]:
+    """The watermark of a micro-batch (rows with time below it are decided) and the arrivals to remember.
+
+    ``arrivals`` are ``[processing time, newest event time seen by then]`` of earlier batches. Three
+    bounds, the highest wins; the watermark never goes back:
+
+    * event time: ``newest time seen - bound`` (a row is never older than that);
+    * idle release (processing time): every row seen at least ``bound`` ago in processing time is
+      decided, with every row at or before its time, so a quiet stream still produces its output;
+    * ordered input (the source vouches that rows arrive in time order): everything seen is decided.
+    """
+    candidates = [previous_us]
+    if max_time_us is not None:
+        candidates.append(max_time_us + 1 if ordered else max_time_us - bound_us)
+    if idle_release:
+        due = [int(newest) for at, newest in arrivals if at <= now_us - bound_us]
+        if due:
+            candidates.append(max(due) + 1)
+    watermark = max((c for c in candidates if c is not None), default=None)
+    remembered = [[int(at), int(newest)] for at, newest in arrivals if at > now_us - bound_us]
+    if max_time_us is not None and not ordered:
+        if watermark is None or max_time_us >= watermark:  # rows at or above the watermark wait
+            remembered.append([now_us, max_time_us])
+    return watermark, remembered
+
+
+def ordering_of(df: DataFrame, time_col: str) -> str | None:
+    """The tie-break column when the source vouches that ``time_col`` arrives in order, else None."""
+    if time_col not in df.columns:
+        return None
+    value = df.schema[time_col].metadata.get(ORDERED_BY)
+    return str(value) if value and value in df.columns else None
 
 
 class _Engine:
@@ -75,10 +126,16 @@ class _Engine:
         entity_settings: Mapping[str, Any] | None,
         order_col: str | Sequence[str] | None,
         on_invalid: _plan.OnInvalid,
+        idle_release: bool = True,
+        clock: Clock = _wall_clock_us,
     ) -> None:
         if output_path is None and foreach_batch is None:
             raise InvalidArgumentError("give output_path, foreach_batch or both: where the kept rows go")
         self.default, self.per_entity = resolve_settings(window, partitioned, entity_settings)
+        tie_break = ordering_of(df, time_col)
+        self.ordered = tie_break is not None and max_out_of_order is None
+        if order_col is None and tie_break is not None:
+            order_col = tie_break
         self.columns = _plan.resolve_columns(
             df,
             message_id_col=message_id_col,
@@ -89,6 +146,8 @@ class _Engine:
             order_col=order_col,
             entity_settings_given=bool(entity_settings),
         )
+        if max_out_of_order is None:
+            max_out_of_order = timedelta(0) if self.ordered else DEFAULT_MAX_OUT_OF_ORDER
         bound = parse_duration(max_out_of_order, name="max_out_of_order")
         if bound < timedelta(0):
             raise InvalidArgumentError("max_out_of_order must not be negative")
@@ -98,6 +157,8 @@ class _Engine:
         self.output_path = output_path.rstrip("/") if output_path else None
         self.foreach_batch = foreach_batch
         self.on_invalid = on_invalid
+        self.idle_release = idle_release
+        self.clock = clock
         self.user_schema = df.schema
         self._previous: tuple[int, dict[str, Any]] | None = None
         self._files: HadoopFiles | None = None
@@ -111,19 +172,27 @@ class _Engine:
 
     def previous_manifest(self, spark: SparkSession, batch_id: int) -> dict[str, Any]:
         """The manifest of the newest batch before ``batch_id`` (an empty one before the first)."""
-        if self._previous is not None and self._previous[0] == batch_id - 1:
+        if self._previous is not None and self._previous[0] < batch_id:  # this engine wrote the newest one
             return self._previous[1]
         files = self._fs(spark)
         ids = [int(name[:-5]) for name in files.list_names("batches") if name.endswith(".json")]
         earlier = [i for i in ids if i < batch_id]
         if not earlier:
-            return {"batch_id": None, "watermark_us": None, "max_time_us": None, "key_folders": [], "held": None}
+            return {
+                "batch_id": None,
+                "watermark_us": None,
+                "max_time_us": None,
+                "key_folders": [],
+                "held": None,
+                "arrivals": [],
+            }
         manifest: dict[str, Any] = json.loads(files.read_text(f"batches/{max(earlier):020d}.json"))
         return manifest
 
     # -- one micro-batch -----------------------------------------------------------------------
     def process(self, batch: DataFrame, batch_id: int, *, flush: bool = False) -> dict[str, Any]:
         started = time.perf_counter()
+        now_us = self.clock()
         spark = batch.sparkSession
         files = self._fs(spark)
         previous = self.previous_manifest(spark, batch_id)
@@ -147,13 +216,24 @@ class _Engine:
         assert stats is not None
         rows_in = batch_rows = int(stats["rows"])
         max_time = max([v for v in (previous["max_time_us"], stats["max_t"]) if v is not None], default=None)
+        watermark, arrivals = next_watermark(
+            previous_us=previous_wm,
+            max_time_us=max_time,
+            bound_us=self.bound_us,
+            ordered=self.ordered,
+            idle_release=self.idle_release,
+            arrivals=previous.get("arrivals", []),
+            now_us=now_us,
+        )
         if flush:
-            watermark = 2**62
-        elif max_time is None:
-            watermark = previous_wm
-        else:
-            watermark = max(v for v in (previous_wm, max_time - self.bound_us) if v is not None)
+            watermark, arrivals = 2**62, []
         lap("read")
+        nothing_held = not previous["held"] or not previous.get("counts", {}).get("held", 0)
+        replay_possible = self._previous is None  # the first batch of a run may replay one that wrote output
+        if batch_rows == 0 and not flush and not replay_possible and (watermark == previous_wm or nothing_held):
+            # nothing arrived and nothing is due (an idle tick): no state to change, no manifest
+            prepared_new.unpersist()
+            return previous
 
         pool = prepared_new
         if previous["held"]:
@@ -222,6 +302,8 @@ class _Engine:
             "key_folders": folders,
             "keys_held": sum(f["rows"] for f in folders),
             "held": held_name,
+            "arrivals": arrivals,
+            "ordered": self.ordered,
             "flushed": flush,
             "counts": {
                 "batch_rows": batch_rows,
@@ -242,8 +324,9 @@ class _Engine:
             seeds.unpersist()
         for folder in expired:
             files.delete(folder["path"])
-        for name in files.list_names("held"):
-            if name.startswith("b=") and int(name[2:]) < batch_id - 1:
+        keep_from = previous["batch_id"] if previous["batch_id"] is not None else batch_id
+        for name in files.list_names("held"):  # a replay of this batch reads the previous batch's folder
+            if name.startswith("b=") and int(name[2:]) < keep_from:
                 files.delete(f"held/{name}")
         manifests = [n for n in files.list_names("batches") if n.endswith(".json")]
         for name in manifests[:-_MANIFESTS_KEPT]:
@@ -264,7 +347,8 @@ def deduplicate_stream(
     output_path: str | None = None,
     foreach_batch: ForeachBatch | None = None,
     checkpoint_location: str | None = None,
-    max_out_of_order: timedelta | str = DEFAULT_MAX_OUT_OF_ORDER,
+    max_out_of_order: timedelta | str | None = None,
+    idle_release: bool = True,
     trigger: Mapping[str, Any] | None = None,
     query_name: str | None = None,
     message_id_col: str = "message_id",
@@ -290,16 +374,23 @@ def deduplicate_stream(
     checkpoint defaults to ``state_path/_checkpoint``. Keep both together:
     restarting on the same paths continues exactly where the query stopped.
 
-    ``max_out_of_order`` (default 5 s) is the bound on out-of-order arrival:
-    when a row arrives, no row seen before it may be newer than its time plus
-    the bound. Within the bound the result equals the core's verdicts for the
-    rows sorted by (time, ``order_col``). Each row is decided once the newest
-    time seen passes its own time plus the bound, so rows wait for about that
-    long (plus the trigger interval) before they are output; a row later than
-    the bound is decided in the batch it arrives in, against the keys held
-    then (counted as ``late`` in the manifest). Rows still held when the query
-    stops are decided by the next batch, or by :func:`flush_stream` when the
-    input has ended for good.
+    ``max_out_of_order`` is the bound on out-of-order arrival: when a row
+    arrives, no row seen before it may be newer than its time plus the bound.
+    Within the bound the result equals the core's verdicts for the rows sorted
+    by (time, ``order_col``). Each row is decided once the newest time seen
+    passes its own time plus the bound, or (``idle_release``, on by default)
+    once it has waited the bound in processing time, as a watermark with an
+    idle timeout would: a quiet stream still produces all its output within
+    about the bound plus a trigger interval. (For that, the query also reads
+    a one-row-per-second ``rate`` stream whose rows are all filtered out, so
+    micro-batches run while the input is quiet.) A row later than that is
+    decided in the batch it arrives in, against the keys held then (counted as
+    ``late`` in the manifest). The default bound is 5 s, or 0 with nothing
+    held when the source vouches for the order of ``time_col`` (the
+    ``oncebus`` source does: the broker assigns enqueued times in sequence
+    order per entity, and ``sequence_number`` breaks ties). Rows still held
+    when the query stops are decided by the next batch, or by
+    :func:`flush_stream` when the input has ended for good.
 
     The per-batch cost is a scan of the held keys (about rate x window keys;
     at 50,000 sends/s and a 10-minute window, 30 million) plus the batch's
@@ -316,6 +407,7 @@ def deduplicate_stream(
         output_path=output_path,
         foreach_batch=foreach_batch,
         max_out_of_order=max_out_of_order,
+        idle_release=idle_release,
         message_id_col=message_id_col,
         partition_key_col=partition_key_col,
         session_id_col=session_id_col,
@@ -331,7 +423,10 @@ def deduplicate_stream(
     def each_batch(batch: DataFrame, batch_id: int) -> None:
         engine.process(batch, batch_id)
 
-    writer = df.writeStream.foreachBatch(each_batch).option(
+    source = df
+    if idle_release and not engine.ordered:
+        source = df.unionByName(_ticks(df))
+    writer = source.writeStream.foreachBatch(each_batch).option(
         "checkpointLocation", checkpoint_location or f"{state_path.rstrip('/')}/_checkpoint"
     )
     if query_name:
@@ -339,6 +434,15 @@ def deduplicate_stream(
     if trigger:
         writer = writer.trigger(**trigger)
     return writer.start()
+
+
+def _ticks(df: DataFrame) -> DataFrame:
+    """A stream of no rows with ``df``'s columns whose offsets advance every second (a ``rate`` source,
+    filtered out): unioned with a quiet input, it makes micro-batches run so held rows are released."""
+    rate = df.sparkSession.readStream.format("rate").option("rowsPerSecond", 1).option("numPartitions", 1).load()
+    return rate.where(F.col("value") < 0).select(
+        *[F.lit(None).cast(field.dataType).alias(field.name) for field in df.schema.fields]
+    )
 
 
 def flush_stream(

@@ -3,10 +3,10 @@
 Each micro-batch adds one key folder. So that a long-running query's state
 stays proportional to the keys inside the window rather than to the number of
 batches, old folders are merged: when more than ``COMPACT_AT`` live key
-folders are listed, all but the newest ``KEEP_RECENT`` are rewritten as one
-folder ``c=N`` (N = the batch that compacted), keeping only keys whose own
-window has not passed (``t0 + window > watermark``). Compacted folders are
-merged again, the same way, when more than ``COMPACT_AT`` of them pile up.
+folders are listed, the small ones (under ``TARGET_ROWS`` keys) but the newest
+``KEEP_RECENT`` are rewritten as one folder ``c=N`` (N = the batch that
+compacted), keeping only keys whose own window has not passed (``t0 + window >
+watermark``); a merged folder still small is merged again later.
 A folder that no manifest lists any more is deleted once the batch after the
 compaction has committed (a replay of the compacting batch still reads it).
 
@@ -28,6 +28,7 @@ from oncebus.spark._files import StateFiles, local_directory, state_files
 
 COMPACT_AT = 16
 KEEP_RECENT = 4
+TARGET_ROWS = 1_000_000
 
 
 def newest_manifest(files: StateFiles) -> dict[str, Any] | None:
@@ -87,14 +88,14 @@ def state_report(state_path: str, spark: SparkSession | None = None) -> dict[str
 
 
 def plan_compaction(folders: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The live key folders to merge now (empty when there are few enough)."""
-    plain = [f for f in folders if not f["path"].startswith("c=")]
-    compacted = [f for f in folders if f["path"].startswith("c=")]
-    if len(compacted) > COMPACT_AT:
-        return compacted
-    if len(plain) > COMPACT_AT:
-        return plain[: len(plain) - KEEP_RECENT]
-    return []
+    """The live key folders to merge now: when more than ``COMPACT_AT`` are listed, every folder smaller
+    than ``TARGET_ROWS`` keys but the newest ``KEEP_RECENT`` (if at least two). Large folders (a big
+    micro-batch's) are left alone: their scan costs the same merged or not, and they go whole once
+    their newest key's window has passed."""
+    if len(folders) <= COMPACT_AT:
+        return []
+    small = [f for f in folders[: len(folders) - KEEP_RECENT] if int(f["rows"]) < TARGET_ROWS]
+    return small if len(small) >= 2 else []
 
 
 def compact(

@@ -484,7 +484,14 @@ def deduplicate_stream(
     rows, so larger micro-batches (a trigger of 10-30 s) carry more rows per
     scan. ``trigger`` takes the keyword arguments of
     ``DataStreamWriter.trigger``, e.g. ``{"processingTime": "20 seconds"}`` or
-    ``{"availableNow": True}``.
+    ``{"availableNow": True}``. Small key folders are merged as they pile up
+    (keys past their window dropped); :func:`oncebus.spark.state_report`
+    tells the state's size and age.
+
+    On a cluster, ``state_path`` and ``output_path`` must be reachable from
+    the driver and every executor; under Spark Connect (``foreachBatch`` runs
+    on the Connect server) ``state_path`` must be a local path or a shared
+    mount of the server's host.
     """
     engine = _engine(
         df,

@@ -25,8 +25,8 @@ from datetime import timedelta
 from pathlib import Path
 
 from oncebus.broker import Message, Namespace, SystemClock
-from oncebus.broker.runtime import tune_gc
 from oncebus.core.dedup import DedupIndex
+from oncebus.server.runtime import tune_gc
 from oncebus.store.sqlite import SqliteStore
 
 S = 1_000_000

@@ -41,8 +41,8 @@ from pathlib import Path
 import uvicorn
 
 from oncebus.broker import Message, Namespace, ServiceBusReceiveMode
-from oncebus.broker.runtime import tune_gc
 from oncebus.http.observe import make_observe_app
+from oncebus.server.runtime import tune_gc
 from oncebus.store.base import Op, Snapshot
 from oncebus.store.sqlite import SqliteStore
 

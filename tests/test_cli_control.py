@@ -149,7 +149,7 @@ def test_malformed_control_requests_get_an_error_reply(server: Serve) -> None:
 
 
 def test_over_long_control_line_is_refused_and_the_connection_stays_usable(server: Serve) -> None:
-    from oncebus.broker.control import MAX_REQUEST_LINE
+    from oncebus.server.control import MAX_REQUEST_LINE
 
     client = server.control()
     try:

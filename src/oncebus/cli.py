@@ -25,13 +25,13 @@ from typing import Any
 
 from oncebus import __version__
 from oncebus.broker.clock import SystemClock
-from oncebus.broker.control import LATEST_US, MAX_REQUEST_LINE, dispatch, error_from_json
-from oncebus.broker.datadir import DataDir, resolve_data_dir
 from oncebus.broker.namespace import Namespace
 from oncebus.cli_rules import add_rule_parser, rule_command
 from oncebus.core.durations import parse_duration, to_micros
 from oncebus.core.errors import InvalidArgumentError, MessageSizeExceededError, OncebusError
 from oncebus.server import ServeError, ServeOptions, run
+from oncebus.server.control import LATEST_US, MAX_REQUEST_LINE, dispatch, error_from_json
+from oncebus.server.datadir import DataDir, resolve_data_dir
 from oncebus.store.sqlite import SqliteStore
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY = 1, 2, 3, 4

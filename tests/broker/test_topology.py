@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from oncebus.broker import ManualClock, Namespace
-from oncebus.broker.topology import apply_topology, load_topology
 from oncebus.core.errors import ImmutablePropertyError, InvalidArgumentError, SqlExpressionError, StoreError
 from oncebus.core.rules import CorrelationRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter
+from oncebus.server.topology import apply_topology, load_topology
 from oncebus.store.memory import MemoryStore
 from tests.broker.conftest import run
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from oncebus.broker.datadir import DataDir
 from oncebus.cli import main
+from oncebus.server.datadir import DataDir
 
 
 def _damage_a_table(path: Path) -> None:

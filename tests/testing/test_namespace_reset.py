@@ -8,7 +8,7 @@ from pathlib import Path
 
 from oncebus.broker import Message, Namespace
 from oncebus.broker.clock import ManualClock
-from oncebus.broker.control import dispatch
+from oncebus.server.control import dispatch
 from oncebus.store.sqlite import SqliteStore
 
 

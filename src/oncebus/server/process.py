@@ -21,14 +21,14 @@ from oncebus import __version__
 from oncebus.amqp.reencode import reencode
 from oncebus.auth import DEFAULT_KEYS
 from oncebus.broker.clock import FileClock, SystemClock
-from oncebus.broker.control import ControlServer
-from oncebus.broker.datadir import DataDir
 from oncebus.broker.namespace import Namespace
-from oncebus.broker.runtime import tune_gc
 from oncebus.core.errors import OncebusError
 from oncebus.http.server import ASGIApp
 from oncebus.server.certs import ensure_certificates
+from oncebus.server.control import ControlServer
+from oncebus.server.datadir import DataDir
 from oncebus.server.front import Front, open_front
+from oncebus.server.runtime import tune_gc
 from oncebus.store.sendlog import SendLogWriter
 from oncebus.store.sqlite import SqliteStore
 
@@ -86,7 +86,7 @@ async def run(
     """
     topology = None
     if options.config:  # read and shape-checked before the data directory is touched
-        from oncebus.broker.topology import load_topology
+        from oncebus.server.topology import load_topology
 
         topology = load_topology(options.config)
     datadir = DataDir(options.data_dir)
@@ -103,7 +103,7 @@ async def run(
     clock = FileClock(options.clock_file) if options.clock_file else SystemClock()
     namespace = await Namespace.open(store, clock, send_log=send_log, reencode=reencode)  # rule actions' copies
     if topology is not None:
-        from oncebus.broker.topology import apply_topology
+        from oncebus.server.topology import apply_topology
 
         try:
             await apply_topology(namespace, topology)  # all or nothing

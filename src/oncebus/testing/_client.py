@@ -1,4 +1,4 @@
-"""A blocking client of a running broker's control socket (``oncebus.broker.control``'s JSON lines)."""
+"""A blocking client of a running broker's control socket (``oncebus.server.control``'s JSON lines)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from oncebus.broker.control import error_from_json
+from oncebus.server.control import error_from_json
 
 
 class BrokerGoneError(RuntimeError):

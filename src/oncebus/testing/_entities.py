@@ -1,6 +1,6 @@
 """Entity declarations for the testing API: an emulator-format config, or ``queues=`` / ``topics=`` shorthands.
 
-Both end up as one :class:`oncebus.broker.topology.Topology` (the parser ``oncebus serve
+Both end up as one :class:`oncebus.server.topology.Topology` (the parser ``oncebus serve
 --config`` uses), so property names may be PascalCase (as in the emulator's config.json)
 or snake_case (as in the SDK's administration client), and durations ISO-8601 text,
 seconds or ``timedelta``.
@@ -17,9 +17,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from oncebus.broker.topology import EntitySpec, Topology, load_topology, parse_topology
 from oncebus.core.durations import format_duration
 from oncebus.core.errors import InvalidArgumentError
+from oncebus.server.topology import EntitySpec, Topology, load_topology, parse_topology
 
 Config = Mapping[str, Any] | str | os.PathLike[str]
 Declared = Iterable[str] | Mapping[str, Mapping[str, Any] | None] | None

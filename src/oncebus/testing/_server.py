@@ -21,8 +21,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
-from oncebus.broker.topology import Topology
 from oncebus.core.timeutil import us_to_datetime
+from oncebus.server.topology import Topology
 from oncebus.testing._client import BrokerGoneError, ControlClient
 from oncebus.testing._entities import (
     Config,
@@ -109,7 +109,7 @@ class _SubprocessBroker:
         for line in self.process.stdout:  # drained for the broker's whole life, so it never blocks on a full pipe
             self._lines.append(line.rstrip("\n"))
             if line.strip() == "ready" and not self._ready.is_set():
-                from oncebus.broker.datadir import DataDir
+                from oncebus.server.datadir import DataDir
 
                 self._info = DataDir(self.data_dir).read_server_info()
                 self._ready.set()
@@ -177,7 +177,7 @@ class OncebusServer:
 
     # ------------------------------------------------------------------------------ control
     def control(self, op: str, **args: Any) -> Any:
-        """One operation of the control protocol (``oncebus.broker.control``), e.g. ``control("queue.list")``."""
+        """One operation of the control protocol (``oncebus.server.control``), e.g. ``control("queue.list")``."""
         return self._client.call(op, args)
 
     def _failure_text(self) -> str:
@@ -225,7 +225,7 @@ class OncebusServer:
         self.create_topology(merged(*parts, declared_topology(queues, topics)))
 
     def create_topology(self, topology: Topology) -> None:
-        """Create the entities of a parsed topology (``oncebus.broker.topology.Topology``)."""
+        """Create the entities of a parsed topology (``oncebus.server.topology.Topology``)."""
         for warning in topology.warnings:
             warnings.warn(f"oncebus: {warning}", stacklevel=3)
         if not (topology.queues or topology.topics or topology.subscriptions):

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from oncebus.broker.topology import Topology
+    from oncebus.server.topology import Topology
     from oncebus.testing import OncebusServer
 
 MARKER = "oncebus_entities"

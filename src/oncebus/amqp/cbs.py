@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oncebus.amqp.sas import Grant, authorize
+from oncebus.amqp.values import string_or_binary as _text
 from oncebus.core.errors import UnauthorizedError
 
 CBS_NODE = "$cbs"
@@ -23,14 +24,6 @@ class PutTokenResult:
     status_code: int
     status_description: str
     grant: Grant | None
-
-
-def _text(value: Any) -> str | None:
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).decode("utf-8", "replace")
-    if isinstance(value, str):
-        return value
-    return None
 
 
 def put_token(

@@ -25,6 +25,7 @@ import proton
 
 from oncebus.amqp.encoding import DEFAULT_MAX_DEPTH, DecodeError, Reader, decode
 from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT, PLAIN_MESSAGE_FORMAT
+from oncebus.amqp.values import text as _text
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.messages import Message, MessageState
 from oncebus.core.timeutil import datetime_to_us, us_to_datetime
@@ -130,16 +131,6 @@ def encode_section(code: int, value: Any) -> bytes:
 
 
 # ---------------------------------------------------------------------------------- incoming
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes | memoryview):
-        return bytes(value).decode("utf-8", "replace")
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    return str(value)
-
-
 def _amqp_type(value: Any) -> str:
     """The AMQP type name of a decoded value, for error messages."""
     names = {

@@ -27,7 +27,7 @@ from oncebus.amqp.performatives import AMQP_HEADER, close_frame, open_frame
 from oncebus.amqp.sas import Grant
 
 if TYPE_CHECKING:
-    from oncebus.amqp.server import AmqpServer
+    from oncebus.amqp.host import AmqpHost
     from oncebus.broker import SessionLock
 
 _LOG = logging.getLogger(__name__)
@@ -72,9 +72,9 @@ def session_key(link: proton.Link) -> int:
 
 
 class AmqpConnection(asyncio.Protocol):
-    def __init__(self, server: AmqpServer) -> None:
-        self.server = server
-        self.limits = server.limits
+    def __init__(self, host: AmqpHost) -> None:
+        self.host = host
+        self.limits = host.limits
         self.loop = asyncio.get_running_loop()
         self.scanner = FrameScanner(self.limits)
         self.grants: list[Grant] = []
@@ -108,7 +108,7 @@ class AmqpConnection(asyncio.Protocol):
         self.socket = transport
         # above this many unsent bytes asyncio calls pause_writing(): receive links stop taking messages
         transport.set_write_buffer_limits(high=self.limits.outgoing_buffer_limit)
-        self.server.connection_opened(self)
+        self.host.connection_opened(self)
         self._handshake_timer = self.loop.call_later(self.limits.handshake_timeout, self._handshake_expired)
         self.pump()
 
@@ -253,7 +253,7 @@ class AmqpConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
-        self.server.connections.discard(self)
+        self.host.connection_closed(self)
         if self._tick_handle is not None:
             self._tick_handle.cancel()
         if self._handshake_timer is not None:
@@ -436,7 +436,7 @@ class AmqpConnection(asyncio.Protocol):
             if handler is not None:
                 handler.on_flow()
         elif kind == proton.Event.LINK_REMOTE_OPEN:
-            self.server.router.attach(self, event.link)
+            self.host.attach(self, event.link)
         elif kind in (proton.Event.LINK_REMOTE_CLOSE, proton.Event.LINK_REMOTE_DETACH):
             self._link_gone(event.link)
             if event.link.state & proton.Endpoint.LOCAL_ACTIVE:
@@ -479,7 +479,7 @@ class AmqpConnection(asyncio.Protocol):
         return facts
 
     def authorized(self, entity_path: str) -> bool:
-        now = self.server.wall_time()
+        now = self.host.wall_time()
         self.grants = [grant for grant in self.grants if grant.expires_at > now]
         return any(grant.covers(entity_path, now) for grant in self.grants)
 

@@ -102,9 +102,12 @@ def too_large(size: int, limit: int) -> MessageSizeExceededError:
 class SendLink:
     """The client sends to a queue or topic: every transfer is judged and answered settled."""
 
-    def __init__(self, conn: AmqpConnection, link: proton.Receiver, entity: str, max_message_size: int) -> None:
+    def __init__(
+        self, conn: AmqpConnection, link: proton.Receiver, namespace: Namespace, entity: str, max_message_size: int
+    ) -> None:
         self.conn = conn
         self.link = link
+        self.namespace = namespace
         self.entity = entity
         self.max_message_size = max_message_size
         self.queue: collections.deque[tuple[proton.Delivery, list[Message] | BaseException]] = collections.deque()
@@ -167,7 +170,7 @@ class SendLink:
             self.worker = self.conn.spawn(self._work())
 
     async def _work(self) -> None:
-        namespace = self.conn.server.namespace
+        namespace = self.namespace
         while self.queue:
             delivery, item = self.queue.popleft()
             outcome: BaseException | None = item if isinstance(item, BaseException) else None
@@ -212,12 +215,14 @@ class ReceiveLink:
         self,
         conn: AmqpConnection,
         link: proton.Sender,
+        namespace: Namespace,
         path: str,
         mode: ServiceBusReceiveMode,
         session: SessionLock | None,
     ) -> None:
         self.conn = conn
         self.link = link
+        self.namespace = namespace
         self.path = path
         self.mode = mode
         self.session = session
@@ -272,7 +277,7 @@ class ReceiveLink:
             room.cancel()
 
     async def _deliver_loop(self) -> None:
-        namespace = self.conn.server.namespace
+        namespace = self.namespace
         link = self.link
         while not self.closed:
             if self.wake.done():
@@ -366,7 +371,7 @@ class ReceiveLink:
         annotations: dict[Any, Any],
         info: dict[str, Any],
     ) -> Callable[[], Awaitable[None]]:
-        namespace = self.conn.server.namespace
+        namespace = self.namespace
         path = self.path
         if state == proton.Delivery.ACCEPTED:
             return lambda: namespace.complete(path, token)
@@ -415,7 +420,7 @@ class ReceiveLink:
         if self.session is not None:
             self.conn.sessions.pop((self.session.path, self.session.session_id), None)
             session = self.session
-            self.conn.spawn(self.conn.server.namespace.close_session(session))
+            self.conn.spawn(self.namespace.close_session(session))
 
 
 # ---------------------------------------------------------------------------------------- nodes

@@ -12,13 +12,13 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import proton
 
 from oncebus.amqp import codec, outgoing
 from oncebus.amqp.errors import condition_of, status_of
-from oncebus.broker.paths import parse_path
+from oncebus.amqp.values import text
+from oncebus.broker.paths import address_path, parse_path
 from oncebus.core.errors import InvalidArgumentError, SessionLockLostError, UnauthorizedError
 from oncebus.core.messages import Message, ServiceBusReceiveMode
 from oncebus.core.timeutil import datetime_to_us
@@ -37,9 +37,7 @@ Operation = Callable[["_Request"], Awaitable[Body | None]]
 
 def entity_of_node(address: str) -> str:
     """``amqps://host/orders/$management`` or ``orders/$management`` -> ``orders``."""
-    if "://" in address:
-        address = urlsplit(address).path
-    address = address.strip("/")
+    address = address_path(address)
     if address.lower().endswith(MANAGEMENT_SUFFIX):
         address = address[: -len(MANAGEMENT_SUFFIX)]
     return address.strip("/")
@@ -56,11 +54,7 @@ def _items(value: Any) -> list[Any]:
 
 
 def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes | memoryview):
-        return bytes(value).decode("utf-8")
-    return str(value)
+    return text(value, errors="strict")  # a request field that is not UTF-8 is refused, not guessed
 
 
 def _uuid(value: Any) -> uuid.UUID:
@@ -77,15 +71,14 @@ def _ms(moment: datetime.datetime) -> proton.timestamp:
 
 
 class _Request:
-    def __init__(self, conn: AmqpConnection, entity: str, body: Body, properties: dict[str, Any]) -> None:
+    def __init__(
+        self, namespace: Namespace, conn: AmqpConnection, entity: str, body: Body, properties: dict[str, Any]
+    ) -> None:
+        self.namespace = namespace
         self.conn = conn
         self.entity = entity
         self.body = body
         self.properties = properties
-
-    @property
-    def namespace(self) -> Namespace:
-        return self.conn.server.namespace
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.body.get(name, default)
@@ -258,8 +251,13 @@ def _response(status: int, description: str, body: Body | None, condition: str |
     return proton.Message(body=body if body is not None else None, properties=properties)
 
 
-async def handle_request(conn: AmqpConnection, link: proton.Link, request: proton.Message) -> proton.Message:
-    """Run one management request and build its response (errors become status codes and conditions)."""
+async def handle_request(
+    namespace: Namespace, conn: AmqpConnection, link: proton.Link, request: proton.Message
+) -> proton.Message:
+    """Run one management request on ``namespace`` and build its response (errors become status codes and conditions).
+
+    The router binds ``namespace`` when it opens the ``$management`` link.
+    """
     properties = {str(k): v for k, v in (request.properties or {}).items()}
     entity = entity_of_node(link.remote_target.address or "")
     operation = _text(properties.get("operation")) or ""
@@ -275,7 +273,7 @@ async def handle_request(conn: AmqpConnection, link: proton.Link, request: proto
             )
         body = codec.copy_value(request.body) if isinstance(request.body, dict) else {}
         body = {str(k): v for k, v in body.items()}
-        result = await handler(_Request(conn, entity, body, properties))
+        result = await handler(_Request(namespace, conn, entity, body, properties))
     except Exception as exc:
         _LOG.info("management %s on %r failed: %s", operation, entity, exc)
         condition = condition_of(exc)

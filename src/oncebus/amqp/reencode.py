@@ -30,6 +30,7 @@ from oncebus.amqp.codec import (
     encode_section,
     split_sections,
 )
+from oncebus.amqp.values import text as _text
 from oncebus.core.messages import StoredMessage
 from oncebus.core.timeutil import datetime_to_us
 
@@ -108,14 +109,6 @@ def _properties_value(current: list[Any] | None, copy: StoredMessage, changed: C
     while fields and fields[-1] is None:
         fields.pop()
     return fields
-
-
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes | memoryview):
-        return bytes(value).decode("utf-8", "replace")
-    return str(value)
 
 
 def reencode(wire: bytes, copy: StoredMessage, changed: Collection[str]) -> bytes:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from oncebus.store.base import DLQ_SUFFIX, SUBSCRIPTIONS
 
-__all__ = ["DLQ_SUFFIX", "SUBSCRIPTIONS", "EntityPath", "parse_path", "subscription_path"]
+__all__ = ["DLQ_SUFFIX", "SUBSCRIPTIONS", "EntityPath", "address_path", "parse_path", "subscription_path"]
 
 
 @dataclass(frozen=True)
@@ -26,11 +26,22 @@ class EntityPath:
         return f"{self.entity}{SUBSCRIPTIONS}{self.subscription}"
 
 
+def address_path(address: str | None) -> str:
+    """The path of an address: ``amqps://host:port/orders`` or ``sb://host/orders/`` -> ``orders``.
+
+    The scheme and host are dropped, and the slashes around the path; a bare path is kept; the case is kept.
+    """
+    if not address:
+        return ""
+    address = address.strip()
+    if "://" in address:
+        rest = address.split("://", 1)[1]
+        return rest.split("/", 1)[1].strip("/") if "/" in rest else ""
+    return address.strip("/")
+
+
 def parse_path(path: str) -> EntityPath:
-    canonical = path.strip().strip("/").lower()
-    for prefix in ("amqps://", "amqp://", "sb://"):
-        if canonical.startswith(prefix):
-            canonical = canonical[len(prefix) :].split("/", 1)[1] if "/" in canonical[len(prefix) :] else ""
+    canonical = address_path(path).lower()
     dead_letter = canonical.endswith(DLQ_SUFFIX)
     if dead_letter:
         canonical = canonical[: -len(DLQ_SUFFIX)]

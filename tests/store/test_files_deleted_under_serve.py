@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,8 +105,11 @@ def test_deleting_the_data_files_under_a_running_server_loses_nothing_acknowledg
         acked = _send(server.connection_string, [f"before-{i}" for i in range(20)])
         deleted = sorted(os.listdir(data))
         assert "oncebus.db" in deleted and "server.json" in deleted and "lock" in deleted
-        for name in deleted:
-            os.unlink(data / name)
+        for name in deleted:  # the files and the tls/ folder
+            if (data / name).is_dir():
+                shutil.rmtree(data / name)
+            else:
+                os.unlink(data / name)
         acked += _send(server.connection_string, [f"after-{i}" for i in range(20)])
         _wait_for(lambda: (data / "oncebus.db").exists() and (data / "server.json").exists(), "files restored")
         stats = json.loads(cli(data, "stats", "q", "--json"))[0]  # the CLI still finds the server

@@ -214,6 +214,35 @@ async def _ping(ns: Namespace, args: dict[str, Any]) -> Any:
     return {"entities": len(ns.entity_names())}
 
 
+@operation("namespace.reset")
+async def _reset(ns: Namespace, args: dict[str, Any]) -> Any:
+    """A fresh namespace (oncebus.testing): every entity, message and dedup key deleted; the time starts again."""
+    await ns.reset()
+    return {"now_us": ns.clock.now_us()}
+
+
+@operation("entities.create")
+async def _entities_create(ns: Namespace, args: dict[str, Any]) -> Any:
+    """Create many entities (oncebus.testing's declared ones): queues and topics at once, then the subscriptions,
+    so their writes share commits. ``queues``/``topics``: [[name, properties]]; ``subscriptions``: [[topic, name,
+    properties]]."""
+    await asyncio.gather(
+        *(ns.create_queue(name, **props) for name, props in args.get("queues") or []),
+        *(ns.create_topic(name, **props) for name, props in args.get("topics") or []),
+    )
+    await asyncio.gather(
+        *(ns.create_subscription(t, name, **props) for t, name, props in args.get("subscriptions") or [])
+    )
+    return None
+
+
+@operation("clock.tick")
+async def _tick(ns: Namespace, args: dict[str, Any]) -> Any:
+    """Apply now what is due at the clock's time (oncebus.testing's advance(): no wait for the next timer)."""
+    ns.tick()
+    return {"now_us": ns.clock.now_us()}
+
+
 # ---------------------------------------------------------------------------------- errors on the wire
 def error_to_json(exc: BaseException) -> dict[str, Any]:
     name = type(exc).__name__ if isinstance(exc, OncebusError) else "OncebusError"

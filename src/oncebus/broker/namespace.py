@@ -54,7 +54,7 @@ from oncebus.core.messages import (
     StoredMessage,
 )
 from oncebus.core.timeutil import clamp_us, datetime_to_us, us_to_datetime
-from oncebus.store.base import Op, PruneDedupKeys, PutMessage, PutSessionState, Store
+from oncebus.store.base import DeleteEntity, Op, PruneDedupKeys, PutMessage, PutSessionState, Store
 
 __all__ = ["Namespace", "SendLog", "SendOutcome"]
 
@@ -557,3 +557,14 @@ class Namespace:
         """Per-entity statistics, including what Azure drops silently (only what was committed)."""
         self._check_alive()
         return entity_stats(self._entity(entity_name), self._now())
+
+    async def reset(self) -> None:
+        """Delete every entity with its messages, sessions, counters and dedup history, in one commit, and
+        let the time start again from the clock's reading (``oncebus.testing``'s fresh namespace per test)."""
+        self._check_alive()
+        paths = list(self._entities)
+        self._entities.clear()
+        self._floor_us = 0
+        self._notify()
+        if paths:
+            await self._write([DeleteEntity(path) for path in paths])

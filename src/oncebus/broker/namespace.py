@@ -21,14 +21,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, cast
 
 from oncebus.broker.clock import Clock, SystemClock
+from oncebus.broker.contents import ContentCache
 from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path
-from oncebus.broker.receivable import Receivable, SessionLock
+from oncebus.broker.receivable import Entry, Receivable, SessionLock
 from oncebus.broker.recovery import newest_time_us, restore
 from oncebus.broker.registry import Entity, EntityKind, Registry
 from oncebus.broker.sending import Sender, SendLog, SendOutcome
@@ -54,7 +55,15 @@ from oncebus.core.messages import (
     StoredMessage,
 )
 from oncebus.core.timeutil import clamp_us, datetime_to_us, us_to_datetime
-from oncebus.store.base import DeleteEntity, Op, PruneDedupKeys, PutMessage, PutSessionState, Store
+from oncebus.store.base import (
+    DeleteEntity,
+    MoveMessage,
+    Op,
+    PruneDedupKeys,
+    PutSessionState,
+    Store,
+    UpdateMessage,
+)
 
 __all__ = ["Namespace", "SendLog", "SendOutcome"]
 
@@ -73,7 +82,9 @@ class Namespace:
         self._entities = self._registry.entities  # the same dict, for readers of the namespace's entities
         self._changes = ChangeSignal()
         self._journal = Journal(store, reload=self._load, reloaded=self._notify)
-        self._sender = Sender(self._registry, self._journal, self._now, self._notify, send_log)
+        self._contents = ContentCache(store)
+        self._moving: dict[tuple[str, int], MoveMessage] = {}  # dead-lettered, the move not committed yet
+        self._sender = Sender(self._registry, self._journal, self._now, self._notify, send_log, self._contents)
         self._floor_us = 0  # time never runs backwards for the broker, across restarts too
         self._timer_error: str | None = None
 
@@ -87,6 +98,8 @@ class Namespace:
     def _load(self) -> None:
         snapshot = self.store.load()
         self._entities.clear()
+        self._contents.clear()
+        self._moving.clear()
         self._floor_us = max(self._floor_us, newest_time_us(snapshot))
         restore(self._registry, snapshot, self._now())
 
@@ -116,10 +129,28 @@ class Namespace:
         self._journal.check_alive()
 
     async def _write(self, ops: Sequence[Op]) -> None:
-        await self._journal.write(ops)
+        await self._journal.write(ops, self._note_moves(ops))
 
     def _write_later(self, ops: Sequence[Op]) -> None:
-        self._journal.write_later(ops)
+        self._journal.write_later(ops, self._note_moves(ops))
+
+    def _note_moves(self, ops: Sequence[Op]) -> Callable[[], None] | None:
+        """Messages moved to a dead-letter queue are held there before the move is committed: until it is,
+        their content is read where it was (see ``_contents_of``)."""
+        moves = [op for op in ops if isinstance(op, MoveMessage)]
+        if not moves:
+            return None
+        for move in moves:
+            self._moving[(move.to_path, move.sequence_number)] = move
+            self._contents.move(move)
+
+        def committed() -> None:
+            for move in moves:
+                key = (move.to_path, move.sequence_number)
+                if self._moving.get(key) is move:
+                    del self._moving[key]
+
+        return committed
 
     def _now(self) -> int:
         now = self.clock.now_us()
@@ -302,7 +333,7 @@ class Namespace:
         while True:
             receivable = self.receivable(path)
             session_id = self._check_session(receivable, session, path)
-            got: list[StoredMessage] = []
+            got: list[Entry] = []
             while len(got) < max_message_count:
                 message = receivable.take(session_id)
                 if message is None:
@@ -335,29 +366,59 @@ class Namespace:
             )
         return current
 
+    def _contents_of(self, receivable: Receivable, entries: list[Entry]) -> list[tuple[Entry, StoredMessage]]:
+        """Each entry with its content (read from the cache or the store), its state as held now."""
+        path = receivable.path
+        records = self._contents.read(path, [e.sequence_number for e in entries])
+        for entry in entries:
+            move = self._moving.get((path, entry.sequence_number))
+            if move is not None and entry.sequence_number not in records:
+                for record in self._contents.read(move.path, [move.sequence_number]).values():
+                    record.path = path
+                    record.dead_letter_reason = move.dead_letter_reason
+                    record.dead_letter_error_description = move.dead_letter_error_description
+                    record.dead_letter_source = move.dead_letter_source
+                    records[move.sequence_number] = record
+        out = []
+        for entry in entries:
+            record = records.get(entry.sequence_number)
+            if record is None:  # memory and store disagree: the store is what was acknowledged
+                _LOG.error("message %d of %s is not in the store; dropped", entry.sequence_number, receivable.path)
+                receivable.remove(entry)
+                continue
+            record.state = entry.state
+            record.delivery_count = entry.delivery_count
+            record.enqueued_time_us = entry.enqueued_time_us
+            record.expires_at_us = entry.expires_at_us
+            record.lock_token = entry.lock_token
+            record.locked_until_us = entry.locked_until_us
+            out.append((entry, record))
+        return out
+
     async def _deliver(
         self,
         receivable: Receivable,
-        messages: list[StoredMessage],
+        entries: list[Entry],
         mode: ServiceBusReceiveMode,
         session: SessionLock | None,
     ) -> list[ReceivedMessage]:
         now = self._now()
         if mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
-            out = []
             ops: list[Op] = []
-            for message in messages:
-                message.delivery_count += 1
-                out.append(ReceivedMessage.of(message))
-                ops += receivable.remove(message)
+            for entry in entries:
+                entry.delivery_count += 1
+            delivered = self._contents_of(receivable, entries)
+            for entry, _ in delivered:
+                ops += receivable.remove(entry)
+                self._contents.discard(receivable.path, entry.sequence_number)
             await self._write(ops)
-            return out
-        for message in messages:
-            message.delivery_count += 1
-            receivable.lock(message, now, session)
-        return [ReceivedMessage.of(m) for m in messages]
+            return [ReceivedMessage.of(record) for _, record in delivered]
+        for entry in entries:
+            entry.delivery_count += 1
+            receivable.lock(entry, now, session)
+        return [ReceivedMessage.of(record) for _, record in self._contents_of(receivable, entries)]
 
-    def _locked(self, path: str, lock_token: uuid.UUID | str) -> tuple[Receivable, StoredMessage]:
+    def _locked(self, path: str, lock_token: uuid.UUID | str) -> tuple[Receivable, Entry]:
         receivable = self.receivable(path)
         token = lock_token if isinstance(lock_token, uuid.UUID) else uuid.UUID(str(lock_token))
         seq = receivable.locks.get(token)
@@ -381,6 +442,7 @@ class Namespace:
     async def complete(self, path: str, lock_token: uuid.UUID | str) -> None:
         receivable, message = self._locked(path, lock_token)
         ops = receivable.remove(message)
+        self._contents.discard(receivable.path, message.sequence_number)
         self._drop_session_token(receivable, message)
         await self._settle(ops)
 
@@ -389,11 +451,14 @@ class Namespace:
     ) -> None:
         receivable, message = self._locked(path, lock_token)
         if properties_to_modify:
-            message.application_properties.update(properties_to_modify)
+            self._contents.discard(receivable.path, message.sequence_number)  # read again, modified
         self._drop_session_token(receivable, message)
-        ops = receivable.unlock(message, self._now())
-        if message.sequence_number in receivable.messages:
-            ops.append(PutMessage(message))
+        seq = message.sequence_number
+        # its delivery count (and modified properties) first: they go along if it moves to the dead letters
+        ops: list[Op] = [
+            UpdateMessage(receivable.path, seq, int(message.state), message.delivery_count, properties_to_modify)
+        ]
+        ops += receivable.unlock(message, self._now())
         self._notify()
         await self._settle(ops)
 
@@ -402,7 +467,8 @@ class Namespace:
         self._drop_session_token(receivable, message)
         message.state = MessageState.DEFERRED
         receivable.unlock(message, self._now())
-        await self._settle([PutMessage(message)])
+        update = UpdateMessage(receivable.path, message.sequence_number, int(message.state), message.delivery_count)
+        await self._settle([update])
 
     async def dead_letter(
         self,
@@ -422,7 +488,7 @@ class Namespace:
         """Settlements are acknowledged once durable: a completed message never comes back after a crash."""
         await self._write(ops)
 
-    def _drop_session_token(self, receivable: Receivable, message: StoredMessage) -> None:
+    def _drop_session_token(self, receivable: Receivable, message: Entry) -> None:
         if message.session_id is not None and message.lock_token is not None:
             session = receivable.sessions.get(message.session_id)
             if session is not None:
@@ -479,7 +545,8 @@ class Namespace:
             for seq, m in receivable.messages.items()
             if seq >= sequence_number and (session_id is None or m.session_id == session_id)
         )[:max_message_count]
-        return [ReceivedMessage.of(receivable.messages[seq]) for seq in chosen]
+        entries = [receivable.messages[seq] for seq in chosen]
+        return [ReceivedMessage.of(record) for _, record in self._contents_of(receivable, entries)]
 
     # ------------------------------------------------------------------------------ sessions
     async def accept_session(

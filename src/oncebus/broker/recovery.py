@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from oncebus.broker.receivable import Entry
 from oncebus.broker.registry import Registry
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
+from oncebus.core.messages import MessageState
 from oncebus.core.timeutil import MAX_US
 from oncebus.store.base import Snapshot
 
@@ -37,13 +39,36 @@ def restore(registry: Registry, snapshot: Snapshot, now_us: int) -> None:
         entity = registry.entities.get(key.entity)
         if entity is not None:
             entity.detector.restore(key.key, key.first_accepted_us, now_us)
-    for message in snapshot.messages:
-        if message.expires_at_us is not None and message.expires_at_us > MAX_US:
-            message.expires_at_us = None  # stored by a release that did not cap expiries: never
-        receivable = registry.receivable_by_path(message.path)
-        if receivable is not None:
-            receivable.add(message, now_us)
+    _restore_messages(registry, snapshot, now_us)
     for state in snapshot.session_states:
         receivable = registry.receivable_by_path(state.path)
         if receivable is not None and state.state is not None:
             receivable.session_states[state.session_id] = state.state
+
+
+def _restore_messages(registry: Registry, snapshot: Snapshot, now_us: int) -> None:
+    """An ``Entry`` per stored message (never its content). Equal times, sizes and session ids share one
+    object, as they do for messages sent together: a large backlog costs little more than its entries."""
+    path = None
+    receivable = None
+    last_enqueued = 0
+    shared: dict[object, object] = {}
+    states = {int(s): s for s in MessageState}
+    for row in snapshot.messages:
+        if row[0] != path:
+            path = row[0]
+            receivable = registry.receivable_by_path(path)
+        if receivable is None:
+            continue
+        _, seq, state, count, enqueued, expires, size, session_id = row
+        if enqueued == last_enqueued:
+            enqueued = last_enqueued
+        last_enqueued = enqueued
+        if len(shared) > 65_536:
+            shared.clear()
+        size = shared.setdefault(size, size)  # type: ignore[assignment]
+        if session_id is not None:
+            session_id = shared.setdefault(session_id, session_id)  # type: ignore[assignment]
+        if expires is not None and expires > MAX_US:
+            expires = None  # stored by a release that did not cap expiries: never
+        receivable.add(Entry(seq, states[state], enqueued, expires, size, session_id, count), now_us)

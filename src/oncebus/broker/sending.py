@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from oncebus.broker.contents import ContentCache
 from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path
-from oncebus.broker.receivable import Receivable
+from oncebus.broker.receivable import Entry, Receivable
 from oncebus.broker.registry import COUNTERS, Entity, Registry
 from oncebus.core.durations import to_micros
 from oncebus.core.errors import InvalidArgumentError, MessageNotFoundError, QuotaExceededError
@@ -46,12 +47,14 @@ class Sender:
         now: Callable[[], int],
         notify: Callable[[], None],
         send_log: SendLog | None,
+        contents: ContentCache,
     ) -> None:
         self.registry = registry
         self.journal = journal
         self.now = now
         self.notify = notify
         self.send_log = send_log
+        self.contents = contents
 
     def _check_quota(self, entity: Entity, total: int) -> None:
         props = entity.properties
@@ -130,8 +133,10 @@ class Sender:
                     entity.counters[name] += delta
                 entity.late_delays_us.extend(late_delays)
                 committed_at = self.now()
+                cache = self.contents.put
                 for receivable, copy in stored:
-                    receivable.add(copy, committed_at)
+                    receivable.add(Entry.of(copy), committed_at)
+                    cache(copy)
                 self.notify()
 
             await self.journal.write(
@@ -160,7 +165,7 @@ class Sender:
         """Cancel scheduled messages; their dedup keys stay in the history."""
         self.journal.check_alive()
         entity = self.registry.entity(entity_name)
-        targets: list[tuple[Receivable, StoredMessage]] = []
+        targets: list[tuple[Receivable, Entry]] = []
         for seq in sequence_numbers:
             found = [
                 (r, r.messages[seq])
@@ -175,4 +180,5 @@ class Sender:
         ops: list[Op] = []
         for receivable, message in targets:
             ops += receivable.remove(message)
+            self.contents.discard(receivable.path, message.sequence_number)
         await self.journal.write(ops)

@@ -499,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="topology file in the Service Bus emulator's config.json format")
     serve.add_argument("--send-log", help="directory to record every send attempt in (JSON lines)")
     serve.add_argument("--key", action="append", help="SAS key NAME=KEY (repeatable)")
+    serve.add_argument("--log-format", choices=["text", "json"], default="text", help="stderr log lines: text or json")
 
     for kind in ("queue", "topic", "subscription"):
         group = commands.add_parser(kind, help=f"manage {kind}s").add_subparsers(dest="action", required=True)
@@ -572,6 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         if args.command == "serve":
+            from oncebus.logs import configure_logging
+
+            configure_logging(args.log_format)
             return _serve(args)
         if args.command == "advise":
             try:

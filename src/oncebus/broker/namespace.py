@@ -27,6 +27,7 @@ from typing import Any, cast
 
 from oncebus.broker.clock import Clock, SystemClock
 from oncebus.broker.contents import ContentCache
+from oncebus.broker.counters import NamespaceObserver
 from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path
 from oncebus.broker.receivable import Entry, Receivable, SessionLock
@@ -87,6 +88,8 @@ class Namespace:
         self._sender = Sender(self._registry, self._journal, self._now, self._notify, send_log, self._contents)
         self._floor_us = 0  # time never runs backwards for the broker, across restarts too
         self._timer_error: str | None = None
+        self.observer = NamespaceObserver()  # metrics, dashboard history, per-minute duplicate log
+        self.observer.attach_store(store)
 
     # ------------------------------------------------------------------------------ lifecycle
     @classmethod
@@ -188,6 +191,7 @@ class Namespace:
                     entity.last_prune_us = now
                     ops.append(PruneDedupKeys(entity.path, now - to_micros(entity.detector.window) + 1))
         self._write_later(ops)
+        self.observer.tick(self, now)
         self._notify()
 
     async def run_timers(self, interval: float = 0.5) -> None:
@@ -403,6 +407,7 @@ class Namespace:
         session: SessionLock | None,
     ) -> list[ReceivedMessage]:
         now = self._now()
+        receivable.counters.received += len(entries)
         if mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
             ops: list[Op] = []
             for entry in entries:
@@ -443,6 +448,7 @@ class Namespace:
         receivable, message = self._locked(path, lock_token)
         ops = receivable.remove(message)
         self._contents.discard(receivable.path, message.sequence_number)
+        receivable.counters.completed += 1
         self._drop_session_token(receivable, message)
         await self._settle(ops)
 
@@ -453,6 +459,7 @@ class Namespace:
         if properties_to_modify:
             self._contents.discard(receivable.path, message.sequence_number)  # read again, modified
         self._drop_session_token(receivable, message)
+        receivable.counters.abandoned += 1
         seq = message.sequence_number
         # its delivery count (and modified properties) first: they go along if it moves to the dead letters
         ops: list[Op] = [
@@ -465,7 +472,8 @@ class Namespace:
     async def defer(self, path: str, lock_token: uuid.UUID | str) -> None:
         receivable, message = self._locked(path, lock_token)
         self._drop_session_token(receivable, message)
-        message.state = MessageState.DEFERRED
+        receivable.set_state(message, MessageState.DEFERRED)
+        receivable.counters.deferred += 1
         receivable.unlock(message, self._now())
         update = UpdateMessage(receivable.path, message.sequence_number, int(message.state), message.delivery_count)
         await self._settle([update])

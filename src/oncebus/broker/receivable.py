@@ -16,6 +16,7 @@ import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from oncebus.broker.counters import ReceivableCounters
 from oncebus.core.messages import MessageState, StoredMessage
 from oncebus.core.timeutil import clamp_us
 from oncebus.store.base import DeleteMessage, MessageRow, MoveMessage, Op
@@ -152,7 +153,14 @@ class ReceivableSettings:
 
 
 class Receivable:
-    def __init__(self, path: str, settings: ReceivableSettings, *, dead_letter: bool = False) -> None:
+    def __init__(
+        self,
+        path: str,
+        settings: ReceivableSettings,
+        *,
+        dead_letter: bool = False,
+        counters: ReceivableCounters | None = None,
+    ) -> None:
         self.path = path
         self.settings = settings
         self.is_dead_letter = dead_letter
@@ -167,8 +175,12 @@ class Receivable:
         self.lost_tokens: OrderedDict[uuid.UUID, str] = OrderedDict()
         self.sessions: dict[str, SessionLock] = {}
         self.session_states: dict[str, bytes] = {}
+        self.counters = counters if counters is not None else ReceivableCounters()  # shared with the dead-letter queue
+        self._state_counts = [0] * len(MessageState)  # messages by state, kept as they change (counts() is O(1))
         self.dead_letter_queue: Receivable | None = (
-            None if dead_letter else Receivable(path + "/$deadletterqueue", settings, dead_letter=True)
+            None
+            if dead_letter
+            else Receivable(path + "/$deadletterqueue", settings, dead_letter=True, counters=self.counters)
         )
 
     # --- adding -----------------------------------------------------------------------------
@@ -177,6 +189,7 @@ class Receivable:
         if replaced is not None:
             self._forget(entry.sequence_number)
         self.messages[entry.sequence_number] = entry
+        self._state_counts[entry.state] += 1
         self.size_bytes += entry.size
         if entry.state == _SCHEDULED:
             heapq.heappush(self._scheduled, (entry.enqueued_time_us, entry.sequence_number))
@@ -203,6 +216,7 @@ class Receivable:
         entry = self.messages.pop(seq, None)
         if entry is not None:
             entry.available = False
+            self._state_counts[entry.state] -= 1
             self.size_bytes -= entry.size
             if entry.lock_token is not None:
                 self.locks.pop(entry.lock_token, None)
@@ -217,7 +231,7 @@ class Receivable:
             entry = self.messages.get(seq)
             if entry is None or entry.state != _SCHEDULED or entry.enqueued_time_us != due:
                 continue
-            entry.state = _ACTIVE  # enqueued at its due time; its expiry was counted from it
+            self.set_state(entry, _ACTIVE)  # enqueued at its due time; its expiry was counted from it
             self._make_available(entry)
         if self.sessions:
             for session_id, lock in list(self.sessions.items()):
@@ -246,6 +260,7 @@ class Receivable:
         return ops
 
     def _expire(self, entry: Entry) -> list[Op]:
+        self.counters.expired += 1
         if self.settings.dead_lettering_on_message_expiration:
             return self.move_to_dead_letter(entry, "TTLExpiredException", "The message expired and was dead lettered.")
         self._forget(entry.sequence_number)
@@ -314,6 +329,7 @@ class Receivable:
 
     def move_to_dead_letter(self, entry: Entry, reason: str | None, description: str | None) -> list[Op]:
         assert self.dead_letter_queue is not None
+        self.counters.dead_lettered += 1
         self._forget(entry.sequence_number)
         dead = Entry(
             entry.sequence_number,
@@ -362,14 +378,19 @@ class Receivable:
         return sorted(ids | set(self.session_states))
 
     # --- counts ---------------------------------------------------------------------------------
+    def set_state(self, entry: Entry, state: MessageState) -> None:
+        """Change the state of a message held here (keeps ``counts`` right)."""
+        if self.messages.get(entry.sequence_number) is entry:
+            self._state_counts[entry.state] -= 1
+            self._state_counts[state] += 1
+        entry.state = state
+
     def counts(self) -> dict[str, int]:
-        out = {"active": 0, "scheduled": 0, "deferred": 0}
-        for entry in self.messages.values():
-            if entry.state == MessageState.ACTIVE:
-                out["active"] += 1
-            elif entry.state == MessageState.SCHEDULED:
-                out["scheduled"] += 1
-            elif entry.state == MessageState.DEFERRED:
-                out["deferred"] += 1
-        out["dead_lettered"] = len(self.dead_letter_queue.messages) if self.dead_letter_queue else 0
-        return out
+        """Messages by state, in O(1): active (locked ones included), scheduled, deferred, dead-lettered."""
+        counts = self._state_counts
+        return {
+            "active": counts[MessageState.ACTIVE],
+            "scheduled": counts[MessageState.SCHEDULED],
+            "deferred": counts[MessageState.DEFERRED],
+            "dead_lettered": len(self.dead_letter_queue.messages) if self.dead_letter_queue else 0,
+        }

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from oncebus.broker.counters import EntityCounters
 from oncebus.broker.paths import EntityPath, parse_path, subscription_path
 from oncebus.broker.receivable import Receivable, ReceivableSettings
 from oncebus.core.dedup import DuplicateDetector
@@ -53,6 +54,7 @@ class Entity:
     unsaved: dict[str, int] = field(default_factory=dict)  # counted (committed sends' duplicates), not yet stored
     late_delays_us: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=LATE_DELAYS_KEPT))
     last_prune_us: int = 0
+    observed: EntityCounters = field(default_factory=EntityCounters)  # metrics beyond the persisted counters
 
     @property
     def path(self) -> str:

@@ -86,6 +86,7 @@ class Sender:
         stored: list[tuple[Receivable, StoredMessage]] = []
         deltas = dict.fromkeys(COUNTERS, 0)
         late_delays: list[int] = []
+        resends: list[int] = []  # delays since each resent key's first acceptance (metrics)
         detector = entity.detector  # keys are None when duplicate detection is off
         for message, given_id, key in zip(batch, checked.ids, checked.keys, strict=True):
             message_id: MessageId = given_id if given_id is not None else uuid.uuid4().hex
@@ -105,12 +106,15 @@ class Sender:
                 )
             if verdict is not None and verdict.duplicate:
                 deltas["duplicates"] += 1
+                if verdict.first_accepted_us is not None:
+                    resends.append(now - verdict.first_accepted_us)
                 outcomes.append(SendOutcome(message_id, None, True))
                 continue
             late = verdict.late_resend_delay_us if verdict is not None else None
             if late is not None:
                 deltas["late_resends"] += 1
                 late_delays.append(late)
+                resends.append(late)
             seq = entity.next_sequence_number
             entity.next_sequence_number += 1
             deltas["accepted"] += 1
@@ -132,6 +136,7 @@ class Sender:
                 for name, delta in deltas.items():
                     entity.counters[name] += delta
                 entity.late_delays_us.extend(late_delays)
+                entity.observed.resends(resends)
                 committed_at = self.now()
                 cache = self.contents.put
                 for receivable, copy in stored:
@@ -146,6 +151,7 @@ class Sender:
             await self.journal.barrier(verdicts_since)
             entity.counters["duplicates"] += deltas["duplicates"]
             entity.unsaved["duplicates"] = entity.unsaved.get("duplicates", 0) + deltas["duplicates"]
+            entity.observed.resends(resends)
         return outcomes
 
     def fan_out(

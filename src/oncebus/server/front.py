@@ -16,6 +16,7 @@ from oncebus.amqp.server import AmqpServer
 from oncebus.auth import connection_string
 from oncebus.broker.namespace import Namespace
 from oncebus.http.app import HttpApp
+from oncebus.http.observe import AmqpTransportGauges, make_observe_app
 from oncebus.http.server import ASGIApp, HttpLimits, HttpProtocol
 from oncebus.server.certs import Certificates
 from oncebus.server.listener import ALL_KINDS, HTTP, TLS, Doors, Listener
@@ -75,6 +76,8 @@ async def open_front(
     if not keys:
         raise ValueError("give at least one SAS key (name -> key)")
     amqp = AmqpServer(namespace, keys)
+    if mount is None:  # /metrics and the dashboard (oncebus.http.observe)
+        mount = make_observe_app(namespace, transport=AmqpTransportGauges(amqp))
     app = HttpApp(namespace, keys, mounted=mount)
     context = certificates.server_context()
     connections: set[HttpProtocol] = set()

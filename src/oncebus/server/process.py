@@ -153,7 +153,7 @@ async def run(
         if info["tls_port"] is not None:
             say(f"TLS on {info['amqp_host']}:{info['tls_port']} (AMQP over TLS and HTTPS)")
         if info["http_port"] is not None:
-            say(f"HTTP on {info['amqp_host']}:{info['http_port']} (administration API, /health)")
+            say(f"HTTP on {info['amqp_host']}:{info['http_port']} (administration API, /health, /metrics, dashboard)")
         say(f"connection string: {info['connection_string']}")
         say(
             f"CA certificate: {info['ca_file']} "

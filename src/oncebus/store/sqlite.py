@@ -29,7 +29,8 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -103,6 +104,8 @@ class SqliteStore:
         self._next_data_id = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM message_data").fetchone()[0]
         self._reader: sqlite3.Connection | None = None  # the caller's thread reads message content on its own
         self._reader_generation = -1
+        # called on the writer thread after each commit with (seconds, units): metrics, see broker/counters.py
+        self.commit_observer: Callable[[float, int], None] | None = None
         self._writer = threading.Thread(target=self._write_loop, name="oncebus-sqlite-writer", daemon=True)
         self._writer.start()
 
@@ -257,6 +260,7 @@ class SqliteStore:
                 )
             self._fail(units, exc)
             return
+        started = time.perf_counter()
         try:
             self._transaction([op for unit, _ in units for op in unit])
         except Exception as exc:
@@ -273,6 +277,8 @@ class SqliteStore:
                     if future is not None:
                         future.set_result(None)
             return
+        if self.commit_observer is not None and any(unit for unit, _ in units):
+            self.commit_observer(time.perf_counter() - started, len(units))
         for _, future in units:
             if future is not None:
                 future.set_result(None)

@@ -1,0 +1,169 @@
+"""The Prometheus collector: metric families built from the broker's counters, O(entities) per scrape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+import proton
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from oncebus.broker.counters import EntityView, Histogram, view_entities
+
+if TYPE_CHECKING:
+    from oncebus.broker import Namespace
+
+ENTITY = ["entity"]
+RECEIVABLE = ["entity", "subscription"]  # subscription is "" for a queue
+
+
+class TransportGauges(Protocol):
+    """What a front end reports about its open connections and links."""
+
+    def connections_open(self) -> int: ...
+
+    def links_open(self) -> int: ...
+
+
+class AmqpTransportGauges:
+    """Reads an ``AmqpServer``'s open connections and their active links (no AMQP code changes needed)."""
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+
+    def connections_open(self) -> int:
+        return sum(1 for conn in list(self._server.connections) if not conn.closed)
+
+    def links_open(self) -> int:
+        active = proton.Endpoint.LOCAL_ACTIVE
+        count = 0
+        for conn in list(self._server.connections):
+            if conn.closed:
+                continue
+            link = conn.connection.link_head(active)
+            while link is not None:
+                count += 1
+                link = link.next(active)
+        return count
+
+
+def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    return [(floatToGoString(le), float(n)) for le, n in histogram.cumulative()]
+
+
+class NamespaceCollector(Collector):
+    """Yields the oncebus metric families for one namespace (and, if given, its transport's gauges)."""
+
+    def __init__(self, namespace: Namespace, transport: TransportGauges | None = None) -> None:
+        self.namespace = namespace
+        self.transport = transport
+
+    def collect(self) -> Iterator[Metric]:
+        views = view_entities(self.namespace)
+        yield from self._entity_families(views)
+        yield from self._receivable_families(views)
+        yield from self._store_families()
+        if self.transport is not None:
+            yield GaugeMetricFamily(
+                "oncebus_connections_open", "AMQP connections open", value=self.transport.connections_open()
+            )
+            yield GaugeMetricFamily(
+                "oncebus_links_open", "AMQP links open (entity, $cbs and $management links)",
+                value=self.transport.links_open(),
+            )  # fmt: skip
+
+    def _entity_families(self, views: list[EntityView]) -> Iterator[Metric]:
+        accepted = CounterMetricFamily(
+            "oncebus_messages_accepted", "Messages accepted and stored (duplicates not included)", labels=ENTITY
+        )
+        duplicates = CounterMetricFamily(
+            "oncebus_duplicates_dropped",
+            "Sends dropped as duplicates (reported to the sender as accepted, as Service Bus does)",
+            labels=ENTITY,
+        )
+        late = CounterMetricFamily(
+            "oncebus_late_resends",
+            "Sends of a key that had left the history window less than one window ago (accepted again)",
+            labels=ENTITY,
+        )
+        delays = HistogramMetricFamily(
+            "oncebus_resend_delay_seconds",
+            "Delay between a key's first acceptance and each resend, duplicates and late resends alike "
+            "(since the broker started)",
+            labels=ENTITY,
+        )
+        keys = GaugeMetricFamily("oncebus_dedup_keys_held", "Dedup keys inside the history window", labels=ENTITY)
+        oldest = GaugeMetricFamily(
+            "oncebus_dedup_oldest_key_age_seconds", "Age of the oldest dedup key held (0 when none)", labels=ENTITY
+        )
+        window = GaugeMetricFamily(
+            "oncebus_dedup_window_seconds", "The duplicate detection history time window", labels=ENTITY
+        )
+        index_bytes = GaugeMetricFamily(
+            "oncebus_dedup_index_bytes", "Memory of the dedup index's held keys", labels=ENTITY
+        )
+        for view in views:
+            label = [view.path]
+            accepted.add_metric(label, view.accepted)
+            duplicates.add_metric(label, view.duplicates_dropped)
+            late.add_metric(label, view.late_resends)
+            if view.requires_duplicate_detection:
+                delays.add_metric(label, _buckets(view.resend_delays), view.resend_delays.sum)
+                keys.add_metric(label, view.keys_held)
+                oldest.add_metric(label, view.oldest_key_age_seconds or 0.0)
+                window.add_metric(label, view.window_seconds)
+                index_bytes.add_metric(label, view.index_bytes)
+        yield from (accepted, duplicates, late, delays, keys, oldest, window, index_bytes)
+
+    def _receivable_families(self, views: list[EntityView]) -> Iterator[Metric]:
+        gauges = {
+            name: GaugeMetricFamily(f"oncebus_{name}_messages", doc, labels=RECEIVABLE)
+            for name, doc in (
+                ("active", "Active messages (locked ones included)"),
+                ("scheduled", "Scheduled messages not yet enqueued"),
+                ("deferred", "Deferred messages"),
+                ("dead_lettered", "Messages in the dead-letter sub-queue"),
+            )
+        }
+        counters = {
+            name: CounterMetricFamily(f"oncebus_messages_{name}", doc, labels=RECEIVABLE)
+            for name, doc in (
+                ("received", "Messages delivered to receivers (dead-letter sub-queue included)"),
+                ("completed", "Messages completed"),
+                ("abandoned", "Messages abandoned"),
+                ("deferred", "Messages deferred"),
+                ("dead_lettered", "Messages moved to the dead-letter sub-queue, for any reason"),
+                ("expired", "Messages whose time to live ran out"),
+            )
+        }
+        for view in views:
+            for receivable in view.receivables:
+                label = [view.path, receivable.subscription.lower()]
+                for name, family in gauges.items():
+                    family.add_metric(label, getattr(receivable, name))
+                for name, counter in counters.items():
+                    counter.add_metric(label, getattr(receivable.counters, name))
+        yield from gauges.values()
+        yield from counters.values()
+
+    def _store_families(self) -> Iterator[Metric]:
+        store = self.namespace.observer.store
+        latency = HistogramMetricFamily(
+            "oncebus_store_commit_seconds", "Time to write and sync one store transaction (group commit)"
+        )
+        latency.add_metric([], _buckets(store.commit_seconds), store.commit_seconds.sum)
+        batch = HistogramMetricFamily(
+            "oncebus_store_commit_batch_size", "Units (sends, settlements, ...) written by one store transaction"
+        )
+        batch.add_metric([], _buckets(store.commit_batch_size), store.commit_batch_size.sum)
+        yield latency
+        yield batch
+
+
+def make_registry(namespace: Namespace, transport: TransportGauges | None = None) -> CollectorRegistry:
+    """A registry holding only this namespace's collector (not the process-wide default registry)."""
+    registry = CollectorRegistry()
+    registry.register(NamespaceCollector(namespace, transport))
+    return registry

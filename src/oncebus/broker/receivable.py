@@ -12,6 +12,7 @@ changes need.
 from __future__ import annotations
 
 import heapq
+import itertools
 import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ LOST_TOKENS_KEPT = 10_000
 _ACTIVE = MessageState.ACTIVE
 _SCHEDULED = MessageState.SCHEDULED
 _DEAD_LETTERED = MessageState.DEAD_LETTERED
+_TIE = itertools.count()  # heap entries with equal keys (a sequence number added again) never compare entries
 
 
 class Entry:
@@ -94,14 +96,14 @@ class _Ready:
 
     def __init__(self) -> None:
         self.run: deque[Entry] = deque()
-        self.heap: list[tuple[int, int, Entry]] = []
+        self.heap: list[tuple[int, int, int, Entry]] = []  # (enqueued, sequence number, tie-break, entry)
 
     def push(self, entry: Entry) -> None:
         run = self.run
         if run:
             last = run[-1]
             if (last.enqueued_time_us, last.sequence_number) > (entry.enqueued_time_us, entry.sequence_number):
-                heapq.heappush(self.heap, (entry.enqueued_time_us, entry.sequence_number, entry))
+                heapq.heappush(self.heap, (entry.enqueued_time_us, entry.sequence_number, next(_TIE), entry))
                 return
         run.append(entry)
 
@@ -109,14 +111,14 @@ class _Ready:
         run, heap = self.run, self.heap
         while run and not run[0].available:
             run.popleft()
-        while heap and not heap[0][2].available:
+        while heap and not heap[0][3].available:
             heapq.heappop(heap)
         if not heap:
             return run[0] if run else None
         if not run:
-            return heap[0][2]
+            return heap[0][3]
         first = run[0]
-        return first if (first.enqueued_time_us, first.sequence_number) < heap[0][:2] else heap[0][2]
+        return first if (first.enqueued_time_us, first.sequence_number) < heap[0][:2] else heap[0][3]
 
     def pop(self) -> Entry | None:
         entry = self.peek()

@@ -98,7 +98,17 @@ def test_the_emulators_example_config_loads_unchanged(tmp_path: Path) -> None:
         }
         queue = json.loads(oncebus("queue", "show", "queue.1", "--json", data_dir=serve.data_dir).stdout)
         assert queue["lock_duration"] == "PT1M" and queue["max_delivery_count"] == 3
-        assert "Rules are not evaluated" in serve.output()
+        assert "Rules are not evaluated" not in serve.output() and "warning" not in serve.output()
+        rules = json.loads(
+            oncebus("rule", "list", "topic.1", "subscription.4", "--json", data_dir=serve.data_dir).stdout
+        )
+        assert [(r["name"], r["filter"]["type"], r["action"]["sql_expression"]) for r in rules] == [
+            ("sql-filter-1", "sql", "SET sys.To = 'Entity'")
+        ]
+        default = json.loads(
+            oncebus("rule", "list", "topic.1", "subscription.3", "--json", data_dir=serve.data_dir).stdout
+        )
+        assert [r["name"] for r in default] == ["$Default"]
     finally:
         assert serve.stop() == 0
     again = Serve(tmp_path / "data", "--config", str(EMULATOR_CONFIG)).start()  # applying it again changes nothing

@@ -28,6 +28,7 @@ from oncebus.broker.clock import SystemClock
 from oncebus.broker.control import LATEST_US, MAX_REQUEST_LINE, dispatch, error_from_json
 from oncebus.broker.datadir import DataDir, resolve_data_dir
 from oncebus.broker.namespace import Namespace
+from oncebus.cli_rules import add_rule_parser, rule_command
 from oncebus.core.durations import parse_duration, to_micros
 from oncebus.core.errors import InvalidArgumentError, MessageSizeExceededError, OncebusError
 from oncebus.server import ServeError, ServeOptions, run
@@ -171,6 +172,10 @@ def _entity_properties(args: argparse.Namespace, kind: str) -> dict[str, Any]:
         "dead_letter_on_expiration": "dead_lettering_on_message_expiration",
         "max_size_mb": "max_size_in_megabytes",
         "max_message_size_kb": "max_message_size_in_kilobytes",
+        "auto_delete_on_idle": "auto_delete_on_idle",
+        "forward_to": "forward_to",
+        "forward_dead_lettered_to": "forward_dead_lettered_messages_to",
+        "dead_letter_on_filter_exceptions": "dead_lettering_on_filter_evaluation_exceptions",
     }
     for option, prop in mapping.items():
         value = getattr(args, option, None)
@@ -435,6 +440,19 @@ def _add_entity_options(parser: argparse.ArgumentParser, kind: str) -> None:
             help="dead_lettering_on_message_expiration",
         )
     parser.add_argument("--ttl", help="default_message_time_to_live, ISO-8601")
+    parser.add_argument("--auto-delete-on-idle", help="auto_delete_on_idle, ISO-8601 (at least PT5M)")
+    if kind in ("queue", "subscription"):
+        parser.add_argument("--forward-to", help="forward_to: a queue or topic ('' stops forwarding)")
+        parser.add_argument(
+            "--forward-dead-lettered-to", help="forward_dead_lettered_messages_to: a queue or topic ('' stops it)"
+        )
+    if kind == "subscription":
+        parser.add_argument(
+            "--dead-letter-on-filter-exceptions",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="dead_lettering_on_filter_evaluation_exceptions (default true)",
+        )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -514,6 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
                 _add_entity_options(sub, kind)
             sub.add_argument("--json", action="store_true", help="print JSON")
 
+    add_rule_parser(commands)
+
     send = commands.add_parser("send", help="send a message (or --count N of them)")
     send.add_argument("entity", help="queue or topic")
     send.add_argument("body", nargs="?", help="message body; '-' or omitted reads stdin")
@@ -587,7 +607,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(advise_main([args.log, *unknown]) or 0)
         target = _open_target(resolve_data_dir(args.data_dir))
         try:
-            handler = {"send": _send, "receive": _receive, "peek": _peek, "stats": _stats}.get(args.command)
+            handler = {"send": _send, "receive": _receive, "peek": _peek, "stats": _stats, "rule": rule_command}.get(
+                args.command
+            )
             if handler is not None:
                 return handler(args, target)
             return _entity_command(args, target)

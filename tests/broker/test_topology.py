@@ -8,7 +8,8 @@ import pytest
 
 from oncebus.broker import ManualClock, Namespace
 from oncebus.broker.topology import apply_topology, load_topology
-from oncebus.core.errors import ImmutablePropertyError, InvalidArgumentError, StoreError
+from oncebus.core.errors import ImmutablePropertyError, InvalidArgumentError, SqlExpressionError, StoreError
+from oncebus.core.rules import CorrelationRuleFilter, RuleProperties, SqlRuleAction, SqlRuleFilter
 from oncebus.store.memory import MemoryStore
 from tests.broker.conftest import run
 
@@ -46,7 +47,15 @@ EMULATOR_CONFIG = {
                             {
                                 "Name": "subscription.1",
                                 "Properties": {"MaxDeliveryCount": 5, "LockDuration": "PT30S"},
-                                "Rules": [{"Name": "app", "Properties": {"FilterType": "Correlation"}}],
+                                "Rules": [
+                                    {
+                                        "Name": "app",
+                                        "Properties": {
+                                            "FilterType": "Correlation",
+                                            "CorrelationFilter": {"ContentType": "application/json"},
+                                        },
+                                    }
+                                ],
                             }
                         ],
                     }
@@ -71,7 +80,10 @@ def test_emulator_config_creates_entities_and_reapplies(tmp_path: Path, capsys: 
         assert queue.max_delivery_count == 3
         assert ns.get_topic("topic.1").duplicate_detection_history_time_window == timedelta(seconds=20)
         assert ns.get_subscription("topic.1", "subscription.1").lock_duration == timedelta(seconds=30)
+        rules = ns.list_rules("topic.1", "subscription.1")
+        assert [(r.name, r.filter) for r in rules] == [("app", CorrelationRuleFilter(content_type="application/json"))]
         await apply_topology(ns, load_topology(path))  # idempotent at every start
+        assert ns.list_rules("topic.1", "subscription.1") == rules
         changed = json.loads(json.dumps(EMULATOR_CONFIG))
         changed["UserConfig"]["Namespaces"][0]["Queues"][0]["Properties"]["RequiresDuplicateDetection"] = False
         path.write_text(json.dumps(changed))
@@ -79,7 +91,7 @@ def test_emulator_config_creates_entities_and_reapplies(tmp_path: Path, capsys: 
             await apply_topology(ns, load_topology(path))
 
     run(go())
-    assert "Rules are not evaluated" in capsys.readouterr().err
+    assert "warning" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -87,10 +99,6 @@ def test_emulator_config_creates_entities_and_reapplies(tmp_path: Path, capsys: 
     [
         ("{", "not valid JSON"),
         ('{"Namespaces": []}', "UserConfig"),
-        (
-            '{"UserConfig": {"Namespaces": [{"Queues": [{"Name": "q", "Properties": {"ForwardTo": "other"}}]}]}}',
-            "ForwardTo",
-        ),
     ],
 )
 def test_bad_topology_files(tmp_path: Path, content: str, message: str) -> None:
@@ -121,7 +129,22 @@ def test_the_emulators_example_with_comments_loads_unchanged() -> None:
     assert [(s.topic, s.name) for s in topology.subscriptions] == [
         ("topic.1", f"subscription.{i}") for i in (1, 2, 3, 4)
     ]
-    assert len(topology.warnings) == 3  # three subscriptions have Rules, not evaluated yet
+    assert topology.warnings == []
+    rules = {s.name: s.rules for s in topology.subscriptions}
+    assert rules["subscription.1"] == [
+        RuleProperties("app-prop-filter-1", CorrelationRuleFilter(content_type="application/json"))
+    ]
+    assert rules["subscription.2"] == [
+        RuleProperties("user-prop-filter-1", CorrelationRuleFilter(properties={"prop1": "value1"}))
+    ]
+    assert rules["subscription.3"] is None  # no Rules: $Default when created
+    assert rules["subscription.4"] == [
+        RuleProperties(
+            "sql-filter-1",
+            SqlRuleFilter("sys.MessageId = '123456' AND userProp1 = 'value1'"),
+            SqlRuleAction("SET sys.To = 'Entity'"),
+        )
+    ]
 
 
 def test_comments_inside_strings_are_kept(tmp_path: Path) -> None:
@@ -183,7 +206,9 @@ def test_shape_errors_are_one_line_naming_entity_and_field(tmp_path: Path, conte
         ({"Name": "q", "Properties": {"LockDuration": "P99999999999D"}}, "LockDuration: .*out of range"),
         ({"Name": "q", "Properties": {"LockDuration": "PT1H"}}, "LockDuration: lock_duration PT1H is out of range"),
         ({"Name": "q", "Properties": {"RequiresSession": "yes"}}, "RequiresSession: requires_session must be true"),
-        ({"Name": "q", "Properties": {"ForwardTo": "other"}}, "ForwardTo = 'other' is not supported"),
+        ({"Name": "q", "Properties": {"ForwardTo": "other"}}, "ForwardTo: no queue or topic named 'other'"),
+        ({"Name": "q", "Properties": {"ForwardTo": "q"}}, "ForwardTo: a queue cannot forward to itself"),
+        ({"Name": "q", "Properties": {"AutoDeleteOnIdle": "PT1M"}}, "AutoDeleteOnIdle: .*at least 5 minutes"),
         ({"Name": "Q1"}, r"queue 'Q1' .*Queues\[2\]\): the name is already used by queue 'q1' .*Queues\[0\]"),
         ({"Name": "t1"}, "a topic named 't1' already exists in the data directory"),
         ({"Name": "locked", "Properties": {"RequiresDuplicateDetection": False}}, "cannot be changed after creation"),
@@ -241,5 +266,124 @@ def test_a_failure_while_applying_undoes_what_was_applied(tmp_path: Path, monkey
             await apply_topology(ns, load_topology(_file(tmp_path, config)))
         assert [q.name for q in ns.list_queues()] == ["kept"] and ns.list_topics() == []
         assert ns.get_queue("kept").max_delivery_count == 2
+
+    run(go())
+
+
+def _topic_with_rules(rules: object, name: str = "s") -> dict[str, object]:
+    return {
+        "UserConfig": {
+            "Namespaces": [
+                {
+                    "Queues": [{"Name": "q"}],
+                    "Topics": [{"Name": "t", "Subscriptions": [{"Name": "ok"}, {"Name": name, "Rules": rules}]}],
+                }
+            ]
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("rules", "error", "message"),
+    [
+        (
+            [{"Name": "r", "Properties": {"FilterType": "Sql", "SqlFilter": {"SqlExpression": "a = = 1"}}}],
+            SqlExpressionError,
+            r"subscription 't/s' \(UserConfig.Namespaces\[0\].Topics\[0\].Subscriptions\[1\]\): Rules\[0\] \('r'\): "
+            r"invalid SQL filter at line 1, column 5",
+        ),
+        (
+            [
+                {
+                    "Name": "r",
+                    "Properties": {
+                        "FilterType": "Sql",
+                        "SqlFilter": {"SqlExpression": "1=1"},
+                        "Action": {"SqlExpression": "SET sys.Nope = 1"},
+                    },
+                }
+            ],
+            SqlExpressionError,
+            r"Rules\[0\] \('r'\): .*Nope",
+        ),
+        (
+            [{"Name": "r", "Properties": {"FilterType": "Lambda"}}],
+            InvalidArgumentError,
+            "FilterType must be Sql or Correlation",
+        ),
+        (
+            [
+                {"Name": "r", "Properties": {"FilterType": "Correlation", "CorrelationFilter": {"To": "x"}}},
+                {"Name": "R", "Properties": {"FilterType": "Correlation", "CorrelationFilter": {"To": "y"}}},
+            ],
+            InvalidArgumentError,
+            "used twice",
+        ),
+    ],
+)
+def test_bad_rules_refuse_the_whole_file(tmp_path: Path, rules: object, error: type, message: str) -> None:
+    with pytest.raises(error, match=message) as caught:
+        load_topology(_file(tmp_path, _topic_with_rules(rules)))
+    assert "\n" not in str(caught.value) and str(caught.value).startswith("topology file ")
+
+
+def test_rules_of_the_file_replace_those_of_an_existing_subscription_and_are_undone(tmp_path: Path) -> None:
+    rules = [{"Name": "to-x", "Properties": {"FilterType": "Correlation", "CorrelationFilter": {"To": "x"}}}]
+
+    async def go() -> None:
+        ns = await Namespace.open(MemoryStore(), ManualClock())
+        await ns.create_topic("t")
+        await ns.create_subscription("t", "s")
+        await ns.create_rule("t", "s", RuleProperties("mine", SqlRuleFilter("a = 1")))
+        await ns.create_subscription("t", "ok")
+        await ns.create_rule("t", "ok", RuleProperties("kept", SqlRuleFilter("b = 1")))
+        await apply_topology(ns, load_topology(_file(tmp_path, _topic_with_rules(rules))))
+        assert [r.name for r in ns.list_rules("t", "s")] == ["to-x"]
+        assert [r.name for r in ns.list_rules("t", "ok")] == ["$Default", "kept"]  # no Rules in the file: kept
+
+        # a file whose last step fails leaves the rules as they were
+        config = _topic_with_rules(
+            [{"Name": "y", "Properties": {"FilterType": "Sql", "SqlFilter": {"SqlExpression": "1=1"}}}]
+        )
+        config["UserConfig"]["Namespaces"][0]["Queues"].append({"Name": "fwd", "Properties": {"ForwardTo": "t"}})  # type: ignore[index]
+        real = ns.update_queue
+
+        async def failing(name: str, **changes: object) -> object:
+            if changes.get("forward_to"):
+                raise StoreError("database or disk is full")
+            return await real(name, **changes)
+
+        ns.update_queue = failing  # type: ignore[method-assign]
+        with pytest.raises(StoreError, match="nothing of the file was kept"):
+            await apply_topology(ns, load_topology(_file(tmp_path, config)))
+        assert [r.name for r in ns.list_rules("t", "s")] == ["to-x"]
+        assert [q.name for q in ns.list_queues()] == ["q"]
+
+    run(go())
+
+
+def test_forwarding_may_name_an_entity_later_in_the_file(tmp_path: Path) -> None:
+    config = {
+        "UserConfig": {
+            "Namespaces": [
+                {
+                    "Queues": [
+                        {"Name": "first", "Properties": {"ForwardTo": "t", "ForwardDeadLetteredMessagesTo": "last"}},
+                        {"Name": "last"},
+                    ],
+                    "Topics": [{"Name": "t", "Subscriptions": [{"Name": "s", "Properties": {"ForwardTo": "last"}}]}],
+                }
+            ]
+        }
+    }
+
+    async def go() -> None:
+        ns = await Namespace.open(MemoryStore(), ManualClock())
+        await apply_topology(ns, load_topology(_file(tmp_path, config)))
+        first = ns.get_queue("first")
+        assert (first.forward_to, first.forward_dead_lettered_messages_to) == ("t", "last")
+        assert ns.get_subscription("t", "s").forward_to == "last"
+        await apply_topology(ns, load_topology(_file(tmp_path, config)))  # again: nothing changes
+        assert [r.name for r in ns.list_rules("t", "s")] == ["$Default"]
 
     run(go())

@@ -1,4 +1,4 @@
-"""Store schema versions: files the previous layouts wrote (schema 0, before versions; schema 1, one message table
+"""Store schema versions: files the previous layouts wrote (schema 0, before versions; schema 2, one message table
 with the content) are migrated in place."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_a_schema_0_file_is_migrated_and_keeps_every_key_and_message(tmp_path: P
     path = tmp_path / "oncebus.db"
     _write_schema_0(path)
     store = SqliteStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     stored = {(k.entity, k.key) for k in store.load().dedup_keys}
     assert stored == {
         ("plain", "order-1"),
@@ -98,7 +98,7 @@ def test_a_schema_0_file_is_migrated_and_keeps_every_key_and_message(tmp_path: P
 
     asyncio.run(go())
     store.close()
-    assert SqliteStore(path)._db.execute("PRAGMA user_version").fetchone()[0] == 2  # reopened: nothing more to do
+    assert SqliteStore(path)._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION  # reopened
 
 
 def test_a_failed_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,7 +113,7 @@ def test_a_failed_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatc
         return keys.migrate_key_text_v0(text, partitioned=partitioned)
 
     monkeypatch.setattr("oncebus.store.sqlite_layout.migrate_key_text_v0", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 0 to 2 .*the file is unchanged"):
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 0 to 3 .*the file is unchanged"):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 0
@@ -129,7 +129,7 @@ def test_a_file_from_a_newer_release_is_refused_naming_both_versions(tmp_path: P
     db.execute("PRAGMA user_version = 7")
     db.commit()
     db.close()
-    with pytest.raises(StoreError, match=r"newer oncebus \(store schema 7; this version reads up to 2\)"):
+    with pytest.raises(StoreError, match=r"newer oncebus \(store schema 7; this version reads up to 3\)"):
         SqliteStore(path)
 
 
@@ -139,11 +139,11 @@ def test_a_new_file_starts_at_the_current_schema(tmp_path: Path) -> None:
     store.close()
 
 
-def _write_schema_1(path: Path) -> list[tuple[object, ...]]:
-    """A data file as schema 1 left it: one ``message`` table holding each message's body, wire encoding and JSON."""
+def _write_schema_2(path: Path) -> list[tuple[object, ...]]:
+    """A data file as schema 2 left it: one ``message`` table holding each message's body, wire encoding and JSON."""
     db = sqlite3.connect(path)
     db.execute("PRAGMA journal_mode=WAL")
-    db.executescript(SCHEMA_0)  # schema 1 changed key texts, not tables
+    db.executescript(SCHEMA_0 + "CREATE TABLE subscription_rules (path TEXT PRIMARY KEY, rules TEXT NOT NULL);")
     props = QueueProperties.create("q", requires_duplicate_detection=True, requires_session=False)
     db.execute("INSERT INTO entity VALUES ('q', 'queue', ?)", (json.dumps(props.to_dict()),))
     wire = b"\x00Sp\xc0\x01\x00" + b"\x00Su\xa0\x05hello"  # a header and a data section holding the body
@@ -184,17 +184,17 @@ def _write_schema_1(path: Path) -> list[tuple[object, ...]]:
     db.executemany("INSERT INTO message VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     db.execute("INSERT INTO dedup_key VALUES ('q', ?, 'm1')", (T0,))
     db.execute("INSERT INTO counters VALUES ('q', 4, ?)", (json.dumps({"accepted": 3}),))
-    db.execute("PRAGMA user_version = 1")
+    db.execute("PRAGMA user_version = 2")
     db.commit()
     db.close()
     return rows
 
 
-def test_a_schema_1_file_is_migrated_and_every_message_reads_back_the_same(tmp_path: Path) -> None:
+def test_a_schema_2_file_is_migrated_and_every_message_reads_back_the_same(tmp_path: Path) -> None:
     path = tmp_path / "oncebus.db"
-    _write_schema_1(path)
+    _write_schema_2(path)
     store = SqliteStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 3
     tables = {name for (name,) in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"message", "message_data"} <= tables and "message_v1" not in tables
     # the body inside the wire encoding is kept once
@@ -232,17 +232,17 @@ def test_a_schema_1_file_is_migrated_and_every_message_reads_back_the_same(tmp_p
     reopened.close()
 
 
-def test_a_failed_schema_1_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_schema_2_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "oncebus.db"
-    rows = _write_schema_1(path)
+    rows = _write_schema_2(path)
 
     def failing(message: object, data_id: int) -> object:
         raise OSError("simulated failure half way")
 
     monkeypatch.setattr("oncebus.store.sqlite_layout.message_rows", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 1 to 2 .*the file is unchanged"):
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 2 to 3 .*the file is unchanged"):
         SqliteStore(path)
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
     assert db.execute("SELECT * FROM message ORDER BY sequence_number").fetchall() == [tuple(r) for r in rows]
     assert db.execute("SELECT name FROM sqlite_master WHERE name = 'message_data'").fetchone() is None

@@ -30,6 +30,22 @@ class ContentCache:
         self.hits = 0
         self.misses = 0
         self._records: OrderedDict[tuple[str, int], StoredMessage] = OrderedDict()
+        # placed in memory before their write is committed (the timers' forwards and releases): never evicted
+        self._pinned: dict[tuple[str, int], StoredMessage] = {}
+        self._moves: dict[tuple[str, int], MoveMessage] = {}  # dead-lettered, the move not committed yet
+
+    def pin(self, record: StoredMessage) -> None:
+        self._pinned[(record.path, record.sequence_number)] = record
+
+    def pinned(self, record: StoredMessage) -> bool:
+        return self._pinned.get((record.path, record.sequence_number)) is record
+
+    def unpin(self, record: StoredMessage) -> None:
+        """The record's write is committed: it is an ordinary cached record now."""
+        key = (record.path, record.sequence_number)
+        if self._pinned.get(key) is record:
+            del self._pinned[key]
+            self.put(record)
 
     def put(self, record: StoredMessage) -> None:
         if self.max_bytes <= 0:
@@ -45,12 +61,15 @@ class ContentCache:
             self.bytes -= _cost(evicted)
 
     def discard(self, path: str, seq: int) -> None:
+        self._pinned.pop((path, seq), None)
         record = self._records.pop((path, seq), None)
         if record is not None:
             self.bytes -= _cost(record)
 
     def move(self, move: MoveMessage) -> None:
-        """A message went to its dead-letter queue: its cached content goes along."""
+        """A message went to its dead-letter queue: its cached content goes along, and until the move is
+        committed (``moved``), a read at the new place that the store cannot answer reads the old one."""
+        self._moves[(move.to_path, move.sequence_number)] = move
         record = self._records.pop((move.path, move.sequence_number), None)
         if record is None:
             return
@@ -61,7 +80,15 @@ class ContentCache:
         record.dead_letter_source = move.dead_letter_source
         self.put(record)
 
+    def moved(self, move: MoveMessage) -> None:
+        """The move is committed."""
+        key = (move.to_path, move.sequence_number)
+        if self._moves.get(key) is move:
+            del self._moves[key]
+
     def clear(self) -> None:
+        self._moves.clear()
+        self._pinned.clear()
         self._records.clear()
         self.bytes = 0
 
@@ -70,8 +97,9 @@ class ContentCache:
         found: dict[int, StoredMessage] = {}
         missing: list[int] = []
         records = self._records
+        pinned = self._pinned
         for seq in sequence_numbers:
-            record = records.get((path, seq))
+            record = records.get((path, seq)) or pinned.get((path, seq))
             if record is None:
                 missing.append(seq)
             else:
@@ -80,4 +108,13 @@ class ContentCache:
         if missing:
             self.misses += len(missing)
             found.update(self.store.read_messages(path, missing))
+            for seq in missing:
+                move = self._moves.get((path, seq))
+                if move is not None and seq not in found:
+                    for record in self.store.read_messages(move.path, [seq]).values():
+                        record.path = path
+                        record.dead_letter_reason = move.dead_letter_reason
+                        record.dead_letter_error_description = move.dead_letter_error_description
+                        record.dead_letter_source = move.dead_letter_source
+                        found[seq] = record
         return found

@@ -24,6 +24,7 @@ from oncebus.core import errors
 from oncebus.core.durations import parse_duration
 from oncebus.core.errors import ArgumentOutOfRangeError, InvalidArgumentError, OncebusError
 from oncebus.core.messages import Message, ServiceBusReceiveMode
+from oncebus.core.rules import RuleProperties
 from oncebus.core.timeutil import datetime_to_us, us_to_datetime
 
 LATEST_US = datetime_to_us(datetime.max.replace(tzinfo=UTC))
@@ -104,6 +105,40 @@ async def _sub_show(ns: Namespace, args: dict[str, Any]) -> Any:
 @operation("subscription.list")
 async def _sub_list(ns: Namespace, args: dict[str, Any]) -> Any:
     return [p.to_dict() for p in ns.list_subscriptions(args["topic"])]
+
+
+# ---------------------------------------------------------------------------------- rules
+def _rule(args: dict[str, Any]) -> RuleProperties:
+    data = args.get("rule")
+    if not isinstance(data, dict):
+        raise InvalidArgumentError('a rule is a JSON object {"name": ..., "filter": {...}, "action": {...}}')
+    return RuleProperties.from_dict(data)
+
+
+@operation("rule.create")
+async def _rule_create(ns: Namespace, args: dict[str, Any]) -> Any:
+    return (await ns.create_rule(args["topic"], args["subscription"], _rule(args))).to_dict()
+
+
+@operation("rule.update")
+async def _rule_update(ns: Namespace, args: dict[str, Any]) -> Any:
+    return (await ns.update_rule(args["topic"], args["subscription"], _rule(args))).to_dict()
+
+
+@operation("rule.delete")
+async def _rule_delete(ns: Namespace, args: dict[str, Any]) -> Any:
+    await ns.delete_rule(args["topic"], args["subscription"], args["name"])
+    return None
+
+
+@operation("rule.show")
+async def _rule_show(ns: Namespace, args: dict[str, Any]) -> Any:
+    return ns.get_rule(args["topic"], args["subscription"], args["name"]).to_dict()
+
+
+@operation("rule.list")
+async def _rule_list(ns: Namespace, args: dict[str, Any]) -> Any:
+    return [r.to_dict() for r in ns.list_rules(args["topic"], args["subscription"])]
 
 
 # ---------------------------------------------------------------------------------- messages

@@ -29,13 +29,16 @@ from oncebus.broker.clock import Clock, SystemClock
 from oncebus.broker.contents import ContentCache
 from oncebus.broker.counters import NamespaceObserver
 from oncebus.broker.journal import Journal
-from oncebus.broker.paths import parse_path
+from oncebus.broker.paths import parse_path, subscription_path
 from oncebus.broker.receivable import Entry, Receivable, SessionLock
 from oncebus.broker.recovery import newest_time_us, restore
 from oncebus.broker.registry import Entity, EntityKind, Registry
+from oncebus.broker.routing import Reencode, Router
+from oncebus.broker.rulebook import Rules
 from oncebus.broker.sending import Sender, SendLog, SendOutcome
 from oncebus.broker.signals import ChangeSignal
 from oncebus.broker.stats import EntityStats, entity_stats
+from oncebus.broker.upkeep import Activity, delete_idle, pump_forwarding, release_scheduled
 from oncebus.core.durations import to_micros
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.errors import (
@@ -55,12 +58,14 @@ from oncebus.core.messages import (
     ServiceBusReceiveMode,
     StoredMessage,
 )
+from oncebus.core.rules import RuleProperties
 from oncebus.core.timeutil import clamp_us, datetime_to_us, us_to_datetime
 from oncebus.store.base import (
     DeleteEntity,
     MoveMessage,
     Op,
     PruneDedupKeys,
+    PutMessage,
     PutSessionState,
     Store,
     UpdateMessage,
@@ -76,7 +81,14 @@ _LOG = logging.getLogger("oncebus.broker")
 class Namespace:
     """A Service Bus namespace. Create with ``await Namespace.open(store)``."""
 
-    def __init__(self, store: Store, clock: Clock | None = None, *, send_log: SendLog | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock | None = None,
+        *,
+        send_log: SendLog | None = None,
+        reencode: Reencode | None = None,
+    ) -> None:
         self.store = store
         self.clock = clock or SystemClock()
         self._registry = Registry()
@@ -84,17 +96,30 @@ class Namespace:
         self._changes = ChangeSignal()
         self._journal = Journal(store, reload=self._load, reloaded=self._notify)
         self._contents = ContentCache(store)
-        self._moving: dict[tuple[str, int], MoveMessage] = {}  # dead-lettered, the move not committed yet
-        self._sender = Sender(self._registry, self._journal, self._now, self._notify, send_log, self._contents)
+        self._router = Router(lambda name: self._entities.get(name.lower()), reencode, self._touch)
+        self._sender = Sender(
+            self._registry, self._journal, self._now, self._notify, send_log, self._contents, self._router
+        )
         self._floor_us = 0  # time never runs backwards for the broker, across restarts too
         self._timer_error: str | None = None
+        self._activity = Activity(self.clock.now_us())  # auto_delete_on_idle
+        self._rules = Rules(self._registry, self._journal, self._now, self._touch_subscription)
         self.observer = NamespaceObserver()  # metrics, dashboard history, per-minute duplicate log
         self.observer.attach_store(store)
 
     # ------------------------------------------------------------------------------ lifecycle
     @classmethod
-    async def open(cls, store: Store, clock: Clock | None = None, *, send_log: SendLog | None = None) -> Namespace:
-        namespace = cls(store, clock, send_log=send_log)
+    async def open(
+        cls,
+        store: Store,
+        clock: Clock | None = None,
+        *,
+        send_log: SendLog | None = None,
+        reencode: Reencode | None = None,
+    ) -> Namespace:
+        """``reencode``: how a copy changed by a rule action gets its AMQP encoding (the AMQP adapter's);
+        without it such a copy's encoding is dropped and rebuilt from its fields when delivered."""
+        namespace = cls(store, clock, send_log=send_log, reencode=reencode)
         namespace._load()
         return namespace
 
@@ -102,9 +127,9 @@ class Namespace:
         snapshot = self.store.load()
         self._entities.clear()
         self._contents.clear()
-        self._moving.clear()
         self._floor_us = max(self._floor_us, newest_time_us(snapshot))
         restore(self._registry, snapshot, self._now())
+        self._activity.since_us = self._now()
 
     async def close(self) -> None:
         """Persist the counts not stored yet; the store stays open (its owner closes it)."""
@@ -138,20 +163,22 @@ class Namespace:
         self._journal.write_later(ops, self._note_moves(ops))
 
     def _note_moves(self, ops: Sequence[Op]) -> Callable[[], None] | None:
-        """Messages moved to a dead-letter queue are held there before the move is committed: until it is,
-        their content is read where it was (see ``_contents_of``)."""
+        """Memory runs ahead of the store for messages dead-lettered (their move) and placed by the timers
+        (forwarded, released from a topic's schedule): until the write is committed, their content is read
+        from memory or where it was (see ``_contents_of``)."""
         moves = [op for op in ops if isinstance(op, MoveMessage)]
-        if not moves:
+        contents = self._contents
+        placed = [op.message for op in ops if isinstance(op, PutMessage) and contents.pinned(op.message)]
+        if not moves and not placed:
             return None
         for move in moves:
-            self._moving[(move.to_path, move.sequence_number)] = move
-            self._contents.move(move)
+            contents.move(move)
 
         def committed() -> None:
             for move in moves:
-                key = (move.to_path, move.sequence_number)
-                if self._moving.get(key) is move:
-                    del self._moving[key]
+                contents.moved(move)
+            for record in placed:
+                contents.unpin(record)
 
         return committed
 
@@ -175,11 +202,14 @@ class Namespace:
         await self._changes.wait(timeout, wake)
 
     def tick(self) -> None:
-        """Apply everything due now (scheduled enqueues, lock and message expiry, history pruning)."""
+        """Apply everything due now (scheduled enqueues, lock and message expiry, history pruning,
+        forwarding, idle entities: see ``upkeep``)."""
         if self._journal.failure is not None:
             return  # memory is reloaded from the store before anything is due again
         now = self._now()
         ops: list[Op] = []
+        ops += delete_idle(self._registry, self._activity, now)
+        ops += release_scheduled(self._registry, self._router, now, self._contents)
         for entity in self._entities.values():
             for receivable in entity.receivables():
                 ops += receivable.advance(now)
@@ -190,6 +220,10 @@ class Namespace:
                 if now - entity.last_prune_us >= PRUNE_EVERY_US:
                     entity.last_prune_us = now
                     ops.append(PruneDedupKeys(entity.path, now - to_micros(entity.detector.window) + 1))
+        for op in ops:  # dead-lettered just now: forwarded below before the move is written
+            if isinstance(op, MoveMessage):
+                self._contents.move(op)
+        ops += pump_forwarding(self._registry, self._router, now, self._contents)
         self._write_later(ops)
         self.observer.tick(self, now)
         self._notify()
@@ -213,22 +247,32 @@ class Namespace:
     def _entity(self, name: str, kind: EntityKind | None = None) -> Entity:
         return self._registry.entity(name, kind)
 
+    def _touch(self, path: str) -> None:
+        """Activity on the queue, topic or subscription at ``path`` (lower case): not idle."""
+        self._activity.touch(path, self._now())
+
     def receivable(self, path: str) -> Receivable:
         """The queue, subscription or dead-letter sub-queue at ``path`` (advanced to now)."""
         self._check_alive()
-        receivable = self._registry.resolve(parse_path(path))
+        where = parse_path(path)
+        receivable = self._registry.resolve(where)
+        self._touch(where.entity)
+        if where.subscription is not None:
+            self._touch(subscription_path(where.entity, where.subscription))
         self._write_later(receivable.advance(self._now()))
         return receivable
 
     async def create_entity(self, kind: EntityKind, name: str, **properties: Any) -> QueueProperties | TopicProperties:
         self._check_alive()
         props, ops = self._registry.create(kind, name, properties)
+        self._touch(name.lower())
         await self._write(ops)
         return cast(QueueProperties | TopicProperties, props)
 
     async def update_entity(self, kind: EntityKind, name: str, **changes: Any) -> QueueProperties | TopicProperties:
         self._check_alive()
         props, ops = self._registry.update(kind, name, changes, self._now())
+        self._touch(name.lower())
         await self._write(ops)
         return cast(QueueProperties | TopicProperties, props)
 
@@ -239,7 +283,9 @@ class Namespace:
         await self._write(ops)
 
     def get_entity(self, kind: EntityKind, name: str) -> QueueProperties | TopicProperties:
-        return self._registry.entity(name, kind).properties
+        entity = self._registry.entity(name, kind)
+        self._touch(entity.path)
+        return entity.properties
 
     async def create_queue(self, name: str, **properties: Any) -> QueueProperties:
         return cast(QueueProperties, await self.create_entity("queue", name, **properties))
@@ -271,17 +317,33 @@ class Namespace:
     def list_topics(self) -> list[TopicProperties]:
         return [cast(TopicProperties, e.properties) for e in self._registry.of_kind("topic")]
 
-    async def create_subscription(self, topic_name: str, name: str, **properties: Any) -> SubscriptionProperties:
+    async def create_subscription(
+        self,
+        topic_name: str,
+        name: str,
+        *,
+        default_rule: RuleProperties | None = None,
+        rules: Sequence[RuleProperties] | None = None,
+        **properties: Any,
+    ) -> SubscriptionProperties:
+        """A new subscription with the ``$Default`` rule, or ``default_rule`` instead, or exactly ``rules``."""
         self._check_alive()
-        props, ops = self._registry.create_subscription(topic_name, name, properties)
+        first = [default_rule, *(rules or [])] if default_rule is not None else rules
+        props, ops = self._registry.create_subscription(topic_name, name, properties, first, self._now())
+        self._touch_subscription(topic_name, name)
         await self._write(ops)
         return props
 
     async def update_subscription(self, topic_name: str, name: str, **changes: Any) -> SubscriptionProperties:
         self._check_alive()
         props, ops = self._registry.update_subscription(topic_name, name, changes)
+        self._touch_subscription(topic_name, name)
         await self._write(ops)
         return props
+
+    def _touch_subscription(self, topic_name: str, name: str) -> None:
+        self._touch(topic_name.lower())
+        self._touch(subscription_path(topic_name.lower(), name))
 
     async def delete_subscription(self, topic_name: str, name: str) -> None:
         self._check_alive()
@@ -289,8 +351,31 @@ class Namespace:
         self._notify()
         await self._write(ops)
 
+    # ------------------------------------------------------------------------------ rules (broker.rulebook)
+    def list_rules(self, topic_name: str, name: str) -> list[RuleProperties]:
+        """A subscription's rules, in the order they were created."""
+        return self._rules.list(topic_name, name)
+
+    def get_rule(self, topic_name: str, name: str, rule_name: str) -> RuleProperties:
+        return self._rules.get(topic_name, name, rule_name)
+
+    async def create_rule(self, topic_name: str, name: str, rule: RuleProperties) -> RuleProperties:
+        return await self._rules.create(topic_name, name, rule)
+
+    async def update_rule(self, topic_name: str, name: str, rule: RuleProperties) -> RuleProperties:
+        return await self._rules.update(topic_name, name, rule)
+
+    async def delete_rule(self, topic_name: str, name: str, rule_name: str) -> None:
+        await self._rules.delete(topic_name, name, rule_name)
+
+    async def set_rules(self, topic_name: str, name: str, rules: Sequence[RuleProperties]) -> None:
+        """Replace a subscription's rules (an empty list: it receives nothing)."""
+        await self._rules.replace(topic_name, name, rules)
+
     def get_subscription(self, topic_name: str, name: str) -> SubscriptionProperties:
-        return self._registry.subscription(topic_name, name).properties
+        subscription = self._registry.subscription(topic_name, name)
+        self._touch_subscription(topic_name, name)
+        return subscription.properties
 
     def list_subscriptions(self, topic_name: str) -> list[SubscriptionProperties]:
         return [s.properties for s in self._entity(topic_name, "topic").subscriptions.values()]
@@ -302,6 +387,7 @@ class Namespace:
     async def send(self, entity_name: str, messages: Message | Sequence[Message]) -> list[SendOutcome]:
         """Send one message or an atomic batch to a queue or topic."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
+        self._touch(parse_path(entity_name).entity)
         return await self._sender.send(entity_name, batch, None)
 
     async def schedule_messages(
@@ -309,6 +395,7 @@ class Namespace:
     ) -> list[int]:
         """Schedule messages; returns their sequence numbers (for cancelling)."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
+        self._touch(parse_path(entity_name).entity)
         outcomes = await self._sender.send(entity_name, batch, datetime_to_us(schedule_time_utc))
         return [o.sequence_number if o.sequence_number is not None else 0 for o in outcomes]
 
@@ -372,17 +459,7 @@ class Namespace:
 
     def _contents_of(self, receivable: Receivable, entries: list[Entry]) -> list[tuple[Entry, StoredMessage]]:
         """Each entry with its content (read from the cache or the store), its state as held now."""
-        path = receivable.path
-        records = self._contents.read(path, [e.sequence_number for e in entries])
-        for entry in entries:
-            move = self._moving.get((path, entry.sequence_number))
-            if move is not None and entry.sequence_number not in records:
-                for record in self._contents.read(move.path, [move.sequence_number]).values():
-                    record.path = path
-                    record.dead_letter_reason = move.dead_letter_reason
-                    record.dead_letter_error_description = move.dead_letter_error_description
-                    record.dead_letter_source = move.dead_letter_source
-                    records[move.sequence_number] = record
+        records = self._contents.read(receivable.path, [e.sequence_number for e in entries])
         out = []
         for entry in entries:
             record = records.get(entry.sequence_number)
@@ -491,6 +568,8 @@ class Namespace:
         self._drop_session_token(receivable, message)
         ops = receivable.move_to_dead_letter(message, reason, error_description)
         await self._settle(ops)
+        forwarded = pump_forwarding(self._registry, self._router, self._now(), self._contents)
+        self._write_later(forwarded)  # forwards dead letters now
 
     async def _settle(self, ops: list[Op]) -> None:
         """Settlements are acknowledged once durable: a completed message never comes back after a crash."""

@@ -362,6 +362,10 @@ class Receivable:
                 best = (key, session_id)
         return None if best is None else best[1]
 
+    def available_session_ids(self) -> list[str]:
+        """Sessions that may have available messages (their heaps are not empty)."""
+        return [session_id for session_id, heap in self._session_available.items() if heap]
+
     def release_session(self, session_id: str, now_us: int, *, reason: str | None) -> list[Op]:
         lock = self.sessions.pop(session_id, None)
         if lock is None:

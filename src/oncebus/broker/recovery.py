@@ -6,6 +6,7 @@ from oncebus.broker.receivable import Entry
 from oncebus.broker.registry import Registry
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.messages import MessageState
+from oncebus.core.rules import RuleProperties
 from oncebus.core.timeutil import MAX_US
 from oncebus.store.base import Snapshot
 
@@ -29,7 +30,9 @@ def restore(registry: Registry, snapshot: Snapshot, now_us: int) -> None:
     for record in subscriptions:
         topic = record.path.rsplit("/subscriptions/", 1)[0]
         if topic in registry.entities:
-            registry.install_subscription(topic, SubscriptionProperties.from_dict(record.properties))
+            stored = snapshot.rules.get(record.path)  # None: written before rules were stored ($Default)
+            rules = None if stored is None else [RuleProperties.from_dict(r) for r in stored]
+            registry.install_subscription(topic, SubscriptionProperties.from_dict(record.properties), rules)
     for path, counters in snapshot.counters.items():
         entity = registry.entities.get(path)
         if entity is not None:

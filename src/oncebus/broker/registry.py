@@ -8,7 +8,8 @@ namespace writes them (one unit each) and owns the failure handling.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,7 +26,9 @@ from oncebus.core.entities import (
     validate_subscription_name,
 )
 from oncebus.core.errors import EntityAlreadyExistsError, EntityNotFoundError, InvalidArgumentError
-from oncebus.store.base import AddCounters, DeleteEntity, Op, PruneDedupKeys, PutEntity
+from oncebus.core.rules import RuleProperties, RuleSet, default_rule
+from oncebus.core.timeutil import us_to_datetime
+from oncebus.store.base import AddCounters, DeleteEntity, Op, PruneDedupKeys, PutEntity, PutRules
 
 EntityKind = Literal["queue", "topic"]
 COUNTERS = ("accepted", "duplicates", "late_resends")
@@ -36,10 +39,7 @@ LATE_DELAYS_KEPT = 1_000
 class Subscription:
     properties: SubscriptionProperties
     receivable: Receivable
-
-    def accepts(self, message: Any) -> bool:
-        """Every message for now; correlation and SQL filters plug in here."""
-        return True
+    rules: RuleSet = field(default_factory=lambda: RuleSet([default_rule()]))  # evaluated at fan-out (routing)
 
 
 @dataclass
@@ -49,6 +49,7 @@ class Entity:
     detector: DuplicateDetector
     receivable: Receivable | None = None  # queues
     subscriptions: dict[str, Subscription] = field(default_factory=dict)  # topics
+    scheduled: Receivable | None = None  # topics: scheduled messages wait here, then go through the rules
     next_sequence_number: int = 1
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     unsaved: dict[str, int] = field(default_factory=dict)  # counted (committed sends' duplicates), not yet stored
@@ -112,14 +113,21 @@ class Registry:
         entity = Entity(kind, props, _detector(props))
         if isinstance(props, QueueProperties):
             entity.receivable = Receivable(entity.path, receivable_settings(props, props.max_size_in_megabytes))
+        else:
+            waiting = SubscriptionProperties.create("scheduled")  # plain settings: nobody receives from it
+            entity.scheduled = Receivable(entity.path, receivable_settings(waiting, props.max_size_in_megabytes))
         self.entities[entity.path] = entity
         return entity
 
-    def install_subscription(self, topic: str, props: SubscriptionProperties) -> Subscription:
+    def install_subscription(
+        self, topic: str, props: SubscriptionProperties, rules: list[RuleProperties] | None = None
+    ) -> Subscription:
         entity = self.entity(topic, "topic")
         path = subscription_path(entity.path, props.name)
         receivable = Receivable(path, receivable_settings(props, entity.properties.max_size_in_megabytes))
         subscription = Subscription(props, receivable)
+        if rules is not None:
+            subscription.rules = RuleSet(rules)
         entity.subscriptions[props.name.lower()] = subscription
         return subscription
 
@@ -173,8 +181,13 @@ class Registry:
         return receivable
 
     def receivable_by_path(self, path: str) -> Receivable | None:
+        """Where a stored message or session state at ``path`` belongs (a topic's own path: its scheduled ones)."""
+        where = parse_path(path)
+        entity = self.entities.get(where.entity)
+        if entity is not None and entity.scheduled is not None and where.subscription is None and not where.dead_letter:
+            return entity.scheduled
         try:
-            return self.resolve(parse_path(path))
+            return self.resolve(where)
         except EntityNotFoundError:
             return None
 
@@ -184,24 +197,38 @@ class Registry:
         if name.lower() in self.entities:
             raise EntityAlreadyExistsError(f"a {self.entities[name.lower()].kind} named {name!r} already exists")
         props = _PROPERTIES[kind].create(name, **properties)
+        check_forwarding(self.entities, name.lower(), props)
         self.install(kind, props)
         return props, [PutEntity(name.lower(), kind, props.to_dict())]
 
     def create_subscription(
-        self, topic_name: str, name: str, properties: dict[str, Any]
+        self,
+        topic_name: str,
+        name: str,
+        properties: dict[str, Any],
+        rules: Sequence[RuleProperties] | None = None,
+        now_us: int = 0,
     ) -> tuple[SubscriptionProperties, list[Op]]:
+        """A new subscription with ``rules`` (None: the ``$Default`` rule, as in Service Bus), created now."""
         validate_subscription_name(name)
         topic = self.entity(topic_name, "topic")
         if name.lower() in topic.subscriptions:
             raise EntityAlreadyExistsError(f"topic {topic_name!r} already has a subscription named {name!r}")
         props = SubscriptionProperties.create(name, **properties)
-        self.install_subscription(topic.path, props)
-        return props, [PutEntity(subscription_path(topic.path, name), "subscription", props.to_dict())]
+        check_forwarding(self.entities, topic.path, props)
+        stamp = us_to_datetime(now_us)
+        rules = [default_rule()] if rules is None else list(rules)
+        rules = [r if r.created_at_utc is not None else dataclasses.replace(r, created_at_utc=stamp) for r in rules]
+        RuleSet(rules)  # names unique: checked before anything changes
+        subscription = self.install_subscription(topic.path, props, rules)
+        path = subscription.receivable.path
+        return props, [PutEntity(path, "subscription", props.to_dict()), PutRules(path, rules_json(rules))]
 
     def update(self, kind: EntityKind, name: str, changes: dict[str, Any], now_us: int) -> tuple[Any, list[Op]]:
         """New properties, applied; the ops store them and prune the keys that left the old window (one unit)."""
         entity = self.entity(name, kind)
         props = entity.properties.updated(**changes)
+        check_forwarding(self.entities, entity.path, props)
         prune = PruneDedupKeys(entity.path, now_us - to_micros(entity.detector.window) + 1)
         entity.properties = props
         entity.detector.set_window(props.duplicate_detection_history_time_window, now_us)
@@ -218,10 +245,17 @@ class Registry:
         subscription = self.subscription(topic_name, name)
         topic = self.entity(topic_name, "topic")
         props = subscription.properties.updated(**changes)
+        check_forwarding(self.entities, topic.path, props)
         subscription.properties = props
         new = receivable_settings(props, topic.properties.max_size_in_megabytes)
         subscription.receivable.settings.__dict__.update(new.__dict__)
         return props, [PutEntity(subscription.receivable.path, "subscription", props.to_dict())]
+
+    def set_rules(self, topic_name: str, name: str, rules: list[RuleProperties]) -> list[Op]:
+        """Replace a subscription's rules (names unique, ignoring case); the op stores them."""
+        subscription = self.subscription(topic_name, name)
+        subscription.rules = RuleSet(rules)
+        return [PutRules(subscription.receivable.path, rules_json(list(subscription.rules)))]
 
     def delete(self, kind: EntityKind, name: str) -> list[Op]:
         entity = self.entity(name, kind)
@@ -232,3 +266,55 @@ class Registry:
         subscription = self.subscription(topic_name, name)
         del self.entity(topic_name, "topic").subscriptions[name.lower()]
         return [DeleteEntity(subscription.receivable.path)]
+
+
+def rules_json(rules: list[RuleProperties]) -> list[dict[str, Any]]:
+    return [rule.to_dict() for rule in rules]
+
+
+def _forward_targets(entity: Entity) -> list[str]:
+    """Where messages arriving at ``entity`` go on to: a queue's ``forward_to``, a topic's subscriptions'."""
+    if entity.kind == "queue":
+        target = getattr(entity.properties, "forward_to", None)
+        return [] if target is None else [target.lower()]
+    return [s.properties.forward_to.lower() for s in entity.subscriptions.values() if s.properties.forward_to]
+
+
+def check_forwarding(entities: dict[str, Entity], owner: str, props: Any) -> None:
+    """Refuse forwarding to a queue or topic that does not exist, or a chain that comes back to ``owner``.
+
+    ``owner`` is the queue, or the topic of the subscription, that ``props`` (new properties) belong to.
+    Forwarding of dead-lettered messages may go anywhere that exists (it only carries messages that
+    were dead-lettered, so it cannot loop by itself).
+    """
+    for key in ("forward_to", "forward_dead_lettered_messages_to"):
+        target = getattr(props, key, None)
+        if target is None:
+            continue
+        if key == "forward_to" and target.lower() == owner:
+            raise InvalidArgumentError(
+                f"forward_to {target!r} would forward messages to where they came from; loops are refused"
+            )
+        if target.lower() not in entities:
+            raise EntityNotFoundError(
+                f"{key} {target!r}: no queue or topic named {target!r} exists; the destination of forwarding must "
+                "exist when the source is created or updated"
+            )
+    target = getattr(props, "forward_to", None)
+    if target is None:
+        return
+    seen: set[str] = set()
+    path = [owner, target.lower()]
+    stack = [(target.lower(), path)]
+    while stack:
+        current, trail = stack.pop()
+        if current == owner:
+            shown = " -> ".join(trail)
+            raise InvalidArgumentError(
+                f"forward_to {target!r} would make a forwarding loop ({shown}); loops are refused"
+            )
+        if current in seen or current not in entities:
+            continue
+        seen.add(current)
+        for nxt in _forward_targets(entities[current]):
+            stack.append((nxt, [*trail, nxt]))

@@ -2,9 +2,11 @@
 
 Counts are read after advancing each queue or subscription to now (so due
 scheduled messages count as active and expired ones are gone). A topic holds
-no messages itself in oncebus (each subscription has its copy from the send
-on), so its size is the sum of its subscriptions' and its scheduled count the
-number of distinct scheduled sequence numbers among them.
+only its scheduled messages itself (they go through the rules when due; each
+subscription has its own copy of the others), so its size is the sum of its
+subscriptions' and of those scheduled messages, and its scheduled
+count the number of those plus the distinct scheduled sequence numbers among
+the subscriptions (copies scheduled before rules were evaluated at due time).
 
 Created, updated and accessed times are not recorded by the broker yet; see
 ``UNKNOWN_TIME``.
@@ -29,7 +31,7 @@ class RuntimeProperties:
     dead_letter_message_count: int = 0
     scheduled_message_count: int = 0
     deferred_message_count: int = 0
-    transfer_message_count: int = 0  # oncebus does not forward
+    transfer_message_count: int = 0  # forwarding moves a message in the unit that stores it: never in transfer
     transfer_dead_letter_message_count: int = 0
     size_in_bytes: int = 0
     subscription_count: int = 0  # topics
@@ -80,8 +82,11 @@ def topic_runtime_properties(namespace: Namespace, name: str) -> RuntimeProperti
         receivable = namespace.receivable(f"{name}/Subscriptions/{subscription.name}")
         size += receivable.size_bytes
         scheduled.update(seq for seq, m in receivable.messages.items() if m.state == MessageState.SCHEDULED)
+    stats = namespace.stats(name)  # its totals include the scheduled messages waiting at the topic itself
+    at_topic = stats.scheduled_message_count - sum(s.scheduled_message_count for s in stats.subscriptions.values())
+    waiting_bytes = stats.size_in_bytes - sum(s.size_in_bytes for s in stats.subscriptions.values())
     return RuntimeProperties(
-        scheduled_message_count=len(scheduled),
-        size_in_bytes=size,
+        scheduled_message_count=len(scheduled) + at_topic,
+        size_in_bytes=size + waiting_bytes,
         subscription_count=len(subscriptions),
     )

@@ -19,12 +19,13 @@ from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path
 from oncebus.broker.receivable import Entry, Receivable
 from oncebus.broker.registry import COUNTERS, Entity, Registry
+from oncebus.broker.routing import Plan, Router
 from oncebus.core.durations import to_micros
 from oncebus.core.errors import InvalidArgumentError, MessageNotFoundError, QuotaExceededError
 from oncebus.core.keys import MessageId, service_bus_text
-from oncebus.core.messages import Message, MessageState, StoredMessage
-from oncebus.core.sending import stored_message, subscription_copy, validate_send
-from oncebus.store.base import Op, PutDedupKey, PutMessage
+from oncebus.core.messages import Message, MessageState
+from oncebus.core.sending import stored_message, validate_send
+from oncebus.store.base import Op
 
 SendLog = Callable[[dict[str, Any]], None]
 
@@ -48,7 +49,9 @@ class Sender:
         notify: Callable[[], None],
         send_log: SendLog | None,
         contents: ContentCache,
+        router: Router | None = None,
     ) -> None:
+        self.router = router if router is not None else Router(registry.entities.get)
         self.registry = registry
         self.journal = journal
         self.now = now
@@ -81,9 +84,8 @@ class Sender:
         self._check_quota(entity, checked.total_bytes)
         now = self.now()
         verdicts_since = self.journal.failed_writes
-        ops: list[Op] = []
+        plan = Plan()
         outcomes: list[SendOutcome] = []
-        stored: list[tuple[Receivable, StoredMessage]] = []
         deltas = dict.fromkeys(COUNTERS, 0)
         late_delays: list[int] = []
         resends: list[int] = []  # delays since each resent key's first acceptance (metrics)
@@ -119,27 +121,28 @@ class Sender:
             entity.next_sequence_number += 1
             deltas["accepted"] += 1
             record = stored_message(entity.properties, message, message_id, seq, now, scheduled_us)
-            dedup_key = None if key is None else (entity.path, key, now)
-            for receivable, copy in self.fan_out(entity, message, record):
-                stored.append((receivable, copy))
-                ops.append(PutMessage(copy, dedup_key))
-                dedup_key = None  # written once, with the first copy
-            if dedup_key is not None:  # a topic without subscriptions still remembers the key
-                ops.append(PutDedupKey(*dedup_key))
+            plan.dedup_key = None if key is None else (entity.path, key, now)  # written with the first copy
+            self.router.route(entity, record, now, plan)
+            plan.flush_key()  # no copy (no subscription took it): the key is remembered all the same
             outcomes.append(SendOutcome(message_id, seq, False, late))
         if deltas["accepted"]:
+            ops = plan.ops
             counters = entity.counters_op(deltas)
             assert counters is not None
             ops.append(counters)
+            ops += [
+                op for path, more in plan.deltas.items() if (op := plan.touched[path].counters_op(more)) is not None
+            ]
 
             def visible() -> None:  # counted and shown only once committed
                 for name, delta in deltas.items():
                     entity.counters[name] += delta
                 entity.late_delays_us.extend(late_delays)
+                plan.count_committed()
                 entity.observed.resends(resends)
                 committed_at = self.now()
                 cache = self.contents.put
-                for receivable, copy in stored:
+                for receivable, copy in plan.placements:
                     receivable.add(Entry.of(copy), committed_at)
                     cache(copy)
                 self.notify()
@@ -154,28 +157,16 @@ class Sender:
             entity.observed.resends(resends)
         return outcomes
 
-    def fan_out(
-        self, entity: Entity, message: Message, record: StoredMessage
-    ) -> list[tuple[Receivable, StoredMessage]]:
-        """Where an accepted message goes: the queue, or a copy for each subscription that accepts it."""
-        if entity.receivable is not None:
-            return [(entity.receivable, record)]
-        copies = []
-        for subscription in entity.subscriptions.values():
-            if subscription.accepts(message):
-                receivable = subscription.receivable
-                copies.append((receivable, subscription_copy(record, receivable.path, subscription.properties)))
-        return copies
-
     async def cancel_scheduled(self, entity_name: str, sequence_numbers: Iterable[int]) -> None:
         """Cancel scheduled messages; their dedup keys stay in the history."""
         self.journal.check_alive()
         entity = self.registry.entity(entity_name)
         targets: list[tuple[Receivable, Entry]] = []
         for seq in sequence_numbers:
+            holders = [*entity.receivables(), *([entity.scheduled] if entity.scheduled is not None else [])]
             found = [
                 (r, r.messages[seq])
-                for r in entity.receivables()
+                for r in holders
                 if seq in r.messages and r.messages[seq].state == MessageState.SCHEDULED
             ]
             if not found and not (entity.kind == "topic" and 0 < seq < entity.next_sequence_number):

@@ -87,6 +87,8 @@ def entity_stats(entity: Entity, now_us: int) -> EntityStats:
     dedup = entity.detector.stats(now_us)
     subscriptions = {s.properties.name: MessageCounts.of(s.receivable) for s in entity.subscriptions.values()}
     parts = [MessageCounts.of(entity.receivable)] if entity.receivable is not None else list(subscriptions.values())
+    if entity.scheduled is not None:  # a topic's scheduled messages wait at the topic until due
+        parts.append(MessageCounts.of(entity.scheduled))
     props = entity.properties
     return EntityStats(
         name=props.name,

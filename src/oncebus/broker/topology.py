@@ -13,16 +13,24 @@ of it is valid; if applying still fails midway, what was already applied is
 undone. Every error is one line naming the entity, where it is in the file, and
 the field.
 
+A subscription's ``Rules`` (``SqlFilter``, ``CorrelationFilter``, ``Action``)
+are checked as the administration API checks them (an invalid SQL text names
+the rule and its line and column) and become exactly the subscription's rules;
+a subscription without ``Rules`` gets ``$Default`` when it is created, and an
+existing one keeps the rules it has. ``ForwardTo`` and
+``ForwardDeadLetteredMessagesTo`` must name a queue or topic of the file or
+of the data directory; they are set once every entity exists, so the order of
+the file does not matter.
+
 Differences from the emulator: properties it lacks (``EnablePartitioning``,
-``MaxSizeInMegabytes``, ``MaxMessageSizeInKilobytes`` …) are accepted; the
-history window may be anything Service Bus allows (20 s to 7 days); all
-namespaces of the file are merged into oncebus's one namespace; subscription
-``Rules`` are not evaluated yet (every subscription receives every message,
-and a warning says so); ``ForwardTo`` must be empty.
+``MaxSizeInMegabytes``, ``MaxMessageSizeInKilobytes``, ``AutoDeleteOnIdle`` …)
+are accepted; the history window may be anything Service Bus allows (20 s to 7
+days); all namespaces of the file are merged into oncebus's one namespace.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import sys
@@ -39,13 +47,16 @@ from oncebus.core.entities import (
     QueueProperties,
     SubscriptionProperties,
     TopicProperties,
+    forward_target,
     validate_entity_name,
     validate_subscription_name,
 )
 from oncebus.core.errors import InvalidArgumentError, OncebusError
+from oncebus.core.rules import RuleProperties, rules_from_emulator_config
 
-_IGNORED = {"forward_to", "forward_dead_lettered_messages_to", "status", "auto_delete_on_idle"}
+_IGNORED = {"status"}
 _IGNORED_VALUES = (None, "", "Active", TIMESPAN_MAX_TEXT)
+_FORWARDING = ("forward_to", "forward_dead_lettered_messages_to")
 _CLASSES: dict[str, Any] = {"queue": QueueProperties, "topic": TopicProperties, "subscription": SubscriptionProperties}
 _KEYS = {
     "top": {"UserConfig", "$schema"},
@@ -67,6 +78,15 @@ class EntitySpec:
     where: str  # e.g. "queue 'orders' (UserConfig.Namespaces[0].Queues[2])"
     topic: str | None = None
     fields: dict[str, str] = field(default_factory=dict)  # property -> its key in the file, for messages
+    rules: list[RuleProperties] | None = None  # a subscription's Rules; None: the file gives none
+
+    @property
+    def forwarding(self) -> dict[str, Any]:
+        return {key: self.properties[key] for key in _FORWARDING if key in self.properties}
+
+    @property
+    def without_forwarding(self) -> dict[str, Any]:
+        return {key: value for key, value in self.properties.items() if key not in _FORWARDING}
 
 
 @dataclass
@@ -201,9 +221,11 @@ def parse_topology(data: Any, source: str = "topology file") -> Topology:
                 sub, sub_item = reader.entity("subscription", raw_sub, f"{path}.Subscriptions[{j}]", topic.name)
                 rules = reader.array(sub_item.get("Rules"), sub.where, "Rules")
                 if rules:
-                    topology.warnings.append(
-                        f"{sub.where}: Rules are not evaluated by oncebus yet; it receives every message of the topic"
-                    )
+                    try:
+                        parsed = rules_from_emulator_config(rules, where="Rules")
+                    except InvalidArgumentError as exc:
+                        raise type(exc)(f"{source}: {sub.where}: {exc}") from None
+                    sub = EntitySpec(sub.kind, sub.name, sub.properties, sub.where, sub.topic, sub.fields, parsed)
                 topology.subscriptions.append(sub)
     return topology
 
@@ -249,9 +271,31 @@ def _check_properties(spec: EntitySpec, existing: Any, source: str) -> None:
         raise type(exc)(f"{source}: {spec.where}: {exc}") from None
 
 
+def _check_forwarding(namespace: Namespace, topology: Topology) -> None:
+    """Every forwarding destination is a queue or topic of the file or of the data directory (not itself)."""
+    known = {e.name.lower() for e in [*topology.queues, *topology.topics]}
+    known |= {q.name.lower() for q in namespace.list_queues()} | {t.name.lower() for t in namespace.list_topics()}
+    for spec in [*topology.queues, *topology.subscriptions]:
+        for key, target in spec.forwarding.items():
+            if not target:
+                continue
+            name = str(target).rsplit("/", 1)[-1] if "://" in str(target) else str(target).strip("/")
+            label = f"Properties.{spec.fields[key]}"
+            if name.lower() not in known:
+                raise InvalidArgumentError(
+                    f"{topology.source}: {spec.where}: {label}: no queue or topic named {name!r} is in the file or "
+                    "the data directory; the destination of forwarding must exist"
+                )
+            if spec.kind == "queue" and name.lower() == spec.name.lower():
+                raise InvalidArgumentError(
+                    f"{topology.source}: {spec.where}: {label}: a queue cannot forward to itself"
+                )
+
+
 def check_topology(namespace: Namespace, topology: Topology) -> None:
     """Refuse the file unless every entity in it can be created or updated as written; changes nothing."""
     source = topology.source
+    _check_forwarding(namespace, topology)
     existing: dict[str, dict[str, Any]] = {
         "queue": {q.name.lower(): q for q in namespace.list_queues()},
         "topic": {t.name.lower(): t for t in namespace.list_topics()},
@@ -299,6 +343,9 @@ async def apply_topology(namespace: Namespace, topology: Topology) -> None:
             undo.append(await _apply(namespace, spec))
         for spec in topology.subscriptions:
             undo.append(await _apply(namespace, spec))
+        for spec in [*topology.queues, *topology.subscriptions]:  # every destination exists now
+            if (step := await _apply_forwarding(namespace, spec)) is not None:
+                undo.append(step)
     except (OncebusError, OSError) as exc:
         failed = []
         for step in reversed(undo):
@@ -311,19 +358,45 @@ async def apply_topology(namespace: Namespace, topology: Topology) -> None:
         raise type(exc)(f"{topology.source}: applying {where} failed: {exc}; {kept}") from exc
 
 
+async def _apply_forwarding(namespace: Namespace, spec: EntitySpec) -> Callable[[], Awaitable[Any]] | None:
+    """Set what the entity forwards to (None when that is already so); returns how to undo it."""
+    if spec.kind == "subscription":
+        assert spec.topic is not None
+        topic = spec.topic
+        current: Any = namespace.get_subscription(topic, spec.name)
+    else:
+        current = namespace.get_queue(spec.name)
+    old = {key: getattr(current, key) for key in spec.forwarding}
+    if old == {key: forward_target(value, key) for key, value in spec.forwarding.items()}:
+        return None
+    if spec.kind == "subscription":
+        await namespace.update_subscription(topic, spec.name, **spec.forwarding)
+        return lambda: namespace.update_subscription(topic, spec.name, **old)
+    await namespace.update_queue(spec.name, **spec.forwarding)
+    return lambda: namespace.update_queue(spec.name, **old)
+
+
 async def _apply(namespace: Namespace, spec: EntitySpec) -> Callable[[], Awaitable[Any]]:
-    """Create or update one entity; returns how to undo it."""
-    props = spec.properties
+    """Create or update one entity (its forwarding comes later); returns how to undo it."""
+    props = spec.without_forwarding
     if spec.kind == "subscription":
         assert spec.topic is not None
         topic = spec.topic
         current = {s.name.lower(): s for s in namespace.list_subscriptions(topic)}.get(spec.name.lower())
         if current is None:
-            await namespace.create_subscription(topic, spec.name, **props)
+            await namespace.create_subscription(topic, spec.name, rules=spec.rules, **props)
             return lambda: namespace.delete_subscription(topic, spec.name)
+        old_rules = namespace.list_rules(topic, spec.name)
         await namespace.update_subscription(topic, spec.name, **props)
-        old = _settable(current)
-        return lambda: namespace.update_subscription(topic, spec.name, **old)
+        if spec.rules is not None and _unstamped(spec.rules) != _unstamped(old_rules):
+            await namespace.set_rules(topic, spec.name, spec.rules)
+        old = {k: v for k, v in _settable(current).items() if k not in _FORWARDING}
+
+        async def undo() -> None:
+            await namespace.update_subscription(topic, spec.name, **old)
+            await namespace.set_rules(topic, spec.name, old_rules)
+
+        return undo
     listed = namespace.list_queues() if spec.kind == "queue" else namespace.list_topics()
     current_entity = {e.name.lower(): e for e in listed}.get(spec.name.lower())
     create, update, delete = (getattr(namespace, f"{verb}_{spec.kind}") for verb in ("create", "update", "delete"))
@@ -331,8 +404,12 @@ async def _apply(namespace: Namespace, spec: EntitySpec) -> Callable[[], Awaitab
         await create(spec.name, **props)
         return lambda: delete(spec.name)
     await update(spec.name, **props)
-    old_props = _settable(current_entity)
+    old_props = {k: v for k, v in _settable(current_entity).items() if k not in _FORWARDING}
     return lambda: update(spec.name, **old_props)
+
+
+def _unstamped(rules: list[RuleProperties]) -> list[RuleProperties]:
+    return [dataclasses.replace(r, created_at_utc=None) for r in rules]
 
 
 def _settable(props: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from oncebus.core.durations import TIMESPAN_MAX, format_duration, parse_duration
 from oncebus.core.errors import (
@@ -24,6 +25,8 @@ MIN_DUPLICATE_WINDOW = timedelta(seconds=20)
 MAX_DUPLICATE_WINDOW = timedelta(days=7)
 DEFAULT_DUPLICATE_WINDOW = timedelta(minutes=10)
 WINDOW_RANGE_TEXT = "The value supplied must be between 00:00:20 and 7.00:00:00."
+
+MIN_AUTO_DELETE_ON_IDLE = timedelta(minutes=5)
 
 MIN_LOCK_DURATION = timedelta(seconds=5)
 MAX_LOCK_DURATION = timedelta(minutes=5)
@@ -114,6 +117,37 @@ def _text_or_none(name: str) -> Any:
     return check
 
 
+def _auto_delete_on_idle(value: Any) -> timedelta:
+    idle = parse_duration(value, name="auto_delete_on_idle")
+    if idle < MIN_AUTO_DELETE_ON_IDLE:
+        raise ArgumentOutOfRangeError(
+            f"auto_delete_on_idle {format_duration(idle)} is out of range: it must be at least 5 minutes (PT5M), "
+            f"or {format_duration(TIMESPAN_MAX)} (never)"
+        )
+    return idle
+
+
+def forward_target(value: Any, name: str = "forward_to") -> str | None:
+    """A forwarding destination: a queue or topic name, or its URL (``sb://host/name``, as the SDK sends it).
+
+    Empty text means no forwarding. The destination's existence is checked by the namespace.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"{name} must be the name of a queue or topic, not {value!r}")
+    text = value.strip()
+    if "://" in text:
+        text = urlsplit(text).path
+    text = text.strip("/")
+    if not text:
+        return None
+    try:
+        return validate_entity_name(text, kind=f"{name} destination")
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{name}: {exc}") from None
+
+
 _VALIDATORS: dict[str, Any] = {
     "lock_duration": _lock_duration,
     "max_size_in_megabytes": _positive_int("max_size_in_megabytes", MAX_SIZE_MB),
@@ -128,6 +162,10 @@ _VALIDATORS: dict[str, Any] = {
     "max_message_size_in_kilobytes": _positive_int("max_message_size_in_kilobytes", MAX_MESSAGE_SIZE_KB),
     "support_ordering": _flag("support_ordering"),
     "user_metadata": _text_or_none("user_metadata"),
+    "auto_delete_on_idle": _auto_delete_on_idle,
+    "forward_to": forward_target,
+    "forward_dead_lettered_messages_to": lambda v: forward_target(v, "forward_dead_lettered_messages_to"),
+    "dead_lettering_on_filter_evaluation_exceptions": _flag("dead_lettering_on_filter_evaluation_exceptions"),
 }
 
 
@@ -151,6 +189,11 @@ class _EntityProperties:
         checked = {key: _VALIDATORS[key](value) for key, value in values.items() if value is not None}
         return cls(name=name, **checked)
 
+    @property
+    def forwards(self) -> bool:
+        """Whether messages arriving here go on to another entity (``forward_to``)."""
+        return getattr(self, "forward_to", None) is not None
+
     @classmethod
     def settable(cls) -> set[str]:
         return {f.name for f in dataclasses.fields(cls) if f.name != "name"}
@@ -164,6 +207,9 @@ class _EntityProperties:
                 f"allowed: {', '.join(sorted(self.settable()))}"
             )
         checked = {key: _VALIDATORS[key](value) for key, value in changes.items() if value is not None}
+        for key in ("forward_to", "forward_dead_lettered_messages_to"):  # "" (or None given explicitly) clears it
+            if key in changes and key in self.settable() and checked.get(key) is None:
+                checked[key] = None
         for key in self.immutable:
             if key in checked and checked[key] != getattr(self, key):
                 raise ImmutablePropertyError(
@@ -204,6 +250,9 @@ class QueueProperties(_EntityProperties):
     enable_partitioning: bool = False
     max_message_size_in_kilobytes: int = 256
     user_metadata: str | None = None
+    auto_delete_on_idle: timedelta = TIMESPAN_MAX
+    forward_to: str | None = None
+    forward_dead_lettered_messages_to: str | None = None
 
 
 @dataclass(frozen=True)
@@ -220,6 +269,7 @@ class TopicProperties(_EntityProperties):
     enable_partitioning: bool = False
     max_message_size_in_kilobytes: int = 256
     user_metadata: str | None = None
+    auto_delete_on_idle: timedelta = TIMESPAN_MAX
 
 
 @dataclass(frozen=True)
@@ -234,3 +284,7 @@ class SubscriptionProperties(_EntityProperties):
     max_delivery_count: int = 10
     enable_batched_operations: bool = True
     user_metadata: str | None = None
+    auto_delete_on_idle: timedelta = TIMESPAN_MAX
+    forward_to: str | None = None
+    forward_dead_lettered_messages_to: str | None = None
+    dead_lettering_on_filter_evaluation_exceptions: bool = True

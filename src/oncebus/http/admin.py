@@ -37,7 +37,7 @@ from oncebus.core.entities import QueueProperties, SubscriptionProperties, Topic
 from oncebus.core.errors import EntityNotFoundError, InvalidArgumentError, OncebusError, UnauthorizedError
 from oncebus.http import atom
 from oncebus.http.errors import status_of
-from oncebus.http.rules import DefaultRuleOnly, RuleBook
+from oncebus.http.rules import NamespaceRules, RuleBook
 from oncebus.http.server import Receive, Scope, Send
 
 API_VERSIONS = ("2017-04", "2021-05", "2024-05")
@@ -62,6 +62,10 @@ class Request:
     base: str  # scheme://host
     path: str
     api_version: str
+
+    @property
+    def host(self) -> str:
+        return self.base.split("://", 1)[-1]
 
     def href(self, path: str | None = None, **query: Any) -> str:
         params = {**query, "api-version": self.api_version}
@@ -103,7 +107,7 @@ class AdminApi:
     ) -> None:
         self.namespace = namespace
         self.keys = dict(keys)
-        self.rules: RuleBook = rules if rules is not None else DefaultRuleOnly(namespace)
+        self.rules: RuleBook = rules if rules is not None else NamespaceRules(namespace)
         self.namespace_name = namespace_name
         self.wall_time = wall_time
 
@@ -246,13 +250,15 @@ class AdminApi:
         return Reply(200, atom.ATOM_FEED, atom.feed_document(self_href, title, entries, next_href, self._now()))
 
     def _queue_content(self, props: QueueProperties, request: Request) -> str:
-        return atom.queue_description(props, queue_runtime_properties(self.namespace, props.name), request.api_version)
+        runtime = queue_runtime_properties(self.namespace, props.name)
+        return atom.queue_description(props, runtime, request.api_version, request.host)
 
     def _topic_content(self, props: TopicProperties, request: Request) -> str:
         return atom.topic_description(props, topic_runtime_properties(self.namespace, props.name), request.api_version)
 
-    def _subscription_content(self, topic: str, props: SubscriptionProperties) -> str:
-        return atom.subscription_description(props, subscription_runtime_properties(self.namespace, topic, props.name))
+    def _subscription_content(self, topic: str, props: SubscriptionProperties, request: Request) -> str:
+        runtime = subscription_runtime_properties(self.namespace, topic, props.name)
+        return atom.subscription_description(props, runtime, request.host)
 
     # --- namespace ------------------------------------------------------------------------------
     async def _namespace_info(self, request: Request) -> Reply:
@@ -349,14 +355,14 @@ class AdminApi:
         items = [(f"{topic}/Subscriptions/{s.name}", s.name, "") for s in subscriptions]
         for i in range(skip, min(skip + top, len(items))):
             s = subscriptions[i]
-            items[i] = (items[i][0], s.name, self._subscription_content(topic, s))
+            items[i] = (items[i][0], s.name, self._subscription_content(topic, s, request))
         return self._feed(request, "Subscriptions", items)
 
     async def _get_subscription(self, request: Request) -> Reply:
         topic, name = self._topic_and_subscription(request)
         assert name is not None
         props = self.namespace.get_subscription(topic, name)
-        return self._entry(request, request.path, props.name, self._subscription_content(topic, props))
+        return self._entry(request, request.path, props.name, self._subscription_content(topic, props, request))
 
     async def _put_subscription(self, request: Request) -> Reply:
         topic, name = self._topic_and_subscription(request)
@@ -367,14 +373,14 @@ class AdminApi:
                 f"PUT /{request.path} takes a SubscriptionDescription, not a {description.kind}Description"
             )
         changes = atom.entity_changes(description, "Subscription")
-        self.rules.check_default_rule(description.fields.get("DefaultRuleDescription"))
-        if b"if-match" in request.headers:
+        if b"if-match" in request.headers:  # a DefaultRuleDescription only counts at creation, as in Service Bus
             props = await self.namespace.update_subscription(topic, name, **changes)
             status = 200
         else:
-            props = await self.namespace.create_subscription(topic, name, **changes)
+            default = self.rules.default_rule(description.fields.get("DefaultRuleDescription"))
+            props = await self.namespace.create_subscription(topic, name, default_rule=default, **changes)
             status = 201
-        return self._entry(request, request.path, props.name, self._subscription_content(topic, props), status)
+        return self._entry(request, request.path, props.name, self._subscription_content(topic, props, request), status)
 
     async def _delete_subscription(self, request: Request) -> Reply:
         topic, name = self._topic_and_subscription(request)

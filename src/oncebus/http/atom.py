@@ -95,7 +95,14 @@ def _description(tag: str, fields: Sequence[tuple[str, Any]]) -> str:
     return f'<{tag} xmlns="{SB_NS}" xmlns:i="{XSI_NS}">{_elements(fields)}</{tag}>'
 
 
-def queue_description(props: QueueProperties, rt: RuntimeProperties, api_version: str) -> str:
+def forward_url(name: str | None, base: str) -> str | None:
+    """A forwarding destination as Service Bus shows it: ``sb://<host>/<name>`` (``base`` is the request's host)."""
+    if name is None:
+        return None
+    return f"sb://{base}/{name}" if base else name
+
+
+def queue_description(props: QueueProperties, rt: RuntimeProperties, api_version: str, base: str = "") -> str:
     return _description(
         "QueueDescription",
         [
@@ -118,11 +125,13 @@ def queue_description(props: QueueProperties, rt: RuntimeProperties, api_version
             ("AccessedAt", rt.accessed_at_utc),
             ("SupportOrdering", True),
             ("CountDetails", _counts(rt)),
-            ("AutoDeleteOnIdle", TIMESPAN_MAX),
+            ("AutoDeleteOnIdle", props.auto_delete_on_idle),
             ("EnablePartitioning", props.enable_partitioning),
             ("EntityAvailabilityStatus", "Available"),
             ("EnableExpress", False),
+            ("ForwardTo", forward_url(props.forward_to, base)),
             ("UserMetadata", props.user_metadata),
+            ("ForwardDeadLetteredMessagesTo", forward_url(props.forward_dead_lettered_messages_to, base)),
             ("MaxMessageSizeInKilobytes", None if api_version == "2017-04" else props.max_message_size_in_kilobytes),
         ],
     )
@@ -150,7 +159,7 @@ def topic_description(props: TopicProperties, rt: RuntimeProperties, api_version
             ("SubscriptionCount", rt.subscription_count),
             ("SqlFilterCount", 0),
             ("CorrelationFilterCount", 0),
-            ("AutoDeleteOnIdle", TIMESPAN_MAX),
+            ("AutoDeleteOnIdle", props.auto_delete_on_idle),
             ("EnablePartitioning", props.enable_partitioning),
             ("EntityAvailabilityStatus", "Available"),
             ("EnableSubscriptionPartitioning", False),
@@ -161,7 +170,7 @@ def topic_description(props: TopicProperties, rt: RuntimeProperties, api_version
     )
 
 
-def subscription_description(props: SubscriptionProperties, rt: RuntimeProperties) -> str:
+def subscription_description(props: SubscriptionProperties, rt: RuntimeProperties, base: str = "") -> str:
     return _description(
         "SubscriptionDescription",
         [
@@ -169,16 +178,18 @@ def subscription_description(props: SubscriptionProperties, rt: RuntimePropertie
             ("RequiresSession", props.requires_session),
             ("DefaultMessageTimeToLive", props.default_message_time_to_live),
             ("DeadLetteringOnMessageExpiration", props.dead_lettering_on_message_expiration),
-            ("DeadLetteringOnFilterEvaluationExceptions", True),
+            ("DeadLetteringOnFilterEvaluationExceptions", props.dead_lettering_on_filter_evaluation_exceptions),
             ("MessageCount", rt.total_message_count),
             ("MaxDeliveryCount", props.max_delivery_count),
             ("EnableBatchedOperations", props.enable_batched_operations),
             ("Status", "Active"),
+            ("ForwardTo", forward_url(props.forward_to, base)),
             ("CreatedAt", rt.created_at_utc),
             ("UpdatedAt", rt.updated_at_utc),
             ("AccessedAt", rt.accessed_at_utc),
             ("CountDetails", _counts(rt)),
-            ("AutoDeleteOnIdle", TIMESPAN_MAX),
+            ("ForwardDeadLetteredMessagesTo", forward_url(props.forward_dead_lettered_messages_to, base)),
+            ("AutoDeleteOnIdle", props.auto_delete_on_idle),
             ("EntityAvailabilityStatus", "Available"),
             ("UserMetadata", props.user_metadata),
         ],
@@ -355,6 +366,9 @@ _SETTABLE: dict[str, dict[str, tuple[str, Any]]] = {
         "EnablePartitioning": ("enable_partitioning", _bool),
         "UserMetadata": ("user_metadata", _str),
         "MaxMessageSizeInKilobytes": ("max_message_size_in_kilobytes", _int),
+        "AutoDeleteOnIdle": ("auto_delete_on_idle", _duration),
+        "ForwardTo": ("forward_to", _str),
+        "ForwardDeadLetteredMessagesTo": ("forward_dead_lettered_messages_to", _str),
     },
     "Topic": {
         "DefaultMessageTimeToLive": ("default_message_time_to_live", _duration),
@@ -366,6 +380,7 @@ _SETTABLE: dict[str, dict[str, tuple[str, Any]]] = {
         "EnablePartitioning": ("enable_partitioning", _bool),
         "UserMetadata": ("user_metadata", _str),
         "MaxMessageSizeInKilobytes": ("max_message_size_in_kilobytes", _int),
+        "AutoDeleteOnIdle": ("auto_delete_on_idle", _duration),
     },
     "Subscription": {
         "LockDuration": ("lock_duration", _duration),
@@ -375,6 +390,10 @@ _SETTABLE: dict[str, dict[str, tuple[str, Any]]] = {
         "MaxDeliveryCount": ("max_delivery_count", _int),
         "EnableBatchedOperations": ("enable_batched_operations", _bool),
         "UserMetadata": ("user_metadata", _str),
+        "AutoDeleteOnIdle": ("auto_delete_on_idle", _duration),
+        "ForwardTo": ("forward_to", _str),
+        "ForwardDeadLetteredMessagesTo": ("forward_dead_lettered_messages_to", _str),
+        "DeadLetteringOnFilterEvaluationExceptions": ("dead_lettering_on_filter_evaluation_exceptions", _bool),
     },
 }
 
@@ -394,26 +413,12 @@ _READ_ONLY = {
 }
 
 
-def _is_default_max(name: str, element: Element) -> bool:
-    return _duration(name, element) == TIMESPAN_MAX
-
-
-def _empty(element: Element) -> bool:
-    return not (element.text or "").strip() and len(element) == 0
-
-
 # Service Bus features oncebus does not have: accepted only with the value that means "not used".
 _DEFAULT_ONLY: dict[str, tuple[Any, str]] = {
-    "AutoDeleteOnIdle": (_is_default_max, "auto-delete on idle is not implemented; leave it unset (TimeSpan.Max)"),
     "EnableExpress": (lambda n, e: not _bool(n, e), "express entities are not implemented; it must be false"),
     "Status": (
         lambda n, e: (e.text or "").strip() in ("", "Active"),
         "only the status Active is supported (disabling entities is not implemented)",
-    ),
-    "ForwardTo": (lambda n, e: _empty(e), "forwarding is not implemented; leave forward_to empty"),
-    "ForwardDeadLetteredMessagesTo": (
-        lambda n, e: _empty(e),
-        "forwarding is not implemented; leave forward_dead_lettered_messages_to empty",
     ),
     "AuthorizationRules": (
         lambda n, e: len(e) == 0,
@@ -422,10 +427,6 @@ _DEFAULT_ONLY: dict[str, tuple[Any, str]] = {
     "IsAnonymousAccessible": (lambda n, e: not _bool(n, e), "anonymous access is not supported; it must be false"),
     "FilteringMessagesBeforePublishing": (lambda n, e: not _bool(n, e), "it must be false"),
     "EnableSubscriptionPartitioning": (lambda n, e: not _bool(n, e), "it must be false"),
-    "DeadLetteringOnFilterEvaluationExceptions": (
-        lambda n, e: _bool(n, e),
-        "subscription rules are not evaluated yet, so there are no filter exceptions; it must be true",
-    ),
 }
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from oncebus import __version__
+from oncebus.amqp.reencode import reencode
 from oncebus.auth import DEFAULT_KEYS
 from oncebus.broker.clock import FileClock, SystemClock
 from oncebus.broker.control import ControlServer
@@ -100,7 +101,7 @@ async def run(
     store = SqliteStore(datadir.store_path)
     send_log = SendLogWriter(options.send_log) if options.send_log else None
     clock = FileClock(options.clock_file) if options.clock_file else SystemClock()
-    namespace = await Namespace.open(store, clock, send_log=send_log)
+    namespace = await Namespace.open(store, clock, send_log=send_log, reencode=reencode)  # rule actions' copies
     if topology is not None:
         from oncebus.broker.topology import apply_topology
 

@@ -105,6 +105,18 @@ class PutSessionState:
 
 
 @dataclass(slots=True)
+class PutRules:
+    """A subscription's whole rule list, replacing what was stored (``RuleProperties.to_dict()`` of each, in order).
+
+    An empty list is a subscription without rules (it receives nothing); a subscription with no stored list at
+    all (only possible in a store written before rules were stored) has the ``$Default`` rule.
+    """
+
+    path: str  # the subscription: "events/subscriptions/audit"
+    rules: list[dict[str, Any]]
+
+
+@dataclass(slots=True)
 class AddCounters:
     """Counts committed with this unit: each counter grows by its delta; the next sequence number never shrinks.
 
@@ -127,6 +139,7 @@ Op = (
     | PruneDedupKeys
     | PutSessionState
     | AddCounters
+    | PutRules
 )
 
 # What start-up needs of a stored message (never its content):
@@ -143,6 +156,7 @@ class Snapshot:
     dedup_keys: list[PutDedupKey] = field(default_factory=list)  # ordered by first_accepted_us
     session_states: list[PutSessionState] = field(default_factory=list)
     counters: dict[str, AddCounters] = field(default_factory=dict)  # totals
+    rules: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # subscription path -> its rules
 
 
 class Store(Protocol):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import Any
 
 from oncebus.core.messages import MessageState, StoredMessage
 from oncebus.store.base import (
@@ -18,6 +20,7 @@ from oncebus.store.base import (
     PutDedupKey,
     PutEntity,
     PutMessage,
+    PutRules,
     PutSessionState,
     Snapshot,
     UpdateMessage,
@@ -46,6 +49,7 @@ class MemoryStore:
         self.dedup: dict[tuple[str, str], int] = {}
         self.sessions: dict[tuple[str, str], bytes] = {}
         self.counters: dict[str, AddCounters] = {}
+        self.rules: dict[str, list[dict[str, Any]]] = {}
         self.commits = 0
 
     def load(self) -> Snapshot:
@@ -59,6 +63,7 @@ class MemoryStore:
                 counters={
                     e: AddCounters(e, c.next_sequence_number, dict(c.counters)) for e, c in self.counters.items()
                 },
+                rules={path: copy.deepcopy(rules) for path, rules in self.rules.items()},
             )
 
     def read_messages(self, path: str, sequence_numbers: Sequence[int]) -> dict[int, StoredMessage]:
@@ -90,6 +95,8 @@ class MemoryStore:
                     del self.dedup[dkey]
                 for skey in [k for k in self.sessions if owned_by(k[0], path)]:
                     del self.sessions[skey]
+                for rkey in [k for k in self.rules if owned_by(k, path)]:
+                    del self.rules[rkey]
             case PutMessage(message=message, dedup_key=dedup_key):
                 if dedup_key is not None:
                     self.dedup[(dedup_key[0], dedup_key[1])] = dedup_key[2]
@@ -125,6 +132,8 @@ class MemoryStore:
                     self.sessions.pop((path, sid), None)
                 else:
                     self.sessions[(path, sid)] = state
+            case PutRules(path=path, rules=rules):
+                self.rules[path] = copy.deepcopy(rules)
             case AddCounters(entity=entity, next_sequence_number=next_seq, counters=deltas):
                 current = self.counters.get(entity)
                 if current is None:

@@ -48,6 +48,7 @@ from oncebus.store.base import (
     PutDedupKey,
     PutEntity,
     PutMessage,
+    PutRules,
     PutSessionState,
     Snapshot,
     UpdateMessage,
@@ -210,6 +211,8 @@ class SqliteStore:
             snapshot.session_states.append(PutSessionState(path, sid, bytes(state)))
         for entity, next_seq, counters in db.execute("SELECT entity, next_sequence_number, counters FROM counters"):
             snapshot.counters[entity] = AddCounters(entity, next_seq, json.loads(counters))
+        for path, rules in db.execute("SELECT path, rules FROM subscription_rules"):
+            snapshot.rules[path] = json.loads(rules)
         return snapshot
 
     def submit(self, unit: Sequence[Op]) -> Future[None]:
@@ -361,7 +364,7 @@ class SqliteStore:
         touches no entity definitions or history pruning they are written last,
         and runs of message writes (and of message deletions) go through ``executemany``.
         """
-        if any(isinstance(op, PutEntity | DeleteEntity | PruneDedupKeys | PutSessionState) for op in ops):
+        if any(isinstance(op, PutEntity | DeleteEntity | PruneDedupKeys | PutSessionState | PutRules) for op in ops):
             for op in ops:
                 self._apply(op)
             return
@@ -429,7 +432,7 @@ class SqliteStore:
             case DeleteEntity(path=path):
                 # exactly what belongs to the entity (base.owned_by): never another entity named path + "/..."
                 (own, dead_letter), (low, high) = owned_ranges(path)
-                for table in ("entity", "message", "session_state"):
+                for table in ("entity", "message", "session_state", "subscription_rules"):
                     db.execute(
                         f"DELETE FROM {table} WHERE path IN (?, ?) OR (path >= ? AND path < ?)",
                         (own, dead_letter, low, high),
@@ -478,6 +481,10 @@ class SqliteStore:
                         "INSERT OR REPLACE INTO session_state (path, session_id, state) VALUES (?, ?, ?)",
                         (path, sid, state),
                     )
+            case PutRules(path=path, rules=rules):
+                db.execute(
+                    "INSERT OR REPLACE INTO subscription_rules (path, rules) VALUES (?, ?)", (path, json.dumps(rules))
+                )
             case AddCounters(entity=entity, next_sequence_number=next_seq, counters=deltas):
                 row = db.execute(
                     "SELECT next_sequence_number, counters FROM counters WHERE entity = ?", (entity,)

@@ -5,7 +5,9 @@ Schema versions (``PRAGMA user_version``):
 - 0: the layout before versions;
 - 1: typed message ids (dedup key texts of string ids that start with NUL are escaped;
   see ``oncebus.core.keys``);
-- 2: a message is two rows: ``message`` holds what the broker keeps in memory and needs at
+- 2: subscription rules (table ``subscription_rules``: every subscription of an older
+  file gets the ``$Default`` rule, which is what it behaved as);
+- 3: a message is two rows: ``message`` holds what the broker keeps in memory and needs at
   start (state, times, size, session id; small rows, read fast), ``message_data`` its
   content (the wire encoding, and the body only where it is not a slice of the encoding,
   plus the other fields as JSON), read when the message is delivered. A message deleted
@@ -23,8 +25,9 @@ from typing import Any
 
 from oncebus.core.keys import migrate_key_text_v0
 from oncebus.core.messages import StoredMessage
+from oncebus.core.rules import default_rule
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entity (
@@ -49,6 +52,11 @@ CREATE TABLE IF NOT EXISTS counters (
     entity TEXT PRIMARY KEY,
     next_sequence_number INTEGER NOT NULL,
     counters TEXT NOT NULL
+);
+-- schema 2: a subscription's rules, in order, as a JSON list of RuleProperties.to_dict()
+CREATE TABLE IF NOT EXISTS subscription_rules (
+    path TEXT PRIMARY KEY,
+    rules TEXT NOT NULL
 );
 """
 
@@ -180,10 +188,12 @@ def create(db: sqlite3.Connection) -> None:
 
 def migrate(db: sqlite3.Connection, version: int) -> None:
     """Bring a layout at ``version`` up to ``SCHEMA_VERSION`` inside the caller's transaction."""
-    if version == 0:
+    if version < 1:
         _keys_v0_to_v1(db)
-    if version <= 1:
-        _messages_v1_to_v2(db)
+    if version < 2:
+        _rules_v1_to_v2(db)
+    if version < 3:
+        _messages_v2_to_v3(db)
 
 
 def _keys_v0_to_v1(db: sqlite3.Connection) -> None:
@@ -205,7 +215,16 @@ def _keys_v0_to_v1(db: sqlite3.Connection) -> None:
             db.execute(INSERT_KEY, (entity, t0, new))
 
 
-def _messages_v1_to_v2(db: sqlite3.Connection) -> None:
+def _rules_v1_to_v2(db: sqlite3.Connection) -> None:
+    """Every subscription behaved as if it had the $Default rule: now it has it."""
+    default = json.dumps([default_rule().to_dict()])
+    db.execute(
+        "INSERT OR IGNORE INTO subscription_rules (path, rules) SELECT path, ? FROM entity WHERE kind = 'subscription'",
+        (default,),
+    )
+
+
+def _messages_v2_to_v3(db: sqlite3.Connection) -> None:
     """One ``message`` table with the body, wire and JSON of each message becomes ``message`` + ``message_data``."""
     old = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'message'").fetchone()
     if old is not None:

@@ -1,0 +1,113 @@
+"""``auto_delete_on_idle`` in the broker engine: what counts as activity, and deletion as an explicit delete
+does it (messages, subscriptions, dedup history gone, also from the store). Time is a ManualClock."""
+
+from __future__ import annotations
+
+import pytest
+
+from oncebus.broker import ManualClock, Message, Namespace
+from oncebus.core.errors import ArgumentOutOfRangeError, EntityNotFoundError
+from tests.broker.conftest import StoreFactory, run
+
+START = 1_800_000_000_000_000
+MINUTE = 60.0
+
+
+def test_an_idle_queue_is_deleted_with_its_dedup_history(stores: StoreFactory) -> None:
+    async def go() -> None:
+        clock = ManualClock(START)
+        ns = await Namespace.open(stores.open(), clock)
+        with pytest.raises(ArgumentOutOfRangeError, match="at least 5 minutes"):
+            await ns.create_queue("q", auto_delete_on_idle="PT4M59S")
+        await ns.create_queue("q", auto_delete_on_idle="PT5M", requires_duplicate_detection=True)
+        await ns.create_queue("keep")
+        await ns.send("q", Message(b"", message_id="once"))
+        clock.advance(4 * MINUTE)
+        ns.tick()
+        await ns.send("q", Message(b"", message_id="other"))  # a send: idle time starts again
+        clock.advance(4 * MINUTE)
+        ns.tick()
+        assert [m.message_id for m in ns.peek_messages("q", 10)] == ["once", "other"]  # peeking is activity too
+        clock.advance(5 * MINUTE)
+        ns.tick()
+        with pytest.raises(EntityNotFoundError):
+            ns.get_queue("q")
+        assert [q.name for q in ns.list_queues()] == ["keep"]
+        await ns.close()
+        ns = await Namespace.open(stores.open(), clock)  # deleted in the store too
+        assert [q.name for q in ns.list_queues()] == ["keep"]
+        await ns.create_queue("q", requires_duplicate_detection=True)
+        assert (await ns.send("q", Message(b"", message_id="once")))[0].duplicate is False  # its history went too
+        assert ns.peek_messages("q", 10)[0].message_id == "once"
+
+    run(go())
+
+
+def test_receives_and_management_calls_keep_an_entity_alive(stores: StoreFactory) -> None:
+    async def go() -> None:
+        clock = ManualClock(START)
+        ns = await Namespace.open(stores.open(), clock)
+        await ns.create_queue("q", auto_delete_on_idle="PT10M")
+        for _ in range(3):
+            clock.advance(9 * MINUTE)
+            await ns.receive("q", 1)  # an empty receive is activity
+            ns.tick()
+        for _ in range(3):
+            clock.advance(9 * MINUTE)
+            ns.get_queue("q")  # so is a management call
+            ns.tick()
+        await ns.update_queue("q", auto_delete_on_idle="PT5M")
+        clock.advance(5 * MINUTE)
+        ns.tick()
+        assert ns.list_queues() == []
+
+    run(go())
+
+
+def test_an_idle_subscription_goes_alone_an_idle_topic_with_its_subscriptions(stores: StoreFactory) -> None:
+    async def go() -> None:
+        clock = ManualClock(START)
+        ns = await Namespace.open(stores.open(), clock)
+        await ns.create_topic("t", requires_duplicate_detection=True)
+        await ns.create_subscription("t", "idle", auto_delete_on_idle="PT5M")
+        await ns.create_subscription("t", "busy")
+        await ns.send("t", Message(b"", message_id="m"))
+        clock.advance(6 * MINUTE)
+        ns.tick()
+        assert [s.name for s in ns.list_subscriptions("t")] == ["busy"]
+        await ns.update_topic("t", auto_delete_on_idle="PT5M")
+        clock.advance(3 * MINUTE)
+        await ns.receive("t/Subscriptions/busy", 1)  # receiving from a subscription keeps its topic too
+        clock.advance(3 * MINUTE)
+        ns.tick()
+        assert [t.name for t in ns.list_topics()] == ["t"]
+        clock.advance(6 * MINUTE)
+        ns.tick()
+        assert ns.list_topics() == []
+        await ns.close()
+        ns = await Namespace.open(stores.open(), clock)
+        assert ns.list_topics() == []
+        await ns.create_topic("t", requires_duplicate_detection=True)
+        await ns.create_subscription("t", "busy")
+        assert (await ns.send("t", Message(b"", message_id="m")))[0].duplicate is False
+        assert [r.name for r in ns.list_rules("t", "busy")] == ["$Default"]
+
+    run(go())
+
+
+def test_idle_time_counts_from_the_start_after_a_restart(stores: StoreFactory) -> None:
+    async def go() -> None:
+        clock = ManualClock(START)
+        ns = await Namespace.open(stores.open(), clock)
+        await ns.create_queue("q", auto_delete_on_idle="PT5M")
+        clock.advance(4 * MINUTE)
+        await ns.close()
+        ns = await Namespace.open(stores.open(), clock)
+        clock.advance(4 * MINUTE)
+        ns.tick()
+        assert [q.name for q in ns.list_queues()] == ["q"]  # 8 minutes since its creation, 4 since the start
+        clock.advance(1 * MINUTE)
+        ns.tick()
+        assert ns.list_queues() == []
+
+    run(go())

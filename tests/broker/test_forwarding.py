@@ -1,0 +1,156 @@
+"""Auto-forwarding in the broker engine: chains, the destination's duplicate detection, the 4-hop limit,
+loops refused, dead-lettered messages forwarded, scheduled messages forwarded when due. Time is a ManualClock."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from oncebus.broker import ManualClock, Message, Namespace
+from oncebus.core.errors import EntityNotFoundError, InvalidArgumentError
+from oncebus.core.rules import RuleProperties, SqlRuleFilter
+from oncebus.core.timeutil import us_to_datetime
+from tests.broker.conftest import StoreFactory, run
+
+START = 1_800_000_000_000_000
+SECOND = 1_000_000
+
+
+async def ids(ns: Namespace, path: str) -> list[str]:
+    got = await ns.receive(path, 100)
+    for m in got:
+        await ns.complete(path, m.lock_token)  # type: ignore[arg-type]
+    return [str(m.message_id) for m in got]
+
+
+def test_a_chain_through_queues_a_topic_and_its_rules(stores: StoreFactory) -> None:
+    async def go() -> None:
+        clock = ManualClock(START)
+        ns = await Namespace.open(stores.open(), clock)
+        await ns.create_queue("end")
+        await ns.create_topic("t")
+        await ns.create_subscription("t", "all")
+        await ns.create_subscription("t", "red", forward_to="end")
+        await ns.set_rules("t", "red", [RuleProperties("red", SqlRuleFilter("color = 'red'"))])
+        await ns.create_queue("second", forward_to="t")
+        await ns.create_queue("first", forward_to="second")
+        sent = await ns.send(
+            "first",
+            [
+                Message(b"1", message_id="r", application_properties={"color": "red"}),
+                Message(b"2", message_id="b", application_properties={"color": "blue"}),
+            ],
+        )
+        assert [o.sequence_number for o in sent] == [1, 2]
+        assert ns.peek_messages("first") == [] and ns.peek_messages("second") == []
+        await ns.close()
+        ns = await Namespace.open(stores.open(), clock)  # what was forwarded is stored where it arrived
+        assert await ids(ns, "t/Subscriptions/all") == ["r", "b"]
+        assert await ids(ns, "end") == ["r"]  # kept its message id through three hops
+        assert await ids(ns, "t/Subscriptions/red") == []
+        assert [ns.stats(name).accepted for name in ("first", "second", "t", "end")] == [2, 2, 2, 1]
+
+    run(go())
+
+
+def test_the_destination_judges_a_forwarded_message_as_a_send(stores: StoreFactory) -> None:
+    async def go() -> None:
+        clock = ManualClock(START)
+        ns = await Namespace.open(stores.open(), clock)
+        await ns.create_queue("dest", requires_duplicate_detection=True, duplicate_detection_history_time_window="PT1M")
+        await ns.create_queue("src", requires_duplicate_detection=True, duplicate_detection_history_time_window="PT20S")
+        await ns.create_queue("plain", forward_to="dest")
+        await ns.send("src", Message(b"", message_id="a"))  # src keeps it (src does not forward)
+        await ns.update_queue("src", forward_to="dest")
+        ns.tick()  # what sat in src moves on
+        assert await ids(ns, "dest") == ["a"]
+        clock.advance(30)  # past src's window (20 s), inside dest's (1 min)
+        outcome = await ns.send("src", Message(b"", message_id="a"))
+        assert outcome[0].duplicate is False  # src accepts it: its own window has passed ...
+        assert await ids(ns, "dest") == []  # ... and dest drops it: within dest's window, as a send would be
+        await ns.send("plain", Message(b"", message_id="a"))
+        assert await ids(ns, "dest") == []
+        assert ns.stats("dest").duplicates_dropped == 2
+        clock.advance(31)  # dest's window has passed since the first
+        await ns.send("plain", Message(b"", message_id="a"))
+        assert await ids(ns, "dest") == ["a"]
+
+    run(go())
+
+
+def test_a_message_is_forwarded_four_times_at_most(stores: StoreFactory) -> None:
+    async def go() -> None:
+        ns = await Namespace.open(stores.open(), ManualClock(START))
+        await ns.create_queue("q6")
+        for i in range(5, 0, -1):
+            await ns.create_queue(f"q{i}", forward_to=f"q{i + 1}")
+        await ns.send("q2", Message(b"", message_id="four"))  # q2 -> q3 -> q4 -> q5 -> q6: four hops
+        assert await ids(ns, "q6") == ["four"]
+        await ns.send("q1", Message(b"", message_id="five"))  # a fifth hop is one too many
+        assert await ids(ns, "q6") == []
+        dead = await ns.receive("q5/$DeadLetterQueue", 10)
+        assert [(m.message_id, m.dead_letter_reason) for m in dead] == [("five", "MaxTransferHopCountExceeded")]
+
+    run(go())
+
+
+def test_loops_and_missing_destinations_are_refused(stores: StoreFactory) -> None:
+    async def go() -> None:
+        ns = await Namespace.open(stores.open(), ManualClock(START))
+        with pytest.raises(EntityNotFoundError, match="no queue or topic named 'nowhere'"):
+            await ns.create_queue("q", forward_to="nowhere")
+        with pytest.raises(InvalidArgumentError, match="loop"):
+            await ns.create_queue("self", forward_to="self")
+        await ns.create_queue("a")
+        await ns.create_queue("b", forward_to="a")
+        with pytest.raises(InvalidArgumentError, match=r"forwarding loop \(a -> b -> a\)"):
+            await ns.update_queue("a", forward_to="b")
+        await ns.create_topic("t")
+        with pytest.raises(InvalidArgumentError, match="loop"):
+            await ns.create_subscription("t", "back", forward_to="t")
+        await ns.create_subscription("t", "out", forward_to="b")
+        with pytest.raises(InvalidArgumentError, match=r"\(a -> t -> b -> a\)"):
+            await ns.update_queue("a", forward_to="t")
+        assert ns.get_queue("a").forward_to is None
+        await ns.create_queue("dlq-self", forward_dead_lettered_messages_to="a")  # dead letters only: no loop
+
+    run(go())
+
+
+def test_dead_lettered_messages_are_forwarded(stores: StoreFactory) -> None:
+    async def go() -> None:
+        clock = ManualClock(START)
+        ns = await Namespace.open(stores.open(), clock)
+        await ns.create_queue("parking")
+        await ns.create_queue(
+            "work", forward_dead_lettered_messages_to="parking", dead_lettering_on_message_expiration=True
+        )
+        old = Message(b"", message_id="old", time_to_live=timedelta(seconds=10))
+        await ns.send("work", [Message(b"", message_id="bad"), old])
+        (bad,) = await ns.receive("work", 1)
+        await ns.dead_letter("work", bad.lock_token, reason="poison", error_description="cannot parse")  # type: ignore[arg-type]
+        got = await ns.receive("parking", 10)
+        assert [(m.message_id, m.dead_letter_reason) for m in got] == [("bad", "poison")]
+        clock.advance(11)
+        ns.tick()  # "old" expires, is dead-lettered, and moves on
+        assert [m.message_id for m in await ns.receive("parking", 10)] == ["old"]
+        assert await ns.receive("work/$DeadLetterQueue", 10) == []
+
+    run(go())
+
+
+def test_a_scheduled_message_is_forwarded_when_due(stores: StoreFactory) -> None:
+    async def go() -> None:
+        clock = ManualClock(START)
+        ns = await Namespace.open(stores.open(), clock)
+        await ns.create_queue("dest")
+        await ns.create_queue("src", forward_to="dest")
+        await ns.schedule_messages("src", Message(b"", message_id="later"), us_to_datetime(START + 5 * SECOND))
+        ns.tick()
+        assert await ids(ns, "dest") == []
+        clock.advance(6)
+        ns.tick()
+        assert await ids(ns, "dest") == ["later"]
+
+    run(go())

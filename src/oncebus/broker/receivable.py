@@ -15,11 +15,12 @@ import heapq
 import itertools
 import uuid
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from oncebus.broker.counters import ReceivableCounters
 from oncebus.core.messages import MessageState, StoredMessage
-from oncebus.core.timeutil import clamp_us
+from oncebus.core.timeutil import MAX_US, clamp_us
 from oncebus.store.base import DeleteMessage, MessageRow, MoveMessage, Op
 
 LOST_TOKENS_KEPT = 10_000
@@ -199,6 +200,47 @@ class Receivable:
                 self.advance(now_us)
         elif entry.state == _ACTIVE or (self.is_dead_letter and entry.state == _DEAD_LETTERED):
             self._make_available(entry)
+
+    def restore(self, rows: Iterable[MessageRow], now_us: int) -> None:
+        """An entry for each stored message of this receivable (start-up), rows in sequence order.
+
+        The usual row (available, no expiry, arriving in order) is handled inline; equal enqueue times,
+        sizes and session ids share one object, as they do for messages sent together."""
+        messages = self.messages
+        counts = self._state_counts
+        in_order = not (self.settings.requires_session and not self.is_dead_letter)
+        run = self._available.run
+        usual = int(_DEAD_LETTERED if self.is_dead_letter else _ACTIVE)
+        usual_state = MessageState(usual)
+        last_enqueued, last_seq = (run[-1].enqueued_time_us, run[-1].sequence_number) if run else (-1, -1)
+        shared: dict[object, object] = {}
+        total = 0
+        for _, seq, state, count, enqueued, expires, size, session_id in rows:
+            if enqueued == last_enqueued:
+                enqueued = last_enqueued
+            size = shared.setdefault(size, size)  # type: ignore[assignment]
+            if session_id is not None:
+                session_id = shared.setdefault(session_id, session_id)  # type: ignore[assignment]
+            if len(shared) > 65_536:
+                shared.clear()
+            if expires is not None and expires > MAX_US:
+                expires = None  # stored by a release that did not cap expiries: never
+            if (
+                state == usual
+                and expires is None
+                and in_order
+                and (enqueued > last_enqueued or (enqueued == last_enqueued and seq > last_seq))
+            ):  # (path, sequence number) is the store's key: never one held already
+                entry = Entry(seq, usual_state, enqueued, None, size, session_id, count)
+                entry.available = True
+                messages[seq] = entry
+                run.append(entry)
+                total += size
+                last_enqueued, last_seq = enqueued, seq
+            else:
+                self.add(Entry(seq, MessageState(state), enqueued, expires, size, session_id, count), now_us)
+        counts[usual] += len(messages) - sum(counts)
+        self.size_bytes += total
 
     def _make_available(self, entry: Entry) -> None:
         if entry.available:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from oncebus.broker.receivable import Entry
+import itertools
+import operator
+
 from oncebus.broker.registry import Registry
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
-from oncebus.core.messages import MessageState
 from oncebus.core.rules import RuleProperties
-from oncebus.core.timeutil import MAX_US
 from oncebus.store.base import Snapshot
 
 
@@ -50,28 +50,8 @@ def restore(registry: Registry, snapshot: Snapshot, now_us: int) -> None:
 
 
 def _restore_messages(registry: Registry, snapshot: Snapshot, now_us: int) -> None:
-    """An ``Entry`` per stored message (never its content). Equal times, sizes and session ids share one
-    object, as they do for messages sent together: a large backlog costs little more than its entries."""
-    path = None
-    receivable = None
-    last_enqueued = 0
-    shared: dict[object, object] = {}
-    states = {int(s): s for s in MessageState}
-    for row in snapshot.messages:
-        if row[0] != path:
-            path = row[0]
-            receivable = registry.receivable_by_path(path)
-        if receivable is None:
-            continue
-        _, seq, state, count, enqueued, expires, size, session_id = row
-        if enqueued == last_enqueued:
-            enqueued = last_enqueued
-        last_enqueued = enqueued
-        if len(shared) > 65_536:
-            shared.clear()
-        size = shared.setdefault(size, size)  # type: ignore[assignment]
-        if session_id is not None:
-            session_id = shared.setdefault(session_id, session_id)  # type: ignore[assignment]
-        if expires is not None and expires > MAX_US:
-            expires = None  # stored by a release that did not cap expiries: never
-        receivable.add(Entry(seq, states[state], enqueued, expires, size, session_id, count), now_us)
+    """An ``Entry`` per stored message (never its content), receivable by receivable."""
+    for path, rows in itertools.groupby(snapshot.messages, key=operator.itemgetter(0)):
+        receivable = registry.receivable_by_path(path)
+        if receivable is not None:
+            receivable.restore(rows, now_us)

@@ -60,6 +60,23 @@ class ContentCache:
             _, evicted = self._records.popitem(last=False)
             self.bytes -= _cost(evicted)
 
+    def put_many(self, records: list[StoredMessage]) -> None:
+        if self.max_bytes <= 0:
+            return
+        cached = self._records
+        added = 0
+        for record in records:
+            key = (record.path, record.sequence_number)
+            if key in cached:
+                self.put(record)
+                continue
+            cached[key] = record
+            added += len(record.body) + (len(record.wire) if record.wire is not None else 0) + _OVERHEAD
+        self.bytes += added
+        while self.bytes > self.max_bytes and cached:
+            _, evicted = cached.popitem(last=False)
+            self.bytes -= _cost(evicted)
+
     def discard(self, path: str, seq: int) -> None:
         self._pinned.pop((path, seq), None)
         record = self._records.pop((path, seq), None)

@@ -201,6 +201,36 @@ class Receivable:
         elif entry.state == _ACTIVE or (self.is_dead_letter and entry.state == _DEAD_LETTERED):
             self._make_available(entry)
 
+    def add_records(self, records: Iterable[StoredMessage], now_us: int) -> None:
+        """``add`` for the messages of a committed send, the usual one (available, no expiry, in order) inline."""
+        messages = self.messages
+        in_order = not (self.settings.requires_session and not self.is_dead_letter)
+        run = self._available.run
+        last_enqueued, last_seq = (run[-1].enqueued_time_us, run[-1].sequence_number) if run else (-1, -1)
+        added = 0
+        total = 0
+        for r in records:
+            seq = r.sequence_number
+            enqueued = r.enqueued_time_us
+            if (
+                r.state is _ACTIVE
+                and r.expires_at_us is None
+                and in_order
+                and (enqueued > last_enqueued or (enqueued == last_enqueued and seq > last_seq))
+                and seq not in messages
+            ):
+                entry = Entry(seq, _ACTIVE, enqueued, None, r.size, r.session_id, r.delivery_count)
+                entry.available = True
+                messages[seq] = entry
+                run.append(entry)
+                added += 1
+                total += entry.size
+                last_enqueued, last_seq = enqueued, seq
+            else:
+                self.add(Entry.of(r), now_us)
+        self._state_counts[_ACTIVE] += added
+        self.size_bytes += total
+
     def restore(self, rows: Iterable[MessageRow], now_us: int) -> None:
         """An entry for each stored message of this receivable (start-up), rows in sequence order.
 

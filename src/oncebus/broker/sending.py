@@ -23,7 +23,7 @@ from oncebus.broker.routing import Plan, Router
 from oncebus.core.durations import to_micros
 from oncebus.core.errors import InvalidArgumentError, MessageNotFoundError, QuotaExceededError
 from oncebus.core.keys import MessageId, service_bus_text
-from oncebus.core.messages import Message, MessageState
+from oncebus.core.messages import Message, MessageState, StoredMessage
 from oncebus.core.sending import stored_message, validate_send
 from oncebus.store.base import Op
 
@@ -141,10 +141,12 @@ class Sender:
                 plan.count_committed()
                 entity.observed.resends(resends)
                 committed_at = self.now()
-                cache = self.contents.put
+                grouped: dict[Receivable, list[StoredMessage]] = {}
                 for receivable, copy in plan.placements:
-                    receivable.add(Entry.of(copy), committed_at)
-                    cache(copy)
+                    grouped.setdefault(receivable, []).append(copy)
+                for receivable, copies in grouped.items():
+                    receivable.add_records(copies, committed_at)
+                    self.contents.put_many(copies)
                 self.notify()
 
             await self.journal.write(

@@ -119,6 +119,7 @@ _STORED_META = (
     "scheduled_enqueue_time_us",
 )
 _dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
+_quote = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -163,6 +164,21 @@ class StoredMessage:
     def meta_json(self) -> str:
         """The fields a store keeps as one JSON text (not those it keeps in columns: the times, state,
         delivery count, session id and dead-letter fields)."""
+        message_id = self.message_id
+        if (
+            type(message_id) is str
+            and not self.application_properties
+            and self.time_to_live_us is None
+            and self.scheduled_enqueue_time_us is None
+            and self.partition_key is None
+            and self.correlation_id is None
+            and self.subject is None
+            and self.content_type is None
+            and self.reply_to is None
+            and self.reply_to_session_id is None
+            and self.to is None
+        ):  # the usual message: its id alone, without a JSON encoder
+            return '{"message_id":' + _quote(message_id) + "}"
         meta = {name: value for name in _STORED_META if (value := getattr(self, name)) is not None}
         if not self.application_properties:
             meta.pop("application_properties", None)

@@ -117,9 +117,16 @@ def message_rows(m: StoredMessage, data_id: int) -> tuple[tuple[object, ...], tu
     offset = length = None
     wire = m.wire
     if wire is not None:
-        found = wire.find(body) if body else 0
-        if found >= 0:
-            offset, length, body = found, len(m.body), None
+        assert body is not None
+        length = len(body)
+        if wire.endswith(body):  # a single data section last: the usual encoding, and a memcmp
+            offset, body = len(wire) - length, None
+        else:
+            found = wire.find(body) if body else 0
+            if found >= 0:
+                offset, body = found, None
+            else:
+                length = None
     light = (
         m.path,
         m.sequence_number,

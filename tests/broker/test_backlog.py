@@ -143,3 +143,20 @@ def test_a_message_dead_lettered_in_the_background_reads_back_before_the_move_is
         store.close()
 
     asyncio.run(go())
+
+
+def test_available_order_survives_out_of_order_arrivals_and_a_sequence_number_added_again() -> None:
+    """Entries arriving out of (enqueued time, sequence number) order wait in a heap beside the in-order run;
+    one added again under the same key (a reload of the same message) never compares entries."""
+    from oncebus.broker.receivable import Entry, Receivable, ReceivableSettings
+    from oncebus.core.messages import MessageState
+
+    receivable = Receivable("q", ReceivableSettings(5_000_000, 10, False, False, 1 << 30))
+    for seq, enqueued in [(1, 10), (2, 20), (3, 15), (4, 15), (5, 30)]:
+        receivable.add(Entry(seq, MessageState.ACTIVE, enqueued, None, 1, None), 0)
+    receivable.add(Entry(3, MessageState.ACTIVE, 15, None, 1, None), 0)  # the same again: replaces it
+    order = []
+    while (entry := receivable.take()) is not None:
+        order.append(entry.sequence_number)
+    assert order == [1, 3, 4, 2, 5]
+    assert receivable.size_bytes == 5 and receivable.counts()["active"] == 5

@@ -8,13 +8,17 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import azure.servicebus
 import pytest
 
 START_TIMEOUT = 30.0
+# the azure-servicebus under test: CI runs these tests with 7.15 and 7.14 (.ci/run)
+SDK_VERSION = tuple(int(part) for part in azure.servicebus.__version__.split(".")[:2])
 
 
 def topology(queues: dict[str, dict[str, Any]], topics: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> dict:
@@ -42,8 +46,16 @@ def topology(queues: dict[str, dict[str, Any]], topics: dict[str, tuple[dict[str
 class ServerProcess:
     """``oncebus serve`` on a temp data dir (optionally on a test clock file); restartable on the same dir."""
 
-    def __init__(self, data_dir: Path, config: dict | None = None, *, clock_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        config: dict | None = None,
+        *,
+        clock_file: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
+        self.env = dict(env or {})
         self.config_file: Path | None = None
         if config is not None:
             self.config_file = data_dir.parent / f"{data_dir.name}-config.json"
@@ -61,6 +73,7 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("ONCEBUS_CLOCK_FILE", None)
+        env.update(self.env)  # e.g. ONCEBUS_AMQP_HANDSHAKE_TIMEOUT: the AMQP limits (oncebus.amqp.limits)
         if self.clock_file is not None:  # the broker's time is read from this file (integer microseconds)
             env["ONCEBUS_CLOCK_FILE"] = str(self.clock_file)
         self.process = subprocess.Popen(
@@ -109,8 +122,38 @@ class ServerProcess:
             raise RuntimeError(f"oncebus {' '.join(args)} failed: {result.stdout}{result.stderr}")
         return result.stdout
 
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    @property
+    def port(self) -> int:
+        return int(self.connection_string.split("sb://", 1)[1].split(";", 1)[0].rsplit(":", 1)[1])
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def wrong_key_connection_string(self) -> str:
         return self.connection_string.replace("SharedAccessKey=SAS_KEY_VALUE", "SharedAccessKey=not-the-key")
+
+
+class TestClock:
+    """Writes the broker's time (microseconds since the epoch) to the file ``ONCEBUS_CLOCK_FILE`` names."""
+
+    __test__ = False
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.now_us = time.time_ns() // 1000
+        self.set(self.now_us)
+
+    def set(self, now_us: int) -> None:
+        assert now_us >= self.now_us, "the broker's clock only moves forward"
+        self.now_us = now_us
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(str(now_us))
+        temporary.replace(self.path)
 
 
 QUEUES: dict[str, dict[str, Any]] = {
@@ -136,6 +179,9 @@ QUEUES: dict[str, dict[str, Any]] = {
     "aio": {"RequiresDuplicateDetection": True},
     "restart": {"RequiresDuplicateDetection": True},
     "window20": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT20S"},
+    "valuebody": {},
+    "typedids": {"RequiresDuplicateDetection": True},
+    "badfields": {"RequiresDuplicateDetection": True},
 }
 TOPICS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "events": ({"RequiresDuplicateDetection": True}, {"audit": {}, "billing": {}}),

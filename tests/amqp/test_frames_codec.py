@@ -24,9 +24,10 @@ from azure.servicebus._pyamqp.utils import amqp_timestamp_value
 from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from azure.servicebus.amqp import AmqpAnnotatedMessage
 
-from oncebus.amqp import codec
+from oncebus.amqp import codec, outgoing
 from oncebus.amqp.connection import raw_delivery_tag
-from oncebus.amqp.frames import BATCH_MESSAGE_FORMAT, FrameError, FrameScanner
+from oncebus.amqp.frames import FrameError, FrameScanner
+from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.messages import MessageState, ReceivedMessage
 
@@ -83,6 +84,7 @@ def test_scanner_reads_formats_and_tags_across_multi_frame_transfers_and_any_spl
         while position < len(stream):
             step = rng.randint(1, 40)
             scanner.feed(stream[position : position + step])
+            scanner.set_link_limit("to-queue", 1 << 20)  # what the connection does once it accepts the link
             position += step
         got = [scanner.pop("to-queue") for _ in range(3)]
         assert [(d.tag, d.message_format) for d in got] == [
@@ -97,7 +99,7 @@ def test_scanner_reads_formats_and_tags_across_multi_frame_transfers_and_any_spl
 def test_scanner_refuses_a_transfer_on_an_unknown_handle() -> None:
     scanner = FrameScanner()
     with pytest.raises(FrameError):
-        scanner.feed(frame(0, transfer(9, b"x", delivery_id=0, delivery_tag=b"t", message_format=0)))
+        scanner.feed(b"AMQP\x00\x01\x00\x00" + frame(0, transfer(9, b"x", delivery_id=0, delivery_tag=b"t")))
 
 
 def test_only_the_batch_format_unpacks_data_sections() -> None:
@@ -167,7 +169,7 @@ def test_encode_received_adds_broker_annotations_and_keeps_the_message() -> None
         dead_letter_source=None,
         wire=wire,
     )
-    decoded = decode_payload(memoryview(codec.encode_received(received, lock_annotations=True)))
+    decoded = decode_payload(memoryview(outgoing.encode_received(received, lock_annotations=True)))
     annotations = decoded.message_annotations
     assert annotations[b"x-opt-sequence-number"] == 42
     assert annotations[b"x-opt-enqueued-time"] == 1_893_456_000_000
@@ -223,6 +225,7 @@ class _ProtonServer:
             elif kind == proton.Event.LINK_REMOTE_OPEN:
                 event.link.open()
                 event.link.flow(100)
+                self.scanner.set_link_limit(event.link.name, 1 << 20)
             elif kind == proton.Event.DELIVERY and not event.delivery.partial:
                 if event.delivery not in self.deliveries:
                     self.deliveries.append(event.delivery)
@@ -299,9 +302,10 @@ def test_racing_delivery_ids_are_renumbered_for_proton_and_outcomes_mapped_back(
 
 def test_scanner_passes_frames_through_unchanged_when_the_client_numbers_in_sequence() -> None:
     scanner = FrameScanner()
-    stream = frame(0, attach("q", 0)) + b"".join(
-        frame(0, transfer(0, b"x", delivery_id=d, delivery_tag=b"t", message_format=0)) for d in range(3)
-    )
+    head = b"AMQP\x00\x01\x00\x00" + frame(0, attach("q", 0))
+    assert scanner.feed(head) == head
+    scanner.set_link_limit("q", 1 << 20)
+    stream = b"".join(frame(0, transfer(0, b"x", delivery_id=d, delivery_tag=b"t", message_format=0)) for d in range(3))
     assert scanner.feed(stream) == stream
     assert scanner.renumbered == 0
 
@@ -345,12 +349,12 @@ def test_the_fast_decoder_reads_what_proton_reads() -> None:
     fast = 0
     for message in messages:
         wire = _sdk_encoding(message)
-        expected = codec.decode_message_with_proton(wire)
+        expected = codec.decode_message_general(wire)
         assert codec.decode_message(wire) == expected
         try:
             codec._decode_fast(wire)
             fast += 1
-        except codec._Unusual:
+        except codec.Unusual:
             pass
     assert fast == len(messages) - 2  # the value and sequence bodies go through proton
     with pytest.raises(InvalidArgumentError):
@@ -406,9 +410,90 @@ def test_the_fast_encoder_gives_receivers_what_proton_gives() -> None:
         _received(None, message_id="fields", state=MessageState.DEFERRED, sequence_number=2**40),
     ]
     for received in cases:
-        for locks in (True, False):
-            wire = received.wire if received.wire is not None else codec._fields_encoding(received)
-            slow = codec.encode_received_with_proton(received, wire, lock_annotations=locks)
-            fast = codec._encode_received_fast(received, wire, lock_annotations=locks)  # no fallback
+        for locks, token in ((True, None), (False, None), (True, uuid.UUID(int=77))):
+            wire = received.wire if received.wire is not None else outgoing._fields_encoding(received)
+            slow = outgoing.encode_received_with_proton(received, wire, lock_annotations=locks, lock_token=token)
+            fast = outgoing._encode_received_fast(
+                received, wire, lock_annotations=locks, lock_token=token
+            )  # no fallback
             assert fast == slow  # the very bytes proton's path writes
-            assert codec.encode_received(received, lock_annotations=locks) == slow
+            assert outgoing.encode_received(received, lock_annotations=locks, lock_token=token) == slow
+            if token is not None:  # as Service Bus gives a message received by sequence number (SDK 7.14 reads it)
+                assert decode_payload(memoryview(slow)).delivery_annotations == {b"x-opt-lock-token": token}
+
+
+# ------------------------------------------------------------------------------ typed message ids (issue 7, item 3)
+def _with_id(message_id: object) -> bytes:
+    return _sdk_encoding(AmqpAnnotatedMessage(data_body=b"d", properties={"message_id": message_id}))
+
+
+def test_message_ids_keep_their_amqp_type_and_distinct_binary_ids_stay_distinct() -> None:
+    binary = [bytes.fromhex("01ff10"), bytes.fromhex("01fe10"), bytes.fromhex("018010")]
+    decoded = [codec.decode_message(_with_id(value)).message_id for value in binary]
+    assert decoded == binary  # never UTF-8 with replacement (which made all three "\x01\ufffd\x10")
+    assert all(type(value) is bytes for value in decoded)
+    assert codec.decode_message(_with_id(uuid.UUID(int=5))).message_id == uuid.UUID(int=5)
+    ulong = codec.decode_message(_with_id(42)).message_id
+    assert ulong == 42 and type(ulong) is int
+    assert codec.decode_message(_with_id("text")).message_id == "text"
+    # the general path agrees
+    for value in [*binary, uuid.UUID(int=5), 42, "text"]:
+        assert codec.decode_message_general(_with_id(value)).message_id == value
+    # a batch's inner messages too
+    inner = [_with_id(value) for value in binary]
+    envelope = bytearray()
+    encode_payload(envelope, Message(data=inner, properties=Properties(message_id=binary[0])))
+    batch = codec.decode_transfer(bytes(envelope), BATCH_MESSAGE_FORMAT)
+    assert [m.message_id for m in batch] == binary
+
+
+def _properties_with_id(encoded_id: bytes) -> bytes:
+    body = encoded_id
+    return b"\x00\x53\x73\xc0" + bytes((len(body) + 1, 1)) + body + b"\x00\x53\x75\xa0\x01d"
+
+
+@pytest.mark.parametrize(
+    ("encoded_id", "kind"),
+    [(b"\xa3\x03sym", "symbol"), (b"\x81" + struct.pack(">q", 7), "long"), (b"\x71\x00\x00\x00\x07", "int")],
+)
+def test_a_message_id_of_a_type_amqp_does_not_allow_is_refused(encoded_id: bytes, kind: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=f"string, binary, uuid or ulong .*not {kind}"):
+        codec.decode_message(_properties_with_id(encoded_id))
+
+
+def test_a_ulong_message_id_goes_back_to_receivers_as_a_ulong() -> None:
+    received = _received(None, message_id=2**40)
+    wire = outgoing._fields_encoding(received)  # a message that arrived without an AMQP encoding
+    sections = codec.split_sections(wire)
+    properties = next(s for s in sections if s.code == codec.PROPERTIES)
+    assert properties.raw[3:].startswith(b"\xc0") or properties.raw[3:].startswith(b"\xd0")
+    first_field = properties.raw[6:] if properties.raw[3] == 0xC0 else properties.raw[12:]
+    assert first_field[0] == 0x80  # ulong, not long (0x81)
+    out = outgoing.encode_received(received, lock_annotations=False)
+    assert decode_payload(memoryview(out)).properties.message_id == 2**40
+    # a stored encoding goes back as it came, whatever the id's type
+    for value in (42, uuid.UUID(int=9), bytes.fromhex("01ff10")):
+        wire = _with_id(value)
+        again = decode_payload(memoryview(outgoing.encode_received(_received(wire), lock_annotations=True)))
+        assert again.properties.message_id == value
+
+
+def test_a_value_body_with_binary_map_keys_round_trips_exactly() -> None:
+    """The SDK sample AmqpAnnotatedMessage(value_body={b"key": [-123, b"data", False]}) (issue 8, item 4)."""
+    value = {b"key": [-123, b"data", False]}
+    wire = _sdk_encoding(AmqpAnnotatedMessage(value_body=value, properties={"message_id": "v"}))
+    message = codec.decode_message(wire)
+    assert message.wire == wire
+    out = outgoing.encode_received(_received(message.wire), lock_annotations=True)
+    assert decode_payload(memoryview(out)).value == value
+
+
+def test_deeply_nested_values_are_a_decode_error_not_a_recursion_error() -> None:
+    nested = b"\x45"
+    for _ in range(10_000):
+        nested = b"\xd0" + struct.pack(">II", len(nested) + 4, 1) + nested
+    with pytest.raises(InvalidArgumentError, match="nested too deeply"):
+        codec.decode_message(b"\x00\x53\x77" + nested)
+    annotations = b"\x00\x53\x72\xd1" + struct.pack(">II", len(nested) + 7, 2) + b"\xa3\x01k" + nested
+    with pytest.raises(InvalidArgumentError, match="nested too deeply"):
+        codec.decode_message(annotations + b"\x00\x53\x75\xa0\x01d")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from azure.servicebus.amqp import AmqpAnnotatedMessage
 from azure.servicebus.exceptions import ServiceBusError
 
 from oncebus.core.timeutil import us_to_datetime
-from tests.amqp.conftest import ServerProcess, topology
+from tests.amqp.conftest import ServerProcess, TestClock, topology
 from tests.scenarios import delivered_tuple, expected_delivered, load_scenarios
 
 SCENARIOS = load_scenarios()
@@ -33,24 +32,6 @@ _PROPERTY_NAMES = {
 
 def queue_name(scenario: dict[str, Any]) -> str:
     return str(scenario["name"]).replace("_", "-")
-
-
-class TestClock:
-    """Writes the broker's time (microseconds since the epoch) to the file ``ONCEBUS_CLOCK_FILE`` names."""
-
-    __test__ = False
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.now_us = time.time_ns() // 1000
-        self.set(self.now_us)
-
-    def set(self, now_us: int) -> None:
-        assert now_us >= self.now_us, "the broker's clock only moves forward"
-        self.now_us = now_us
-        temporary = self.path.with_suffix(".tmp")
-        temporary.write_text(str(now_us))
-        temporary.replace(self.path)
 
 
 @pytest.fixture(scope="module")

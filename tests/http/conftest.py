@@ -92,3 +92,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 def name() -> str:
     """A fresh entity name per test (the server is shared by the session)."""
     return "t-" + uuid.uuid4().hex[:10]
+
+
+def trust_ca_for_old_sdks(ca_file: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """azure-servicebus 7.14 drops ``connection_verify`` for its administration client (it builds the
+    transport without the client's keyword arguments): trust the CA the other documented way, by environment
+    (``REQUESTS_CA_BUNDLE`` for requests, ``SSL_CERT_FILE`` for aiohttp's default context)."""
+    from azure.servicebus import __version__ as sdk_version
+
+    if tuple(int(part) for part in sdk_version.split(".")[:2]) < (7, 15):
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", ca_file)
+        monkeypatch.setenv("SSL_CERT_FILE", ca_file)

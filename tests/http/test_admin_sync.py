@@ -17,9 +17,14 @@ from azure.core.exceptions import (
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus.management import ApiVersion, ServiceBusAdministrationClient, SqlRuleFilter
 
-from tests.http.conftest import Served
+from tests.http.conftest import Served, trust_ca_for_old_sdks
 
 MAX_TTL = timedelta(days=10675199, seconds=10085, microseconds=477581)  # TimeSpan.MaxValue as the SDK reads it
+
+
+@pytest.fixture(autouse=True)
+def _old_sdks_trust_the_ca_by_environment(server: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    trust_ca_for_old_sdks(server.ca_file, monkeypatch)
 
 
 @pytest.fixture

@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import numpy as np
+import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oncebus.core.dedup import DedupIndex
-from oncebus.spark._chain import keep_mask
+from oncebus.spark._chain import H1, H2, KIND, ROLE, ROLE_HELD, ROLE_KEY, T, W, decider, keep_mask
 
 S = 1_000_000
 
@@ -81,3 +82,37 @@ def test_bypassed_rows_are_kept_and_do_not_set_t0() -> None:
     w = np.array([-1, 20 * S, 20 * S], dtype=np.int64)
     keep, _ = keep_mask(h, h, t, w, np.zeros(3, dtype=bool))
     assert keep.tolist() == [True, True, False]
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases(), st.integers(0, 3))
+def test_decider_judges_rows_below_the_watermark_and_passes_the_rest(
+    case: tuple[list[tuple[int, int, int]], int, dict[int, int], list[int]], cut: int
+) -> None:
+    """The streaming pass: rows at or above the watermark come out as held, untouched, and change nothing."""
+    rows, window, seeds, _ = case
+    rows = [(k, t + window, o) for k, t, o in rows]
+    times = sorted({t for _, t, _ in rows})
+    watermark = times[min(cut * len(times) // 4, len(times) - 1)]
+    below = [r for r in rows if r[1] < watermark]
+    expected_kept = {r[2] for r, kept in zip(below, _core_kept(below, window, seeds), strict=True) if kept}
+    expected_held = {o for _, t, o in rows if t >= watermark}
+
+    items = [(k, 0, t0, -1) for k, t0 in seeds.items()] + [(k, 1, t, o) for k, t, o in rows]
+    items.sort()
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "order": [r[3] for r in items],
+            H1: [r[0] * 7919 for r in items],
+            H2: [r[0] * 31 for r in items],
+            T: [r[2] for r in items],
+            W: [window] * len(items),
+            KIND: [r[1] for r in items],
+        }
+    )
+    out = pa.Table.from_batches(list(decider(watermark)(iter([batch.slice(0, 7), batch.slice(7)]))))
+    assert KIND not in out.column_names
+    roles = dict(zip(out["order"].to_pylist(), out[ROLE].to_pylist(), strict=True))
+    assert {o for o, r in roles.items() if r == ROLE_KEY} == expected_kept
+    assert {o for o, r in roles.items() if r == ROLE_HELD} == expected_held
+    assert len(roles) == out.num_rows

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import cproton
 import proton
 
-from oncebus.amqp.errors import TRACKING_ID
-from oncebus.amqp.frames import FrameError, FrameScanner, IncomingDelivery
+from oncebus.amqp.errors import INTERNAL_ERROR, TRACKING_ID
+from oncebus.amqp.frames import FrameError, FrameScanner, IncomingDelivery, NotAmqpError
+from oncebus.amqp.performatives import AMQP_HEADER, close_frame, open_frame
 from oncebus.amqp.sas import Grant
 
 if TYPE_CHECKING:
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
 
 _LOG = logging.getLogger(__name__)
 _CONTAINER_ID = "oncebus"
+CONNECTION_FORCED = "amqp:connection:forced"
+LINK_DETACH_FORCED = "amqp:link:detach-forced"
+TRANSFER_LIMIT_EXCEEDED = "amqp:link:transfer-limit-exceeded"
 _session_ids = itertools.count(1)
 
 
@@ -42,6 +46,14 @@ class LinkHandler(Protocol):
     def on_delivery(self, delivery: proton.Delivery) -> None: ...
 
     def on_closed(self) -> None: ...
+
+    def refuse_partial(self, delivery: proton.Delivery, size: int, limit: int) -> None:
+        """Refuse ``delivery`` while it is still arriving: it passed the link's size ``limit``."""
+        ...
+
+    def covered_path(self) -> str | None:
+        """The entity path a CBS token must keep covering while the link is open (None: no token needed)."""
+        ...
 
 
 def raw_delivery_tag(delivery: proton.Delivery) -> bytes:
@@ -62,13 +74,15 @@ def session_key(link: proton.Link) -> int:
 class AmqpConnection(asyncio.Protocol):
     def __init__(self, server: AmqpServer) -> None:
         self.server = server
+        self.limits = server.limits
         self.loop = asyncio.get_running_loop()
-        self.scanner = FrameScanner()
+        self.scanner = FrameScanner(self.limits)
         self.grants: list[Grant] = []
         self.connection = proton.Connection()
         self.connection.container = _CONTAINER_ID
         self.transport = proton.Transport(proton.Transport.SERVER)
-        self.transport.max_frame_size = 65536
+        self.transport.max_frame_size = self.limits.max_frame_size
+        self.transport.channel_max = self.limits.max_sessions_per_connection - 1
         sasl = self.transport.sasl()
         sasl.allowed_mechs("ANONYMOUS")
         self.transport.bind(self.connection)
@@ -80,6 +94,10 @@ class AmqpConnection(asyncio.Protocol):
         self._pumping = False
         self._pump_again = False
         self._tick_handle: asyncio.TimerHandle | None = None
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self.writable = True  # the socket's write buffer is below its bound (asyncio's pause/resume_writing)
+        self._writable_waiters: list[asyncio.Future[None]] = []
         self.response_links: dict[tuple[int, str], list[proton.Sender]] = {}
         # session locks held by this connection's receive links, by (receivable path, session id)
         self.sessions: dict[tuple[str, str], SessionLock] = {}
@@ -88,7 +106,10 @@ class AmqpConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.socket = transport
-        self.server.connections.add(self)
+        # above this many unsent bytes asyncio calls pause_writing(): receive links stop taking messages
+        transport.set_write_buffer_limits(high=self.limits.outgoing_buffer_limit)
+        self.server.connection_opened(self)
+        self._handshake_timer = self.loop.call_later(self.limits.handshake_timeout, self._handshake_expired)
         self.pump()
 
     def data_received(self, data: bytes) -> None:
@@ -100,11 +121,22 @@ class AmqpConnection(asyncio.Protocol):
             if renumbered == 0 and self.scanner.renumbered:
                 _LOG.info("the client numbered deliveries out of sequence (a known SDK thread race); renumbering")
         except FrameError as exc:
-            _LOG.warning("closing connection: %s", exc)
-            self.transport.condition = proton.Condition("amqp:decode-error", str(exc), {TRACKING_ID: str(uuid.uuid4())})
-            self.transport.close_tail()
-            self.pump()
+            self.protocol_error(exc.condition, str(exc), not_amqp=isinstance(exc, NotAmqpError))
             return
+        except Exception:  # a bug here must still end in a clean close, never a half-open socket
+            _LOG.exception("cannot read the client's frames")
+            self.protocol_error(INTERNAL_ERROR, "oncebus failed to read the frames; see its log")
+            return
+        if self.scanner.opened and self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        try:
+            self._push(data)
+        except Exception:
+            _LOG.exception("failed to handle the client's frames")
+            self.protocol_error(INTERNAL_ERROR, "oncebus failed to handle the frames; see its log")
+
+    def _push(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
             capacity = self.transport.capacity()
@@ -113,6 +145,10 @@ class AmqpConnection(asyncio.Protocol):
             self.transport.push(bytes(view[:capacity]))
             view = view[capacity:]
             self.pump()
+        if self.scanner.oversized:
+            oversized, self.scanner.oversized = self.scanner.oversized, []
+            for name, size, limit in oversized:
+                self._refuse_oversized(name, size, limit)
         self.pump()
 
     def eof_received(self) -> bool | None:
@@ -125,6 +161,46 @@ class AmqpConnection(asyncio.Protocol):
             self.transport.close_tail()
             self.transport.close_head()
         self._shutdown()
+        for timer in (self._handshake_timer, self._linger_timer):
+            if timer is not None:
+                timer.cancel()
+        self._set_writable(True)
+
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self._set_writable(True)
+
+    def _set_writable(self, writable: bool) -> None:
+        self.writable = writable
+        if writable:
+            waiters, self._writable_waiters = self._writable_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def outgoing_bytes(self) -> int:
+        """Bytes waiting to reach this client: in the socket's buffer and in proton's sessions."""
+        pending = self.socket.get_write_buffer_size() if self.socket is not None else 0
+        session = self.connection.session_head(0)
+        while session is not None:
+            pending += session.outgoing_bytes
+            session = session.next(0)
+        return pending
+
+    def has_room(self) -> bool:
+        """True while the client reads what it is sent (the outgoing bytes are under their bound)."""
+        return self.writable and self.outgoing_bytes() < self.limits.outgoing_buffer_limit
+
+    def room_changed(self) -> asyncio.Future[None]:
+        """A future set when the socket's write buffer drains below its bound (or the connection ends)."""
+        waiter: asyncio.Future[None] = self.loop.create_future()
+        if self.writable or self.closed:
+            waiter.set_result(None)
+        else:
+            self._writable_waiters.append(waiter)
+        return waiter
 
     def close(self) -> None:
         """Close the connection (server shutdown): send close, flush, drop the socket."""
@@ -135,6 +211,44 @@ class AmqpConnection(asyncio.Protocol):
         self.pump()
         self._shutdown()
 
+    def protocol_error(self, condition: str, description: str, *, not_amqp: bool = False) -> None:
+        """The client broke the protocol (or a bound): say why where AMQP allows it, then drop the socket.
+
+        Before an AMQP header there is nothing to close: the answer to a wrong protocol header is
+        oncebus's own header (AMQP 1.0, 2.2), then the socket closes. Within SASL there is no error
+        frame either. Otherwise the client gets what AMQP requires before a ``close`` (a header and an
+        ``open``, if proton has not sent them yet) and the ``close`` carrying ``condition``.
+        """
+        if self.closed:
+            return
+        peer = self.socket.get_extra_info("peername") if self.socket is not None else None
+        _LOG.warning("closing the connection from %s: %s: %s", peer, condition, description)
+        self._write()
+        out = b""
+        scanner = self.scanner
+        if not_amqp:
+            out = b"" if scanner.sent_header else AMQP_HEADER
+        elif scanner.in_amqp_layer:
+            if not scanner.sent_header:
+                out += AMQP_HEADER
+            if not scanner.sent_open:
+                out += open_frame(_CONTAINER_ID, self.limits.max_frame_size)
+            if not scanner.sent_close:
+                out += close_frame(condition, description)
+        if self.socket is not None and out:
+            self.socket.write(out)
+        self._shutdown()
+
+    def _handshake_expired(self) -> None:
+        self._handshake_timer = None
+        if self.closed or self.scanner.opened:
+            return
+        self.protocol_error(
+            CONNECTION_FORCED,
+            "the AMQP handshake (protocol header, SASL, open) did not finish within "
+            f"{self.limits.handshake_timeout:g} s",
+        )
+
     def _shutdown(self) -> None:
         if self.closed:
             return
@@ -142,6 +256,9 @@ class AmqpConnection(asyncio.Protocol):
         self.server.connections.discard(self)
         if self._tick_handle is not None:
             self._tick_handle.cancel()
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
         for link in self._links():
             handler = getattr(link, "oncebus_handler", None)
             if handler is not None:
@@ -150,7 +267,10 @@ class AmqpConnection(asyncio.Protocol):
         # broker work is never cancelled (a cancelled write would leave the broker's memory behind its
         # store): running tasks finish, see ``closed`` and leave proton alone; link loops stop on their own
         if self.socket is not None:
-            self.socket.close()
+            self.socket.close()  # after what is buffered has been written, unless the client never reads:
+            if self.socket.get_write_buffer_size() > 0:
+                self._linger_timer = self.loop.call_later(self.limits.close_flush_timeout, self.socket.abort)
+        self._set_writable(True)
 
     def _links(self) -> list[proton.Link]:
         links = []
@@ -159,6 +279,56 @@ class AmqpConnection(asyncio.Protocol):
             links.append(link)
             link = link.next(0)
         return links
+
+    def _refuse_oversized(self, name: str, size: int, limit: int) -> None:
+        """A delivery on the client's link ``name`` passed ``limit``: refuse it now (the rest of it is dropped)."""
+        for link in self._links():
+            if not (link.is_receiver and link.name == name):
+                continue
+            handler = getattr(link, "oncebus_handler", None)
+            delivery = link.current
+            if handler is not None and delivery is not None and delivery.partial:
+                handler.refuse_partial(delivery, size, limit)
+            elif handler is None and link.state & proton.Endpoint.LOCAL_ACTIVE:
+                condition = proton.Condition(
+                    TRANSFER_LIMIT_EXCEEDED,
+                    f"a transfer on link {name!r}, which oncebus has not accepted or given credit",
+                    {TRACKING_ID: str(uuid.uuid4())},
+                )
+                self.close_link(link, condition)
+            return
+
+    def close_link(self, link: proton.Link, condition: proton.Condition) -> None:
+        """Detach ``link`` (closed) with ``condition``; its handler stops now."""
+        handler = getattr(link, "oncebus_handler", None)
+        if handler is not None:
+            link.oncebus_handler = None
+            handler.on_closed()
+        if link.state & proton.Endpoint.LOCAL_ACTIVE:
+            link.condition = condition
+            link.close()
+        self.pump()
+
+    def check_tokens(self, now: float) -> None:
+        """Detach every link whose entity no unexpired CBS token covers any more (as Service Bus does)."""
+        if self.closed:
+            return
+        # (``authorized()`` may have dropped an expired grant already: the links are what is checked)
+        self.grants = [grant for grant in self.grants if grant.expires_at > now]
+        for link in self._links():
+            handler = getattr(link, "oncebus_handler", None)
+            path = handler.covered_path() if handler is not None else None
+            if path is None or any(grant.covers(path, now) for grant in self.grants):
+                continue
+            self.close_link(
+                link,
+                proton.Condition(
+                    LINK_DETACH_FORCED,
+                    f"The link {link.name!r} is force detached. Code: RenewToken. Details: Unauthorized access: "
+                    f"the token for {path!r} expired and no new one was put on $cbs",
+                    {TRACKING_ID: str(uuid.uuid4())},
+                ),
+            )
 
     # --- the engine ------------------------------------------------------------------------------
     def spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -215,6 +385,9 @@ class AmqpConnection(asyncio.Protocol):
                 return
             if self.socket is not None and data:
                 self.socket.write(data)
+            if self.scanner.sent_close and self._linger_timer is None and self.socket is not None:
+                # the client has been told; it does not get forever to answer the close
+                self._linger_timer = self.loop.call_later(self.limits.close_flush_timeout, self.socket.abort)
 
     def _schedule_tick(self) -> None:
         if self.closed:
@@ -249,7 +422,14 @@ class AmqpConnection(asyncio.Protocol):
             handler = getattr(delivery.link, "oncebus_handler", None)
             if handler is not None:
                 handler.on_delivery(delivery)
-            elif delivery.link.is_receiver and not delivery.partial:
+            elif (
+                delivery.link.is_receiver
+                and not delivery.partial
+                and not getattr(delivery, "oncebus_done", False)
+                and not getattr(delivery, "oncebus_refused", False)
+            ):
+                delivery.oncebus_done = True  # nobody reads it (a link refused or closed): drop it
+                self.scanner.discard(delivery.link.name)
                 delivery.settle()
         elif kind == proton.Event.LINK_FLOW:
             handler = getattr(event.link, "oncebus_handler", None)

@@ -1,4 +1,16 @@
-"""Read (and, where the client numbered wrongly, repair) the AMQP frames between a client and proton.
+"""Check, read (and, where the client numbered wrongly, repair) the AMQP frames between a client and proton.
+
+Bounds first. Every incoming byte is checked before it is buffered or handed
+to proton: the protocol header must be AMQP 1.0's (anything else, an HTTP
+request or a TLS ClientHello, is refused at its first wrong byte); a frame
+size is checked against the limit before the frame's bytes are awaited (512
+bytes until the client's open, then oncebus's advertised max-frame-size); each
+performative must be a known one whose encoding is well formed (checked by
+:mod:`oncebus.amqp.encoding`, nesting bounded); a delivery is measured frame
+by frame against its link's max-message-size, and once it passes, the rest of
+its payload is dropped here and the connection is told, so it can detach the
+link at once. A partial frame waits in a buffer that only grows by appends
+and is scanned once it is whole, so a client trickling bytes costs linear time.
 
 proton decodes every frame itself but does not expose a transfer's
 ``message-format`` (nor its raw delivery tag). Service Bus batches travel as
@@ -47,38 +59,79 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-PROTOCOL_HEADER_PREFIX = b"AMQP"
-BATCH_MESSAGE_FORMAT = 0x80013700
-PLAIN_MESSAGE_FORMAT = 0
+from oncebus.amqp.encoding import (
+    NULL,
+    DecodeError,
+    Reader,
+    encode_list,
+    encode_uint,
+    skip,
+)
+from oncebus.amqp.limits import DEFAULT_LIMITS, AmqpLimits
+from oncebus.amqp.performatives import (
+    AMQP_HEADER,
+    AMQP_PERFORMATIVES,
+    ATTACH,
+    BEGIN,
+    CLOSE,
+    DETACH,
+    DISPOSITION,
+    END,
+    FRAME_HEADER_SIZE,
+    FRAME_TYPE_AMQP,
+    FRAME_TYPE_SASL,
+    FULL_FIELD_COUNTS,
+    OPEN,
+    PLAIN_MESSAGE_FORMAT,
+    PROTOCOL_HEADER_PREFIX,
+    SASL_HEADER,
+    SASL_PERFORMATIVES,
+    TRANSFER,
+    descriptor_code,
+    descriptor_length,
+    pad_fields,
+    split_frames,
+)
 
-_FRAME_TYPE_AMQP = 0
-_BEGIN = 0x11
-_ATTACH = 0x12
-_TRANSFER = 0x14
-_DISPOSITION = 0x15
-_DETACH = 0x16
-_END = 0x17
 _SEQUENCE_MASK = 0xFFFFFFFF
+_HEADER, _SASL, _AMQP = "header", "sasl", "amqp"
+
+FRAMING_ERROR = "amqp:connection:framing-error"
+DECODE_ERROR = "amqp:decode-error"
+RESOURCE_LIMIT = "amqp:resource-limit-exceeded"
+UNATTACHED_HANDLE = "amqp:session:unattached-handle"
 
 
 class FrameError(ValueError):
-    """The incoming bytes are not well-formed AMQP where the scanner needed to read them."""
+    """The incoming bytes break AMQP (or a bound on them); ``condition`` is the AMQP error to close with."""
+
+    def __init__(self, description: str, condition: str = FRAMING_ERROR) -> None:
+        super().__init__(description)
+        self.condition = condition
+
+
+class NotAmqpError(FrameError):
+    """The client did not send an AMQP 1.0 protocol header (an HTTP request, a TLS ClientHello, ...)."""
 
 
 @dataclass
 class IncomingDelivery:
     tag: bytes
     message_format: int
+    size: int = 0  # payload bytes seen so far
+    oversized: bool = False  # passed its link's max-message-size: the rest of its payload was dropped
 
 
 @dataclass
 class _RemoteSender:
     name: str
+    limit: int = 0  # max-message-size; 0 until oncebus accepts the link (a transfer before that is refused)
     in_progress: bool = False  # the last transfer frame said more=true
     deliveries: deque[IncomingDelivery] = field(default_factory=deque)
+    current: IncomingDelivery | None = None  # the delivery in progress
     current_theirs: int | None = None  # the client's delivery-id of the delivery in progress
     current_ours: int | None = None  # and the id proton knows it by
 
@@ -109,24 +162,13 @@ def _runs(ids: Iterable[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def encode_uint(value: int) -> bytes:
-    if value == 0:
-        return b"\x43"
-    if value < 256:
-        return bytes((0x52, value))
-    return b"\x70" + struct.pack(">I", value & _SEQUENCE_MASK)
-
-
-_NULL = b"\x40"
-
-
 class _Frame:
     """One AMQP frame whose performative list can be rewritten field by field."""
 
     def __init__(self, frame: bytes | memoryview, start: int) -> None:
         self.frame = frame
         self.start = start  # where the performative (descriptor) begins
-        reader = _Reader(memoryview(frame)[start:])
+        reader = Reader(memoryview(frame)[start:])
         reader.descriptor()
         self.list_at = reader.pos
         self.spans = reader.field_spans()
@@ -135,16 +177,15 @@ class _Frame:
 
     def raw(self, index: int) -> bytes:
         if index >= len(self.spans):
-            return _NULL
+            return NULL
         a, b = self.spans[index]
         return bytes(self.view[a:b])
 
-    def with_fields(self, replace: dict[int, bytes]) -> bytes:
+    def with_fields(self, replace: dict[int, bytes], *, payload: bool = True) -> bytes:
         count = max(len(self.spans), max(replace) + 1 if replace else 0)
-        body = b"".join(replace.get(i, self.raw(i)) for i in range(count))
-        listed = b"\xd0" + struct.pack(">II", len(body) + 4, count) + body
+        listed = encode_list([replace.get(i, self.raw(i)) for i in range(count)])
         head = bytes(self.frame[: self.start]) + bytes(self.view[: self.list_at]) + listed
-        rest = bytes(self.view[self.end :])
+        rest = bytes(self.view[self.end :]) if payload else b""
         size = len(head) + len(rest)
         return struct.pack(">I", size) + head[4:] + rest
 
@@ -152,121 +193,238 @@ class _Frame:
 class FrameScanner:
     """Follows the AMQP byte streams (SASL layer included) of one client connection, both ways."""
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    def __init__(self, limits: AmqpLimits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
+        self._buffer = bytearray()
+        self._need = 0  # bytes the buffer must hold before scanning it again is worth it
+        self._phase = _HEADER
+        self._sasl_seen = False
+        self.opened = False  # the client's open has been read
+        self.sent_header = False  # proton wrote its AMQP (not SASL) protocol header
+        self.sent_open = False
+        self.sent_close = False
         self._handles: dict[tuple[int, int], _RemoteSender] = {}
+        self._attached: set[tuple[int, int]] = set()  # every link the client attached (both roles)
         self._by_name: dict[str, _RemoteSender] = {}
         self._sessions: dict[int, _SessionIds] = {}  # by the client's channel
         self._out_buffer = b""
         self._local_to_remote: dict[int, int] = {}  # our channel -> the client's channel
         self.renumbered = 0  # incoming deliveries whose id was changed (for logs and tests)
+        # (link name, bytes seen, limit) of deliveries that passed their link's limit since the last look
+        self.oversized: list[tuple[str, int, int]] = []
+
+    @property
+    def frame_limit(self) -> int:
+        """The largest frame the client may send now."""
+        return self.limits.max_frame_size if self.opened else self.limits.handshake_frame_size
+
+    @property
+    def in_amqp_layer(self) -> bool:
+        """The client's AMQP (not SASL) protocol header has been read: AMQP frames (and a close) may follow."""
+        return self._phase == _AMQP
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
 
     # --- incoming ----------------------------------------------------------------------------
     def feed(self, data: bytes) -> bytes:
-        """Scan ``data`` (any split of the stream); returns the complete frames to push to proton.
+        """Check ``data`` (any split of the stream); return the complete frames to push to proton.
 
-        Frames come back unchanged unless their delivery-ids needed renumbering; only whole frames
-        are returned, the rest waits for more bytes.
+        Raises :class:`FrameError` (or :class:`NotAmqpError`) at the first byte that breaks AMQP or a
+        bound. Frames come back unchanged unless their delivery-ids needed renumbering or their payload
+        was dropped (a delivery over its link's limit); only whole frames are returned.
         """
         if self._buffer:
-            data = self._buffer + data
-        out, self._buffer = self._frames(data, self._incoming)
+            self._buffer += data
+            if len(self._buffer) < self._need:
+                return b""
+            data = bytes(self._buffer)
+            self._buffer.clear()
+        out, offset, self._need = self._scan(data)
+        if offset < len(data):
+            self._buffer += memoryview(data)[offset:]
         return out
 
-    def outgoing(self, data: bytes) -> bytes:
-        """Scan what proton writes to the client; returns the complete frames to send (ids mapped back)."""
-        if self._out_buffer:
-            data = self._out_buffer + data
-        out, self._out_buffer = self._frames(data, self._outgoing)
-        return out
-
-    @staticmethod
-    def _frames(data: bytes, rewrite: Callable[[int, memoryview, int], bytes | None]) -> tuple[bytes, bytes]:
-        """Split ``data`` into whole frames, letting ``rewrite`` replace AMQP frames; (out, rest)."""
-        offset = 0
+    def _scan(self, data: bytes) -> tuple[bytes, int, int]:
+        """(frames to push, bytes consumed, bytes needed before scanning the rest)."""
         end = len(data)
+        offset = 0
         pieces: list[bytes] = []
-        run = 0  # start of the frames passed through unchanged since the last rewrite
+        run = 0  # start of the bytes passed through unchanged since the last rewrite
         view = memoryview(data)
-        while end - offset >= 8:
-            if data[offset : offset + 4] == PROTOCOL_HEADER_PREFIX:
+        need = 0
+        while offset < end:
+            if self._phase == _HEADER or (self._phase == _SASL and data[offset] == PROTOCOL_HEADER_PREFIX[0]):
+                if not self._header(view[offset : offset + 8]):
+                    need = 8
+                    break
                 offset += 8
                 continue
-            size, doff, frame_type, channel = struct.unpack_from(">IBBH", data, offset)
-            if size < 8 or doff < 2:
-                raise FrameError(f"malformed frame header (size {size}, doff {doff})")
-            if end - offset < size:
+            if end - offset < 4:
+                need = 8
                 break
-            start = doff * 4
-            if frame_type == _FRAME_TYPE_AMQP and size > start:
-                replaced = rewrite(channel, view[offset : offset + size], start)
+            (size,) = struct.unpack_from(">I", data, offset)
+            if size > self.frame_limit:
+                raise FrameError(
+                    f"a frame of {size} bytes exceeds the largest allowed now, {self.frame_limit} bytes "
+                    f"({self.limits.handshake_frame_size} until the open exchange, then the max-frame-size "
+                    f"{self.limits.max_frame_size})"
+                )
+            if size < 8:
+                raise FrameError(f"malformed frame header: size {size} is smaller than the 8-byte frame header")
+            if end - offset < 8:
+                need = 8
+                break
+            doff, frame_type, channel = struct.unpack_from(">BBH", data, offset + 4)
+            if doff < 2 or doff * 4 > size:
+                raise FrameError(f"malformed frame header: data offset {doff} (must be 2 to {size // 4})")
+            wanted = FRAME_TYPE_SASL if self._phase == _SASL else FRAME_TYPE_AMQP
+            if frame_type != wanted:
+                raise FrameError(
+                    f"frame type {frame_type} where an {'SASL' if wanted else 'AMQP'} frame (type {wanted}) belongs"
+                )
+            if end - offset < size:
+                need = size
+                break
+            if size > doff * 4:
+                replaced = self._frame(channel, frame_type, view[offset : offset + size], doff * 4)
                 if replaced is not None:
                     pieces.append(data[run:offset])
                     pieces.append(replaced)
                     run = offset + size
+            elif self._phase == _SASL:
+                raise FrameError("an empty SASL frame")
             offset += size
         if not pieces:
-            return (data if offset == end else data[:offset]), data[offset:]
+            return (data if offset == end else data[:offset]), offset, need
         pieces.append(data[run:offset])
-        return b"".join(pieces), data[offset:]
+        return b"".join(pieces), offset, need
 
-    def pop(self, link_name: str) -> IncomingDelivery:
-        """The next delivery proton will hand out on the remote sender link ``link_name``."""
-        sender = self._by_name.get(link_name)
-        if sender is None or not sender.deliveries:
-            raise FrameError(f"no transfer seen for a delivery on link {link_name!r}")
-        return sender.deliveries.popleft()
+    def _header(self, header: memoryview) -> bool:
+        """Check a protocol header (possibly incomplete); True once all 8 bytes are here and good."""
+        got = bytes(header)
+        expected = AMQP_HEADER if len(got) > 4 and got[4] == 0 else SASL_HEADER
+        if not expected.startswith(got[:8]) or (self._phase == _SASL and got[4:5] == b"\x03"):
+            what = "a TLS handshake" if got[:1] == b"\x16" else repr(got[:8])
+            if got[:4] == PROTOCOL_HEADER_PREFIX and got[4:5] == b"\x02":
+                what = "the AMQP header for TLS (protocol id 2)"
+            raise NotAmqpError(
+                f"the connection did not start with an AMQP 1.0 protocol header (AMQP 0 1 0 0, or AMQP 3 1 0 0 for "
+                f"SASL); got {what}. This port speaks plain AMQP 1.0",
+            )
+        if len(got) < 8:
+            return False
+        if got == SASL_HEADER:
+            if self._sasl_seen:
+                raise NotAmqpError("a second SASL protocol header")
+            self._sasl_seen = True
+            self._phase = _SASL
+        else:
+            self._phase = _AMQP
+        return True
 
-    def _incoming(self, channel: int, frame: memoryview, start: int) -> bytes | None:
-        descriptor = _descriptor_code(frame, start)
-        if descriptor == _TRANSFER:
-            return self._transfer(channel, frame, start)
-        if descriptor == _DISPOSITION:
+    def _frame(self, channel: int, frame_type: int, frame: memoryview, start: int) -> bytes | None:
+        """Check one frame's performative; let the AMQP ones that matter update what is known."""
+        names = SASL_PERFORMATIVES if frame_type == FRAME_TYPE_SASL else AMQP_PERFORMATIVES
+        code = descriptor_code(frame, start)
+        if code is None or code not in names:
+            raise FrameError(
+                f"the frame does not hold a known {'SASL' if frame_type else 'AMQP'} performative "
+                f"(descriptor {code if code is None else hex(code)}; allowed: "
+                + ", ".join(f"{hex(c)} {n}" for c, n in names.items())
+                + ")",
+                DECODE_ERROR,
+            )
+        list_at = start + descriptor_length(frame, start)
+        if frame[list_at] not in (0x45, 0xC0, 0xD0):
+            raise FrameError(f"the {names[code]} performative's fields are not a list", DECODE_ERROR)
+        try:
+            list_end = skip(frame, list_at, len(frame), self.limits.max_value_depth)
+        except DecodeError as exc:
+            raise FrameError(f"the {names[code]} performative cannot be decoded: {exc}", DECODE_ERROR) from None
+        if list_end != len(frame) and code != TRANSFER:
+            raise FrameError(f"{len(frame) - list_end} bytes follow the {names[code]} performative", DECODE_ERROR)
+        if frame_type == FRAME_TYPE_SASL:
+            return None
+        return self._incoming(code, channel, frame, start, list_end)
+
+    def _incoming(self, code: int, channel: int, frame: memoryview, start: int, list_end: int) -> bytes | None:
+        if code == TRANSFER:
+            return self._transfer(channel, frame, start, list_end)
+        if code == DISPOSITION:
             return self._incoming_disposition(channel, frame, start)
-        if descriptor == _ATTACH:
-            reader = _Reader(frame[start:])
-            reader.descriptor()
-            self._attach(channel, reader)
-        elif descriptor == _DETACH:
-            reader = _Reader(frame[start:])
-            reader.descriptor()
-            fields = reader.list_fields(1)
-            if fields:
-                self._handles.pop((channel, fields[0]), None)  # type: ignore[arg-type]
-        elif descriptor in (_END, _BEGIN):
+        if code == OPEN:
+            self.opened = True
+        elif code == ATTACH:
+            self._attach(channel, frame, start)
+        elif code == DETACH:
+            fields = self._fields(frame, start, 1)
+            if isinstance(fields[0], int) and not isinstance(fields[0], bool):
+                self._handles.pop((channel, fields[0]), None)
+                self._attached.discard((channel, fields[0]))
+        elif code in (END, BEGIN):
             for key in [k for k in self._handles if k[0] == channel]:
                 del self._handles[key]
+            self._attached = {k for k in self._attached if k[0] != channel}
             self._sessions.pop(channel, None)
         return None
 
-    def _attach(self, channel: int, reader: _Reader) -> None:
-        fields = reader.list_fields(3)
-        fields += [None] * (3 - len(fields))
-        name, handle, role = fields
+    @staticmethod
+    def _fields(frame: memoryview, start: int, wanted: int) -> list[object]:
+        reader = Reader(frame[start:])
+        reader.descriptor()
+        fields = reader.list_fields(wanted)
+        return fields + [None] * (wanted - len(fields))
+
+    def _attach(self, channel: int, frame: memoryview, start: int) -> None:
+        name, handle, role = self._fields(frame, start, 3)
+        if not isinstance(name, str) or not isinstance(handle, int) or isinstance(handle, bool):
+            raise FrameError("an attach without a link name (string) or handle (uint)", DECODE_ERROR)
+        if not isinstance(role, bool):
+            raise FrameError(f"the attach's role is {type(role).__name__} {role!r}, not a boolean", DECODE_ERROR)
+        self._attached.add((channel, handle))
+        if len(self._attached) > self.limits.max_links_per_connection:
+            raise FrameError(
+                f"more than {self.limits.max_links_per_connection} links on one connection", RESOURCE_LIMIT
+            )
         if role:  # the remote is the receiver: we never read transfers for it
             return
-        if not isinstance(name, str) or not isinstance(handle, int):
-            raise FrameError("attach frame without name or handle")
         sender = _RemoteSender(name)
         self._handles[(channel, handle)] = sender
         self._by_name[name] = sender
 
-    def _transfer(self, channel: int, frame: memoryview, start: int) -> bytes | None:
-        reader = _Reader(frame[start:])
-        reader.descriptor()
-        fields = reader.list_fields(10)
-        fields += [None] * (10 - len(fields))
+    def set_link_limit(self, link_name: str, limit: int) -> None:
+        """oncebus accepted the client's sender link ``link_name``: its deliveries may have ``limit`` bytes."""
+        sender = self._by_name.get(link_name)
+        if sender is not None:
+            sender.limit = limit
+
+    def _transfer(self, channel: int, frame: memoryview, start: int, list_end: int) -> bytes | None:
+        fields = self._fields(frame, start, 10)
         handle, delivery_id, tag, message_format, _settled, more = fields[:6]
         aborted = fields[9]
+        for name, value, kinds in (
+            ("handle", handle, (int,)),
+            ("delivery-id", delivery_id, (int, type(None))),
+            ("delivery-tag", tag, (bytes, type(None))),
+            ("message-format", message_format, (int, type(None))),
+            ("more", more, (bool, type(None))),
+            ("aborted", aborted, (bool, type(None))),
+        ):
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                raise FrameError(f"the transfer's {name} field is {type(value).__name__} {value!r}", DECODE_ERROR)
         sender = self._handles.get((channel, handle))  # type: ignore[arg-type]
         if sender is None:
-            raise FrameError(f"transfer on unknown handle {handle} of channel {channel}")
+            raise FrameError(f"a transfer on handle {handle} of channel {channel}, not attached", UNATTACHED_HANDLE)
         ours: int | None = None
+        payload = len(frame) - list_end
         if not sender.in_progress:
             if not isinstance(tag, bytes):
-                raise FrameError("first transfer frame of a delivery without a delivery tag")
+                raise FrameError("the first transfer frame of a delivery has no delivery tag", DECODE_ERROR)
             fmt = message_format if isinstance(message_format, int) else PLAIN_MESSAGE_FORMAT
-            sender.deliveries.append(IncomingDelivery(tag, fmt))
+            sender.current = IncomingDelivery(tag, fmt)
+            sender.deliveries.append(sender.current)
             session = self._sessions.get(channel)
             if session is None:
                 session = self._sessions[channel] = _SessionIds()
@@ -283,17 +441,38 @@ class FrameScanner:
             sender.current_ours = ours
         elif isinstance(delivery_id, int) and delivery_id == sender.current_theirs:
             ours = sender.current_ours  # a continuation frame: the same id as its first frame
+        current = sender.current
+        assert current is not None
+        current.size += payload
+        strip = False
+        if current.oversized:
+            strip = payload > 0
+        elif current.size > sender.limit:
+            current.oversized = True
+            strip = payload > 0
+            self.oversized.append((sender.name, current.size, sender.limit))
         sender.in_progress = bool(more) and not aborted
-        if ours is None or not isinstance(delivery_id, int) or ours == delivery_id:
+        if not sender.in_progress:
+            sender.current = None
+        renumber = ours is not None and isinstance(delivery_id, int) and ours != delivery_id
+        if not renumber and not strip:
             return None
-        return _Frame(frame, start).with_fields({1: encode_uint(ours)})
+        replace = {1: encode_uint(ours)} if renumber and ours is not None else {}
+        return _Frame(frame, start).with_fields(replace, payload=not strip)
+
+    def pop(self, link_name: str) -> IncomingDelivery:
+        """The next delivery proton will hand out on the remote sender link ``link_name``."""
+        sender = self._by_name.get(link_name)
+        if sender is None or not sender.deliveries:
+            raise FrameError(f"no transfer seen for a delivery on link {link_name!r}")
+        return sender.deliveries.popleft()
 
     def _incoming_disposition(self, channel: int, frame: memoryview, start: int) -> bytes | None:
         session = self._sessions.get(channel)
         if session is None or not session.theirs:
             return None
         parsed = _Frame(frame, start)
-        role, first, last = (_Reader(parsed.raw(i)).value() for i in range(3))
+        role, first, last = (Reader(parsed.raw(i)).value() for i in range(3))
         if role is not False and role is not None:  # role=receiver: about our transfers, our ids
             return None
         if not isinstance(first, int):
@@ -302,36 +481,85 @@ class FrameScanner:
         runs = _runs(session.preimage(first, last))
         if runs == [(first, last)]:
             return None
-        return b"".join(
-            parsed.with_fields({1: encode_uint(a), 2: encode_uint(b) if b != a else _NULL}) for a, b in runs
-        )
+        return b"".join(parsed.with_fields({1: encode_uint(a), 2: encode_uint(b) if b != a else NULL}) for a, b in runs)
+
+    def discard(self, link_name: str) -> None:
+        """proton handed out a delivery on ``link_name`` that nobody reads (the link has no handler)."""
+        sender = self._by_name.get(link_name)
+        if sender is not None and sender.deliveries:
+            sender.deliveries.popleft()
 
     def forget(self, link_name: str) -> None:
         """The link is gone: drop what was noted for it."""
         self._by_name.pop(link_name, None)
 
     # --- outgoing ----------------------------------------------------------------------------
-    def _outgoing(self, channel: int, frame: memoryview, start: int) -> bytes | None:
-        descriptor = _descriptor_code(frame, start)
-        if descriptor == _DISPOSITION:
+    def outgoing(self, data: bytes) -> bytes:
+        """Scan what proton writes to the client; return the complete frames to send.
+
+        Delivery-ids are mapped back to the client's; ``open`` and ``transfer`` get every field.
+        """
+        if self._out_buffer:
+            data = self._out_buffer + data
+        offset = 0
+        end = len(data)
+        pieces: list[bytes] = []
+        run = 0
+        view = memoryview(data)
+        while end - offset >= 8:
+            if data[offset : offset + 4] == PROTOCOL_HEADER_PREFIX:
+                if data[offset + 4] == 0:
+                    self.sent_header = True
+                offset += 8
+                continue
+            size, doff, frame_type = struct.unpack_from(">IBB", data, offset)
+            if end - offset < size:
+                break
+            start = doff * 4
+            if frame_type == FRAME_TYPE_AMQP and size > start:
+                replaced = self._outgoing(data[offset + 6 : offset + 8], view[offset : offset + size], start)
+                if replaced is not None:
+                    pieces.append(data[run:offset])
+                    pieces.append(replaced)
+                    run = offset + size
+            offset += size
+        self._out_buffer = data[offset:]
+        if not pieces:
+            return data if offset == end else data[:offset]
+        pieces.append(data[run:offset])
+        return b"".join(pieces)
+
+    def _outgoing(self, channel_bytes: bytes, frame: memoryview, start: int) -> bytes | None:
+        code = descriptor_code(frame, start)
+        if code == TRANSFER:
+            return pad_fields(frame, start, FULL_FIELD_COUNTS[TRANSFER])
+        channel = struct.unpack(">H", channel_bytes)[0]
+        if code == DISPOSITION:
             remote = self._local_to_remote.get(channel)
             session = None if remote is None else self._sessions.get(remote)
-            if session is None or not session.theirs:
-                return None
-            return self._outgoing_disposition(session, frame, start)
-        if descriptor == _BEGIN:
-            reader = _Reader(frame[start:])
-            reader.descriptor()
-            fields = reader.list_fields(1)
-            if fields and isinstance(fields[0], int):
+            if session is not None and session.theirs:
+                mapped = self._outgoing_disposition(session, frame, start)
+                if mapped is not None:
+                    return b"".join(
+                        pad_fields(f, FRAME_HEADER_SIZE, FULL_FIELD_COUNTS[DISPOSITION]) or f
+                        for f in split_frames(mapped)
+                    )
+        elif code == OPEN:
+            self.sent_open = True
+        elif code == CLOSE:
+            self.sent_close = True
+        elif code == BEGIN:
+            fields = self._fields(frame, start, 1)
+            if isinstance(fields[0], int):
                 self._local_to_remote[channel] = fields[0]
-        elif descriptor == _END:
+        elif code == END:
             self._local_to_remote.pop(channel, None)
-        return None
+        wanted = FULL_FIELD_COUNTS.get(code) if code is not None else None
+        return None if wanted is None else pad_fields(frame, start, wanted)
 
     def _outgoing_disposition(self, session: _SessionIds, frame: memoryview, start: int) -> bytes | None:
         parsed = _Frame(frame, start)
-        role, first, last, settled = (_Reader(parsed.raw(i)).value() for i in range(4))
+        role, first, last, settled = (Reader(parsed.raw(i)).value() for i in range(4))
         if role is not True or not isinstance(first, int):  # role=sender: about our transfers, our ids
             return None
         last = last if isinstance(last, int) else first
@@ -347,164 +575,4 @@ class FrameScanner:
         runs = _runs(theirs)
         if runs == [(first, last)]:
             return None
-        return b"".join(
-            parsed.with_fields({1: encode_uint(a), 2: encode_uint(b) if b != a else _NULL}) for a, b in runs
-        )
-
-
-def _descriptor_code(frame: memoryview, start: int) -> int | None:
-    """The small-ulong descriptor of the performative at ``start`` (None for any other encoding)."""
-    if len(frame) >= start + 3 and frame[start] == 0x00 and frame[start + 1] == 0x53:
-        return int(frame[start + 2])
-    if len(frame) >= start + 10 and frame[start] == 0x00 and frame[start + 1] == 0x80:
-        return int(struct.unpack_from(">Q", frame, start + 2)[0])
-    return None
-
-
-class _Reader:
-    """Just enough of the AMQP type system to read the leading fields of a performative."""
-
-    def __init__(self, data: memoryview | bytes) -> None:
-        self.data = data if isinstance(data, memoryview) else memoryview(data)
-        self.pos = 0
-
-    def _byte(self) -> int:
-        if self.pos >= len(self.data):
-            raise FrameError("performative ends early")
-        value = self.data[self.pos]
-        self.pos += 1
-        return value
-
-    def _take(self, n: int) -> bytes:
-        if self.pos + n > len(self.data):
-            raise FrameError("performative ends early")
-        value = bytes(self.data[self.pos : self.pos + n])
-        self.pos += n
-        return value
-
-    def descriptor(self) -> int | None:
-        if self._byte() != 0x00:
-            raise FrameError("performative is not a described type")
-        code = self._byte()
-        if code == 0x53:
-            return self._byte()
-        if code == 0x80:
-            return int(struct.unpack(">Q", self._take(8))[0])
-        self.pos -= 1
-        self.skip()  # a symbolic descriptor: not a performative we read
-        return None
-
-    def _list_header(self) -> int:
-        code = self._byte()
-        if code == 0x45:
-            return 0
-        if code == 0xC0:
-            self._byte()
-            return self._byte()
-        if code == 0xD0:
-            self._take(4)
-            return int(struct.unpack(">I", self._take(4))[0])
-        raise FrameError(f"performative body is not a list (constructor 0x{code:02x})")
-
-    def list_fields(self, wanted: int) -> list[object]:
-        count = self._list_header()
-        return [self.value() for _ in range(min(count, wanted))]
-
-    def field_spans(self) -> list[tuple[int, int]]:
-        """The (start, end) of every field of the list here; leaves ``pos`` at the list's end."""
-        count = self._list_header()
-        spans = []
-        for _ in range(count):
-            begin = self.pos
-            self.skip()
-            spans.append((begin, self.pos))
-        return spans
-
-    def map_spans(self) -> list[tuple[int, int]]:
-        """The (start, end) of every key and value of the map here; leaves ``pos`` at the map's end."""
-        code = self._byte()
-        if code == 0xC1:
-            self._byte()
-            count = self._byte()
-        elif code == 0xD1:
-            self._take(4)
-            count = int(struct.unpack(">I", self._take(4))[0])
-        else:
-            raise FrameError(f"not a map (constructor 0x{code:02x})")
-        if count % 2:
-            raise FrameError("a map with an odd number of items")
-        spans = []
-        for _ in range(count):
-            begin = self.pos
-            self.skip()
-            spans.append((begin, self.pos))
-        return spans
-
-    def value(self) -> object:
-        code = self._byte()
-        if code == 0x40:
-            return None
-        if code == 0x41:
-            return True
-        if code == 0x42:
-            return False
-        if code == 0x56:
-            return self._byte() != 0
-        if code == 0x43:
-            return 0
-        if code == 0x52:
-            return self._byte()
-        if code == 0x70:
-            return int(struct.unpack(">I", self._take(4))[0])
-        if code == 0xA0:
-            return self._take(self._byte())
-        if code == 0xB0:
-            return self._take(int(struct.unpack(">I", self._take(4))[0]))
-        if code == 0xA1:
-            return self._take(self._byte()).decode("utf-8")
-        if code == 0xB1:
-            return self._take(int(struct.unpack(">I", self._take(4))[0])).decode("utf-8")
-        if code == 0x60:
-            return int(struct.unpack(">H", self._take(2))[0])
-        self.pos -= 1
-        self.skip()
-        return _Other
-
-    def _advance(self, n: int) -> None:
-        if self.pos + n > len(self.data):
-            raise FrameError("performative ends early")
-        self.pos += n
-
-    def skip(self) -> None:
-        """Step over one value without decoding it."""
-        code = self._byte()
-        if code == 0x00:
-            self.skip()  # descriptor
-            self.skip()  # value
-            return
-        width = code >> 4
-        if width == 0x4:
-            return
-        fixed = _FIXED_WIDTHS.get(width)
-        if fixed is not None:
-            self._advance(fixed)
-        elif width in (0xA, 0xC, 0xE):
-            self._advance(self._byte())
-        elif width in (0xB, 0xD, 0xF):
-            if self.pos + 4 > len(self.data):
-                raise FrameError("performative ends early")
-            (size,) = struct.unpack_from(">I", self.data, self.pos)
-            self.pos += 4
-            self._advance(size)
-        else:
-            raise FrameError(f"unknown AMQP constructor 0x{code:02x}")
-
-
-_FIXED_WIDTHS = {0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}
-
-
-class _OtherType:
-    """A field the scanner skipped (not one it needs)."""
-
-
-_Other = _OtherType()
+        return b"".join(parsed.with_fields({1: encode_uint(a), 2: encode_uint(b) if b != a else NULL}) for a, b in runs)

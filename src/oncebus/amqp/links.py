@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import proton
 
-from oncebus.amqp import codec
-from oncebus.amqp.errors import condition_of
-from oncebus.amqp.frames import FrameError
+from oncebus.amqp import codec, outgoing
+from oncebus.amqp.errors import TRACKING_ID, condition_of
 from oncebus.core.errors import (
     InvalidArgumentError,
     MessageSizeExceededError,
@@ -36,12 +35,10 @@ SESSION_FILTER = proton.symbol("com.microsoft:session-filter")
 LOCKED_UNTIL_UTC = proton.symbol("com.microsoft:locked-until-utc")
 OPERATION_TIMEOUT = proton.symbol("com.microsoft:timeout")
 MAX_BATCH_SIZE = proton.symbol("com.microsoft:max-message-batch-size")
-TRACKING_ID = proton.symbol("com.microsoft:tracking-id")
 DOTNET_EPOCH_TICKS = 621_355_968_000_000_000
 DEFAULT_SESSION_WAIT_SECONDS = 65.0
 SEND_CREDIT = 64
 REQUEST_CREDIT = 16
-MAX_DELIVERIES_PER_RECEIVE = 256
 IDLE_POLL_SECONDS = 1.0
 
 
@@ -94,6 +91,13 @@ async def wait_for_change(namespace: Namespace, wake: asyncio.Future[None], time
     await namespace.wait_for_change(timeout, wake)
 
 
+def too_large(size: int, limit: int) -> MessageSizeExceededError:
+    return MessageSizeExceededError(
+        f"the message is larger than the link's max-message-size of {limit} bytes ({size} bytes arrived before "
+        "it was refused; the rest was not read); nothing was stored"
+    )
+
+
 # ---------------------------------------------------------------------------------------- sending
 class SendLink:
     """The client sends to a queue or topic: every transfer is judged and answered settled."""
@@ -115,14 +119,25 @@ class SendLink:
         link.max_message_size = self.max_message_size
         link.properties = {MAX_BATCH_SIZE: proton.ulong(self.max_message_size)}
         link.oncebus_handler = self
+        self.conn.scanner.set_link_limit(link.name, self.max_message_size)
         link.open()
         link.flow(SEND_CREDIT)
+
+    def covered_path(self) -> str | None:
+        return self.entity
 
     def on_flow(self) -> None:
         pass
 
+    def refuse_partial(self, delivery: proton.Delivery, size: int, limit: int) -> None:
+        self.conn.incoming(delivery)  # its facts: nothing more is read of it
+        delivery.oncebus_refused = True
+        self._answer(delivery, too_large(size, limit))
+        self._top_up()
+        self.conn.pump()
+
     def on_delivery(self, delivery: proton.Delivery) -> None:
-        if delivery.partial:
+        if delivery.partial or getattr(delivery, "oncebus_refused", False):  # refused ones: bytes were dropped
             return
         facts = self.conn.incoming(delivery)
         payload = read_payload(self.link, delivery)
@@ -132,6 +147,8 @@ class SendLink:
             return
         item: list[Message] | BaseException
         try:
+            if facts.oversized:
+                raise too_large(facts.size, self.max_message_size)
             if len(payload) > self.max_message_size:
                 raise MessageSizeExceededError(
                     f"the transfer is {len(payload)} bytes, over the link's max-message-size of "
@@ -139,11 +156,12 @@ class SendLink:
                 )
             if not self.conn.authorized(self.entity):
                 raise UnauthorizedError(f"no valid token for {self.entity!r}: put a fresh token on $cbs")
-            item = codec.decode_transfer(payload, facts.message_format)
-        except FrameError:
-            raise
+            item = codec.decode_transfer(payload, facts.message_format, self.conn.limits.max_value_depth)
         except (OncebusError, ValueError) as exc:
             item = exc if isinstance(exc, OncebusError) else InvalidArgumentError(str(exc))
+        except Exception as exc:  # a message the codec did not foresee: refuse it, keep the connection
+            _LOG.exception("cannot decode a message sent to %r", self.entity)
+            item = InvalidArgumentError(f"the message cannot be decoded: {type(exc).__name__}: {exc}")
         self.queue.append((delivery, item))
         if self.worker is None or self.worker.done():
             self.worker = self.conn.spawn(self._work())
@@ -206,6 +224,7 @@ class ReceiveLink:
         self.closed = False
         self.wake: asyncio.Future[None] = conn.loop.create_future()
         self.task: asyncio.Task[None] | None = None
+        self.largest = 0  # the largest delivery sent on this link so far (bytes): sizes the next batch
 
     def open(self) -> None:
         link = self.link
@@ -232,6 +251,26 @@ class ReceiveLink:
     def on_flow(self) -> None:
         self._poke()
 
+    def covered_path(self) -> str | None:
+        return self.path
+
+    def _batch(self, credit: int) -> int:
+        """How many messages to take from the broker now: no more than the client's buffer has room for."""
+        limits = self.conn.limits
+        if self.largest == 0:
+            count = limits.first_delivery_batch
+        else:
+            count = max((limits.outgoing_buffer_limit - self.conn.outgoing_bytes()) // self.largest, 1)
+        return min(credit, count, limits.max_delivery_batch)
+
+    async def _wait_for_room(self) -> None:
+        """Until the client reads (the socket drains, or a flow opens its session window) or a poll passes."""
+        room = self.conn.room_changed()
+        try:
+            await asyncio.wait([room, self.wake], timeout=IDLE_POLL_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            room.cancel()
+
     async def _deliver_loop(self) -> None:
         namespace = self.conn.server.namespace
         link = self.link
@@ -242,10 +281,14 @@ class ReceiveLink:
             if credit <= 0:
                 await wait_for_change(namespace, self.wake, IDLE_POLL_SECONDS)
                 continue
+            if not self.conn.has_room():
+                # the client does not read what it was sent: take (and lock) nothing more until it does
+                await self._wait_for_room()
+                continue
             try:
                 messages = await namespace.receive(
                     self.path,
-                    min(credit, MAX_DELIVERIES_PER_RECEIVE),
+                    self._batch(credit),
                     receive_mode=self.mode,
                     max_wait_time=0,
                     session=self.session,
@@ -272,7 +315,8 @@ class ReceiveLink:
             await wait_for_change(namespace, self.wake, IDLE_POLL_SECONDS)
 
     def _transfer(self, message: ReceivedMessage) -> None:
-        payload = codec.encode_received(message, lock_annotations=self.session is None)
+        payload = outgoing.encode_received(message, lock_annotations=self.session is None)
+        self.largest = max(self.largest, len(payload))
         if self.mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE or message.lock_token is None:
             delivery = self.link.delivery(uuid.uuid4().bytes)
             self.link.send(payload)
@@ -381,11 +425,22 @@ RequestHandler = Callable[["AmqpConnection", proton.Link, proton.Message], Await
 class RequestLink:
     """The client's request link to a node ($cbs, <entity>/$management)."""
 
-    def __init__(self, conn: AmqpConnection, link: proton.Receiver, node: str, handler: RequestHandler) -> None:
+    def __init__(
+        self,
+        conn: AmqpConnection,
+        link: proton.Receiver,
+        node: str,
+        handler: RequestHandler,
+        *,
+        max_message_size: int,
+        entity: str | None = None,
+    ) -> None:
         self.conn = conn
         self.link = link
         self.node = node
         self.handler = handler
+        self.max_message_size = max_message_size
+        self.entity = entity  # the entity whose token must stay valid (None for $cbs)
         self.closed = False
 
     def open(self) -> None:
@@ -393,25 +448,49 @@ class RequestLink:
         link.target.copy(link.remote_target)
         link.source.copy(link.remote_source)
         link.rcv_settle_mode = proton.Link.RCV_FIRST
+        link.max_message_size = self.max_message_size
         link.oncebus_handler = self
+        self.conn.scanner.set_link_limit(link.name, self.max_message_size)
         link.open()
         link.flow(REQUEST_CREDIT)
+
+    def covered_path(self) -> str | None:
+        return self.entity
 
     def on_flow(self) -> None:
         pass
 
-    def on_delivery(self, delivery: proton.Delivery) -> None:
-        if delivery.partial:
-            return
+    def refuse_partial(self, delivery: proton.Delivery, size: int, limit: int) -> None:
         self.conn.incoming(delivery)
+        delivery.oncebus_refused = True
+        self._reject(delivery, condition_of(too_large(size, limit)))
+        self.conn.pump()
+
+    def _reject(self, delivery: proton.Delivery, condition: proton.Condition) -> None:
+        delivery.local.condition = condition
+        delivery.update(proton.Delivery.REJECTED)
+        delivery.settle()
+
+    def on_delivery(self, delivery: proton.Delivery) -> None:
+        if delivery.partial or getattr(delivery, "oncebus_refused", False):
+            return
+        facts = self.conn.incoming(delivery)
         payload = read_payload(self.link, delivery)
+        if delivery.aborted:
+            delivery.settle()
+            return
+        if facts.oversized:
+            self._reject(delivery, condition_of(too_large(facts.size, self.max_message_size)))
+            return
         request = proton.Message()
         try:
+            codec.check_sections(payload, self.conn.limits.max_value_depth)
             request.decode(payload)
-        except proton.MessageException as exc:
-            delivery.local.condition = proton.Condition("amqp:decode-error", str(exc))
-            delivery.update(proton.Delivery.REJECTED)
-            delivery.settle()
+        except Exception as exc:  # whatever the bytes: refuse this request, keep the connection
+            condition = proton.Condition(
+                "amqp:decode-error", f"the request cannot be decoded: {exc}", {TRACKING_ID: str(uuid.uuid4())}
+            )
+            self._reject(delivery, condition)
             return
         delivery.update(proton.Delivery.ACCEPTED)
         delivery.settle()
@@ -464,6 +543,9 @@ class ResponseLink:
     def on_delivery(self, delivery: proton.Delivery) -> None:
         if delivery.settled:
             delivery.settle()
+
+    def covered_path(self) -> str | None:
+        return None
 
     def on_closed(self) -> None:
         pass

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import proton
 
-from oncebus.amqp import codec
+from oncebus.amqp import codec, outgoing
 from oncebus.amqp.errors import condition_of, status_of
 from oncebus.broker.paths import parse_path
 from oncebus.core.errors import InvalidArgumentError, SessionLockLostError, UnauthorizedError
@@ -148,7 +148,7 @@ async def _peek(request: _Request) -> Body | None:
     )
     if not messages:
         return None
-    return {"messages": [{"message": codec.encode_received(m, lock_annotations=False)} for m in messages]}
+    return {"messages": [{"message": outgoing.encode_received(m, lock_annotations=False)} for m in messages]}
 
 
 async def _renew_lock(request: _Request) -> Body:
@@ -194,9 +194,11 @@ async def _receive_by_sequence_number(request: _Request) -> Body | None:
         return None
     out = []
     for message in messages:
-        entry: dict[str, Any] = {"message": codec.encode_received(message, lock_annotations=True)}
-        if message.lock_token is not None and mode == ServiceBusReceiveMode.PEEK_LOCK:
-            entry["lock-token"] = message.lock_token
+        locked = message.lock_token is not None and mode == ServiceBusReceiveMode.PEEK_LOCK
+        token = message.lock_token if locked else None
+        entry: dict[str, Any] = {"message": outgoing.encode_received(message, lock_annotations=True, lock_token=token)}
+        if token is not None:
+            entry["lock-token"] = token
         out.append(entry)
     return {"messages": out}
 

@@ -26,8 +26,8 @@ from oncebus.amqp.codec import (
     MESSAGE_ANNOTATIONS,
     PARTITION_KEY,
     PROPERTIES,
-    _encode_section,
     _json_safe,
+    encode_section,
     split_sections,
 )
 from oncebus.core.messages import StoredMessage
@@ -130,11 +130,11 @@ def reencode(wire: bytes, copy: StoredMessage, changed: Collection[str]) -> byte
 
     def properties() -> bytes:
         current = next((s.value() for s in sections if s.code == PROPERTIES), None)
-        return _encode_section(PROPERTIES, _properties_value(current, copy, changed))
+        return encode_section(PROPERTIES, _properties_value(current, copy, changed))
 
     def application() -> bytes:
         current = next((s.value() for s in sections if s.code == APPLICATION_PROPERTIES), None) or {}
-        return _encode_section(
+        return encode_section(
             APPLICATION_PROPERTIES, proton.PropertyDict(_application_properties(current, copy.application_properties))
         )
 
@@ -145,14 +145,14 @@ def reencode(wire: bytes, copy: StoredMessage, changed: Collection[str]) -> byte
             header[2] = (
                 None if copy.time_to_live_us is None else proton.uint(min(copy.time_to_live_us // 1000, 2**32 - 1))
             )
-            out.append(_encode_section(HEADER, header))
+            out.append(encode_section(HEADER, header))
         elif section.code == MESSAGE_ANNOTATIONS and "partition_key" in changed:
             annotations = dict(section.value() or {})
             if copy.partition_key is None:
                 annotations.pop(PARTITION_KEY, None)
             else:
                 annotations[PARTITION_KEY] = copy.partition_key
-            out.append(_encode_section(MESSAGE_ANNOTATIONS, proton.AnnotationDict(annotations)))
+            out.append(encode_section(MESSAGE_ANNOTATIONS, proton.AnnotationDict(annotations)))
         elif section.code == PROPERTIES:
             out.append(properties() if changed else section.raw)
         elif section.code == APPLICATION_PROPERTIES:

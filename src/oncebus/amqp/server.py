@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -13,6 +14,7 @@ import proton
 from oncebus.amqp import cbs, management
 from oncebus.amqp.connection import AmqpConnection
 from oncebus.amqp.errors import condition_of
+from oncebus.amqp.limits import AmqpLimits
 from oncebus.amqp.links import (
     DEFAULT_SESSION_WAIT_SECONDS,
     OPERATION_TIMEOUT,
@@ -68,10 +70,26 @@ class Router:
             conn.spawn(self._receiver(conn, link, address))
 
     def _node(self, conn: AmqpConnection, link: proton.Link, node: str, handler: Any) -> None:
-        if link.is_receiver:
-            RequestLink(conn, link, node, handler).open()
-        else:
+        if not link.is_receiver:
             ResponseLink(conn, link, node).open()
+            return
+        limits = conn.limits
+        if node == cbs.CBS_NODE:
+            RequestLink(conn, link, node, handler, max_message_size=limits.cbs_message_size).open()
+            return
+        entity = management.entity_of_node(node)
+        size = limits.management_message_size
+        with contextlib.suppress(Exception):  # an unknown entity is reported per request
+            size = max(size, self._max_message_size(parse_path(entity).entity))
+        RequestLink(conn, link, node, handler, max_message_size=size, entity=entity).open()
+
+    def _max_message_size(self, entity: str) -> int:
+        namespace = self.server.namespace
+        try:
+            props: Any = namespace.get_queue(entity)
+        except EntityNotFoundError:
+            props = namespace.get_topic(entity)
+        return max(int(props.max_message_size_in_kilobytes) * 1024, MIN_LINK_MESSAGE_SIZE)
 
     async def _put_token(self, conn: AmqpConnection, link: proton.Link, request: proton.Message) -> proton.Message:
         result = cbs.put_token(request.properties, request.body, self.server.keys, self.server.wall_time())
@@ -93,7 +111,6 @@ class Router:
             )
 
     def _sender(self, conn: AmqpConnection, link: proton.Link, address: str) -> None:
-        namespace = self.server.namespace
         try:
             self._check_access(conn, address)
             where = parse_path(address)
@@ -101,14 +118,10 @@ class Router:
                 raise InvalidArgumentError(
                     f"cannot send to {address!r}: send to a queue or a topic, not a subscription or dead-letter queue"
                 )
-            try:
-                props: Any = namespace.get_queue(where.entity)
-            except EntityNotFoundError:
-                props = namespace.get_topic(where.entity)
+            size = self._max_message_size(where.entity)
         except Exception as exc:
             refuse(link, condition_of(exc))
             return
-        size = max(int(props.max_message_size_in_kilobytes) * 1024, MIN_LINK_MESSAGE_SIZE)
         SendLink(conn, link, where.entity, size).open()
 
     async def _receiver(self, conn: AmqpConnection, link: proton.Link, address: str) -> None:
@@ -155,15 +168,18 @@ class AmqpServer:
         namespace: Namespace,
         keys: Mapping[str, str],
         wall_time: Callable[[], float] = time.time,
+        limits: AmqpLimits | None = None,
     ) -> None:
         self.namespace = namespace
         self.keys = dict(keys)
         self.wall_time = wall_time
+        self.limits = limits if limits is not None else AmqpLimits.from_env()
         self.router = Router(self)
         self.connections: set[AmqpConnection] = set()
         self.host = "127.0.0.1"
         self.port = 0
         self._server: asyncio.Server | None = None
+        self._token_checks: asyncio.Task[None] | None = None
 
     @property
     def connection_string(self) -> str:
@@ -181,7 +197,26 @@ class AmqpServer:
         self.host = host
         self.port = int(self._server.sockets[0].getsockname()[1])
 
+    def connection_opened(self, conn: AmqpConnection) -> None:
+        """A connection started (on this server's socket or one accepted elsewhere): keep checking its tokens."""
+        self.connections.add(conn)
+        if self._token_checks is None or self._token_checks.done():
+            self._token_checks = asyncio.get_running_loop().create_task(self._check_tokens())
+
+    async def _check_tokens(self) -> None:
+        """Detach links whose CBS token lapsed without renewal, on every connection, every few moments."""
+        while True:
+            await asyncio.sleep(self.limits.token_check_interval)
+            now = self.wall_time()
+            for conn in list(self.connections):
+                try:
+                    conn.check_tokens(now)
+                except Exception:
+                    _LOG.exception("checking the tokens of a connection failed")
+
     async def close(self) -> None:
+        if self._token_checks is not None:
+            self._token_checks.cancel()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
@@ -197,14 +232,20 @@ async def serve_amqp(
     *,
     keys: Mapping[str, str] | None = None,
     ready: Callable[[AmqpServer], None] | None = None,
+    limits: AmqpLimits | None = None,
 ) -> AmqpServer:
     """Listen for AMQP 1.0 clients on ``host:port`` (port 0 picks a free one) for ``namespace``.
 
     Runs on the caller's event loop, the namespace's loop. ``keys`` maps SAS key
     names to keys (default: ``RootManageSharedAccessKey`` = ``SAS_KEY_VALUE``).
-    ``ready`` is called with the server once it listens.
+    ``ready`` is called with the server once it listens. ``limits`` bounds what a
+    client may make the server do (default: :meth:`AmqpLimits.from_env`).
     """
-    server = AmqpServer(namespace, keys if keys is not None else DEFAULT_KEYS)
+    server = AmqpServer(
+        namespace,
+        keys if keys is not None else DEFAULT_KEYS,
+        limits=limits,
+    )
     if not server.keys:
         raise ValueError("give at least one SAS key (name -> key)")
     await server.start(host, port)

@@ -122,3 +122,15 @@ class QuotaExceededError(OncebusError):
 
 class StoreError(OncebusError):
     condition = "amqp:internal-error"
+
+
+def named(where: str, exc: InvalidArgumentError) -> InvalidArgumentError:
+    """``exc`` with ``where`` (the rule, entity or field it concerns) in front of its message, once."""
+    if str(exc).startswith(where):
+        return exc
+    if isinstance(exc, SqlExpressionError):
+        return SqlExpressionError(
+            f"{where}: {exc}", expression=exc.expression, line=exc.line, column=exc.column, expected=exc.expected
+        )
+    return InvalidArgumentError(f"{where}: {exc}")
+

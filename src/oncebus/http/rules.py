@@ -33,7 +33,7 @@ from xml.sax.saxutils import escape
 from oncebus.broker.namespace import Namespace
 from oncebus.broker.runtime_properties import UNKNOWN_TIME
 from oncebus.core.durations import format_duration, parse_duration
-from oncebus.core.errors import InvalidArgumentError, SqlExpressionError
+from oncebus.core.errors import InvalidArgumentError, named
 from oncebus.core.rules import (
     DEFAULT_RULE_NAME,
     CorrelationRuleFilter,
@@ -147,14 +147,8 @@ def rule_from_xml(name: str, description: Element) -> RuleProperties:
         rule_filter = TrueRuleFilter() if filter_element is None else _filter(filter_element, where)
         action = None if action_element is None else _action(action_element, where)
         return RuleProperties(name, rule_filter, action)
-    except SqlExpressionError as exc:
-        raise SqlExpressionError(
-            f"{where}: {exc}", expression=exc.expression, line=exc.line, column=exc.column, expected=exc.expected
-        ) from None
     except InvalidArgumentError as exc:
-        if str(exc).startswith(where):
-            raise
-        raise InvalidArgumentError(f"{where}: {exc}") from None
+        raise named(where, exc) from None
 
 
 def _sql_text(element: Element, what: str) -> str:

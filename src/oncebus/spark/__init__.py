@@ -6,6 +6,7 @@
   kept as Parquet under a path you give.
 * :func:`advise`: the window advisor over a broker's send log.
 * :func:`register`: the ``oncebus`` data source (read a queue or subscription, write a queue or topic).
+* :func:`state_report`: size and age of a ``deduplicate_stream`` state (changes nothing).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from oncebus.spark._advisor import advise, write_advice
 from oncebus.spark._datasource import OncebusDataSource, register
 from oncebus.spark._dedup import deduplicate
 from oncebus.spark._settings import EntitySettings
+from oncebus.spark._state import state_report
 from oncebus.spark._stream import DEFAULT_MAX_OUT_OF_ORDER, deduplicate_stream, flush_stream
 
 __all__ = [
@@ -25,5 +27,6 @@ __all__ = [
     "deduplicate_stream",
     "flush_stream",
     "register",
+    "state_report",
     "write_advice",
 ]

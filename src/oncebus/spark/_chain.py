@@ -21,7 +21,7 @@ the window followed by more copies) walk the chain row by row.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +36,10 @@ W = "__oncebus_w"
 KIND = "__oncebus_kind"
 KIND_SEED = 0
 KIND_SEND = 1
+ROLE = "__oncebus_role"
+ROLE_KEY = 1  # kept; records its key (a new t0)
+ROLE_BYPASS = 2  # kept; records nothing (no message_id, or duplicate detection off)
+ROLE_HELD = 3  # not decided: at or above the watermark, passed through untouched
 
 
 @dataclass
@@ -54,8 +58,11 @@ def keep_mask(
     w: np.ndarray,
     seed: np.ndarray,
     carry: _Carry | None = None,
+    held: np.ndarray | None = None,
 ) -> tuple[np.ndarray, _Carry | None]:
-    """Which rows are kept sends, and the state of the last key for the next batch."""
+    """Which rows are kept sends, and the state of the last key for the next batch.
+
+    ``held`` rows (not decided yet) take no part: never kept, never a duplicate, no effect on others."""
     n = len(t)
     keep = np.zeros(n, dtype=bool)
     if n == 0:
@@ -81,8 +88,9 @@ def keep_mask(
         has |= seeded
 
     bypass = w < 0
-    keep[bypass & ~seed] = True
-    send = ~seed & ~bypass
+    waiting = seed if held is None else seed | held
+    keep[bypass & ~waiting] = True
+    send = ~waiting & ~bypass
     covered = send & has[gid] & (t < base[gid] + w)
     candidate = np.flatnonzero(send & ~covered)
     if len(candidate):
@@ -120,20 +128,47 @@ def _walk_chains(
         keep[chain[np.array(kept)]] = True
 
 
+def _arrays(batch: pa.RecordBatch) -> tuple[np.ndarray, ...]:
+    names = batch.schema.names
+    return tuple(batch.column(names.index(c)).to_numpy(zero_copy_only=False) for c in (H1, H2, T, W, KIND))
+
+
 def apply_rule(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow function: keep the sends the rule keeps (seed rows are never output)."""
     carry: _Carry | None = None
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        columns = batch.schema.names
-        h1 = batch.column(columns.index(H1)).to_numpy(zero_copy_only=False)
-        h2 = batch.column(columns.index(H2)).to_numpy(zero_copy_only=False)
-        t = batch.column(columns.index(T)).to_numpy(zero_copy_only=False)
-        w = batch.column(columns.index(W)).to_numpy(zero_copy_only=False)
-        seed = batch.column(columns.index(KIND)).to_numpy(zero_copy_only=False) == KIND_SEED
-        keep, carry = keep_mask(h1, h2, t, w, seed, carry)
+        h1, h2, t, w, kind = _arrays(batch)
+        keep, carry = keep_mask(h1, h2, t, w, kind == KIND_SEED, carry)
         if keep.all():
             yield batch
         elif keep.any():
             yield batch.filter(pa.array(keep))
+
+
+def decider(watermark: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """mapInArrow function of a streaming micro-batch: sends below ``watermark`` are judged, the rest
+    passed through as held; the output drops KIND and adds ROLE (seeds and duplicates are dropped)."""
+
+    def decide(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        carry: _Carry | None = None
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            h1, h2, t, w, kind = _arrays(batch)
+            seed = kind == KIND_SEED
+            held = ~seed & (t >= watermark)
+            keep, carry = keep_mask(h1, h2, t, w, seed, carry, held)
+            out = keep | held
+            if not out.any():
+                continue
+            role = np.where(held, ROLE_HELD, np.where(w < 0, ROLE_BYPASS, ROLE_KEY)).astype(np.int8)
+            names = batch.schema.names
+            columns = [batch.column(i) for i, name in enumerate(names) if name != KIND]
+            table = pa.RecordBatch.from_arrays(
+                [*columns, pa.array(role, pa.int8())], names=[n for n in names if n != KIND] + [ROLE]
+            )
+            yield table if out.all() else table.filter(pa.array(out))
+
+    return decide

@@ -33,11 +33,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -45,7 +43,6 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
-    InputPartition,
     WriterCommitMessage,
 )
 from pyspark.sql.types import (
@@ -59,13 +56,17 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+ORDERED_BY = "oncebus.orderedBy"  # also read by deduplicate_stream
+
 SOURCE_SCHEMA = StructType(
     [
         StructField("message_id", StringType()),
         StructField("body", BinaryType()),
         StructField("partition_key", StringType()),
         StructField("session_id", StringType()),
-        StructField("enqueued_time", TimestampType()),
+        # the broker assigns enqueued times in sequence order per entity, and the reader receives in that
+        # order: deduplicate_stream needs to hold nothing back (see ORDERED_BY)
+        StructField("enqueued_time", TimestampType(), metadata={ORDERED_BY: "sequence_number"}),
         StructField("sequence_number", LongType()),
         StructField("delivery_count", IntegerType()),
         StructField("subject", StringType()),
@@ -73,6 +74,11 @@ SOURCE_SCHEMA = StructType(
         StructField("correlation_id", StringType()),
         StructField("application_properties", MapType(StringType(), StringType())),
     ]
+)
+
+
+SESSION_SOURCE_SCHEMA = StructType(
+    [StructField(f.name, f.dataType, f.nullable) if f.metadata else f for f in SOURCE_SCHEMA.fields]
 )
 
 _MESSAGE_COLUMNS = ("message_id", "partition_key", "session_id", "subject", "content_type", "correlation_id")
@@ -94,6 +100,8 @@ class _Options:
     message_id_column: str | None
     message_id_prefix: str | None
     send_batch_size: int
+    sessions: tuple[str, ...] | None = None  # None: not a session entity; ("*",): any available session
+    max_sessions: int = 2
 
     @classmethod
     def parse(cls, options: dict[str, str], *, reading: bool) -> _Options:
@@ -135,183 +143,21 @@ class _Options:
             message_id_column=lowered.get("messageidcolumn"),
             message_id_prefix=lowered.get("messageidprefix"),
             send_batch_size=number("sendBatchSize", 100),
+            sessions=_sessions(lowered.get("sessions")) if reading else None,
+            max_sessions=number("maxSessions", 2),
         )
 
 
-# ---------------------------------------------------------------------------------- reading
-@dataclass
-class _BufferedMessage:
-    row: tuple[Any, ...]
-    message: Any  # azure.servicebus.ServiceBusReceivedMessage, only in the driver-side reader
-    lock_span: float  # seconds the broker's lock lasted when the message arrived
-
-
-class _RowsPartition(InputPartition):
-    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
-        super().__init__(len(rows))
-        self.rows = rows
-
-
-def _to_row(message: Any) -> tuple[Any, ...]:
-    body = b"".join(message.body) if not isinstance(message.body, bytes | bytearray) else bytes(message.body)
-    properties = {
-        (k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
-        for k, v in (message.application_properties or {}).items()
-    }
-    enqueued = message.enqueued_time_utc
-    if enqueued is not None and enqueued.tzinfo is None:
-        enqueued = enqueued.replace(tzinfo=UTC)
-    return (
-        message.message_id,
-        body,
-        message.partition_key,
-        message.session_id,
-        enqueued,
-        message.sequence_number,
-        message.delivery_count,
-        message.subject,
-        message.content_type,
-        message.correlation_id,
-        properties,
-    )
-
-
-class OncebusStreamReader(DataSourceStreamReader):
-    """Offsets are ``{"run": <reader run id>, "n": <messages received in that run>}``."""
-
-    def __init__(self, options: _Options) -> None:
-        self.options = options
-        self.run = uuid.uuid4().hex
-        self._received = 0
-        self._buffer: dict[int, _BufferedMessage] = {}
-        self._client: Any = None
-        self._receiver: Any = None
-        self._renewer: threading.Thread | None = None
-        self._stopping = threading.Event()
-        self._lock = threading.RLock()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "run": self.run}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["options"])  # type: ignore[misc]
-        self.run = state["run"]
-
-    def _connect(self) -> Any:
-        if self._receiver is None:
-            from azure.servicebus import ServiceBusClient, ServiceBusReceiveMode
-
-            self._client = ServiceBusClient.from_connection_string(self.options.connection_string)
-            if self.options.subscription is None:
-                self._receiver = self._client.get_queue_receiver(
-                    self.options.entity, receive_mode=ServiceBusReceiveMode.PEEK_LOCK
-                )
-            else:
-                self._receiver = self._client.get_subscription_receiver(
-                    self.options.entity, self.options.subscription, receive_mode=ServiceBusReceiveMode.PEEK_LOCK
-                )
-            self._receiver.__enter__()
-            self._stopping.clear()
-            self._renewer = threading.Thread(target=self._renew_locks, name="oncebus-lock-renewal", daemon=True)
-            self._renewer.start()
-        return self._receiver
-
-    def _renew_locks(self) -> None:
-        """Keep the locks of received, not yet committed messages alive (the SDK's receiver is not
-        thread-safe, so every use of it holds ``_lock``)."""
-        from azure.servicebus.exceptions import ServiceBusError
-
-        while not self._stopping.wait(1.0):
-            now = datetime.now(UTC)
-            with self._lock:
-                due = [
-                    b
-                    for b in self._buffer.values()
-                    if b.message.locked_until_utc is not None
-                    and (b.message.locked_until_utc - now).total_seconds() < max(2.0, b.lock_span / 2)
-                ]
-                for buffered in due:
-                    try:
-                        self._receiver.renew_message_lock(buffered.message)
-                    except ServiceBusError:
-                        pass  # lock already lost: the broker will deliver the message again
-
-    def initialOffset(self) -> dict[str, Any]:
-        return {"run": self.run, "n": 0}
-
-    def getDefaultReadLimit(self) -> Any:
-        from pyspark.sql.streaming.datasource import ReadMaxRows
-
-        return ReadMaxRows(self.options.max_messages_per_batch)
-
-    def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
-        from pyspark.sql.streaming.datasource import ReadMaxRows
-
-        wanted = limit.max_rows if isinstance(limit, ReadMaxRows) else self.options.max_messages_per_batch
-        receiver = self._connect()
-        got: list[Any] = []
-        while len(got) < wanted:
-            with self._lock:
-                chunk = receiver.receive_messages(
-                    max_message_count=min(wanted - len(got), 500),
-                    max_wait_time=self.options.receive_wait_seconds if not got else 0.2,
-                )
-            if not chunk:
-                break
-            got.extend(chunk)
-        if not got:
-            return start if start.get("run") == self.run else {"run": self.run, "n": self._received}
-        now = datetime.now(UTC)
-        with self._lock:
-            for message in got:
-                span = (message.locked_until_utc - now).total_seconds() if message.locked_until_utc else 60.0
-                self._received += 1
-                self._buffer[self._received] = _BufferedMessage(_to_row(message), message, span)
-        return {"run": self.run, "n": self._received}
-
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        if end.get("run") != self.run:
-            # a batch planned by an earlier run of the query: its messages were never completed,
-            # their locks lapse and the broker delivers them again in a later batch
-            return []
-        first = int(start["n"]) + 1 if start.get("run") == self.run else 1
-        with self._lock:
-            rows = [self._buffer[i].row for i in range(first, int(end["n"]) + 1) if i in self._buffer]
-        if not rows:
-            return []
-        count = max(1, min(self.options.partitions, len(rows)))
-        size = -(-len(rows) // count)
-        return [_RowsPartition(rows[i : i + size]) for i in range(0, len(rows), size)]
-
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, _RowsPartition)
-        yield from partition.rows
-
-    def commit(self, end: dict[str, Any]) -> None:
-        """Spark committed every batch up to ``end``: settle their messages now."""
-        if end.get("run") != self.run or self._receiver is None:
-            return
-        from azure.servicebus.exceptions import MessageLockLostError
-
-        upto = int(end["n"])
-        with self._lock:
-            done = sorted(i for i in self._buffer if i <= upto)
-            messages = [self._buffer.pop(i).message for i in done]
-            for message in messages:
-                try:
-                    self._receiver.complete_message(message)
-                except MessageLockLostError:
-                    pass  # delivered again later: at-least-once, and deduplicate() drops the copy
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._renewer is not None:
-            self._renewer.join(5)
-        if self._receiver is not None:
-            self._receiver.__exit__(None, None, None)
-        if self._client is not None:
-            self._client.close()
-        self._receiver = self._client = self._renewer = None
+def _sessions(raw: str | None) -> tuple[str, ...] | None:
+    if raw is None:
+        return None
+    names = tuple(name.strip() for name in raw.split(",") if name.strip())
+    if not names or ("*" in names and len(names) > 1):
+        raise OncebusOptionError(
+            f"option 'sessions' must be '*' (any available session) or a comma-separated list of session ids, "
+            f"not {raw!r}"
+        )
+    return names
 
 
 # ---------------------------------------------------------------------------------- writing
@@ -456,9 +302,13 @@ class OncebusDataSource(DataSource):
         return "oncebus"
 
     def schema(self) -> StructType:
+        if any(k.lower() == "sessions" for k in self.options):
+            return SESSION_SOURCE_SCHEMA  # sessions are read side by side: no order across them
         return SOURCE_SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from oncebus.spark._source import OncebusStreamReader
+
         return OncebusStreamReader(_Options.parse(dict(self.options), reading=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:

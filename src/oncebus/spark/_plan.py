@@ -16,7 +16,7 @@ from oncebus.spark._keys import digest_columns, invalid_column, invalid_reason_c
 from oncebus.spark._settings import EntitySettings
 
 PREFIX = "__oncebus_"
-H1, H2, T_US, W_US, KIND = _chain.H1, _chain.H2, _chain.T, _chain.W, _chain.KIND
+H1, H2, T_US, W_US, KIND, ROLE = _chain.H1, _chain.H2, _chain.T, _chain.W, _chain.KIND, _chain.ROLE
 PARTITIONED = PREFIX + "partitioned"
 ENABLED = PREFIX + "enabled"
 INVALID = PREFIX + "invalid"
@@ -176,11 +176,8 @@ def prepare(
     )
 
 
-def apply_rule(
-    prepared: DataFrame, columns: Columns, seeds: DataFrame | None = None, partitions: int | None = None
-) -> DataFrame:
-    """Rows of ``prepared`` the rule keeps, with H1, H2, T_US, W_US (-1: bypassed, records no key);
-    ``seeds`` (H1, H2, T_US) gives prior first-accepted times."""
+def _ordered_sends(prepared: DataFrame, columns: Columns, seeds: DataFrame | None, partitions: int | None) -> DataFrame:
+    """The sends (and seed rows carrying prior t0s), spread by key digest and sorted for the chain walk."""
     sends = prepared.select(
         *[F.col(name) for name in columns.user], F.col(H1), F.col(H2), F.col(T_US), F.col(W_US), F.lit(1).alias(KIND)
     )
@@ -196,7 +193,31 @@ def apply_rule(
                 F.lit(0).alias(KIND),
             )
         )
-    spread = sends.repartition(partitions, H1) if partitions else sends.repartition(H1)
-    ordered = spread.sortWithinPartitions(H1, H2, KIND, T_US, *columns.order)
+    if partitions == 1:  # a small pool: one task, no shuffle
+        spread = sends.coalesce(1)
+    else:
+        spread = sends.repartition(partitions, H1) if partitions else sends.repartition(H1)
+    return spread.sortWithinPartitions(H1, H2, KIND, T_US, *columns.order)
+
+
+def apply_rule(
+    prepared: DataFrame, columns: Columns, seeds: DataFrame | None = None, partitions: int | None = None
+) -> DataFrame:
+    """Rows of ``prepared`` the rule keeps, with H1, H2, T_US, W_US (-1: bypassed, records no key);
+    ``seeds`` (H1, H2, T_US) gives prior first-accepted times."""
+    ordered = _ordered_sends(prepared, columns, seeds, partitions)
     kept = ordered.mapInArrow(_chain.apply_rule, ordered.schema)
     return kept.select(*[F.col(name) for name in columns.user], F.col(H1), F.col(H2), F.col(T_US), F.col(W_US))
+
+
+def decide(
+    pool: DataFrame, columns: Columns, seeds: DataFrame | None, watermark: int, partitions: int | None = None
+) -> DataFrame:
+    """One streaming micro-batch in one pass: ``pool``'s rows below ``watermark`` judged (seeded by
+    ``seeds``), the rest passed through. Columns: the user's, H1, H2, T_US, W_US and ROLE
+    (``_chain.ROLE_KEY`` kept and recorded, ``ROLE_BYPASS`` kept, ``ROLE_HELD`` not decided yet)."""
+    ordered = _ordered_sends(pool, columns, seeds, partitions)
+    schema = T.StructType(
+        [f for f in ordered.schema.fields if f.name != KIND] + [T.StructField(ROLE, T.ByteType(), False)]
+    )
+    return ordered.mapInArrow(_chain.decider(watermark), schema)

@@ -3,22 +3,29 @@
 Design (``shared/design/spark-notes.md``, "the fast exact streaming design"),
 one ``foreachBatch`` call per micro-batch, batch N:
 
-1. Out-of-order buffer. The watermark is ``max(previous, newest time seen -
-   max_out_of_order)``. Rows older than it are decided now; the rest are held
-   (Parquet under ``held/``) and decided by a later batch, so two copies of a
-   key that arrive out of order, within the bound, are still judged in time
-   order.
-2. State: one Parquet folder per batch under ``keys/`` holding the 128-bit
-   digest and ``t0`` of every key the batch accepted; a folder whose newest
-   ``t0`` plus the largest window is below the watermark is deleted whole.
-3. Prior ``t0`` of the decided keys: the live folders are scanned once and
-   semi-joined on the digest against the broadcast digests of the batch.
-4. The rule per key (``_chain``), seeded with the prior ``t0``, on executors.
-5. Kept rows go to the sink, new keys to ``keys/b=N``, then a manifest
-   ``batches/N.json`` (watermark, live folders, counts, timings) is written
-   atomically. Everything batch N writes is named by N and overwritten on a
-   replay, and batch N reads only what batch N-1's manifest lists, so a batch
-   Spark replays after a failure gives the same result.
+1. Out-of-order buffer. The watermark (``next_watermark``) is the highest of
+   the previous one, the newest time seen minus ``max_out_of_order``, the
+   newest time seen ``max_out_of_order`` ago in processing time (idle
+   release) and, when the source vouches for order, just past the newest
+   time seen. Rows below it are decided now; the rest are held and decided by
+   a later batch, so two copies of a key that arrive out of order, within the
+   bound, are still judged in time order.
+2. State: per batch a folder ``b=N`` with ``__oncebus_role=1`` (digest and
+   ``t0`` of every key the batch recorded) and ``__oncebus_role=3`` (the rows
+   still held). A key folder whose newest ``t0`` plus the largest window is
+   below the watermark is deleted whole.
+3. One pass decides the batch: the new rows, the held rows and the prior
+   ``t0`` of their keys (the live key folders, semi-joined against the
+   broadcast digests of the pool when they are many, else all of them) are
+   shuffled by digest, sorted, and run through the rule (``_chain.decider``)
+   on executors, which tags each row kept-and-recorded, kept, or held. That
+   result is cached and written three ways: keys, held rows, output.
+4. Then a manifest ``batches/N.json`` (watermark, live folders, counts,
+   timings) is written atomically. Everything batch N writes is named by N
+   and overwritten on a replay, and batch N reads only what batch N-1's
+   manifest lists, so a batch Spark replays after a failure gives the same
+   result. The layout before issue 12 (``keys/b=N``, ``held/b=N``) is still
+   read and cleaned up as it expires.
 """
 
 from __future__ import annotations
@@ -38,11 +45,15 @@ from pyspark.sql.streaming import StreamingQuery
 from oncebus.core.durations import parse_duration, to_micros
 from oncebus.core.entities import DEFAULT_DUPLICATE_WINDOW
 from oncebus.core.errors import InvalidArgumentError
-from oncebus.spark import _plan
-from oncebus.spark._files import HadoopFiles
+from oncebus.spark import _chain, _plan, _state
+from oncebus.spark._datasource import ORDERED_BY
+from oncebus.spark._files import StateFiles, state_files
 from oncebus.spark._settings import resolve_settings
+from oncebus.spark._ticks import TICKS, TickDataSource
 
 DEFAULT_MAX_OUT_OF_ORDER = timedelta(seconds=5)
+# ORDERED_BY: column metadata a source puts on its time column when it delivers rows in that column's
+# order (ties in the order of the column it names): nothing needs holding then. The oncebus source sets it.
 KEY_SCHEMA = T.StructType(
     [
         T.StructField("h1", T.LongType(), False),
@@ -50,8 +61,65 @@ KEY_SCHEMA = T.StructType(
         T.StructField("t0", T.LongType(), False),
     ]
 )
+# (H1, H2, T_US) read from the role=1 folders of this layout; the layout before issue 12 kept keys/b=N
+# with KEY_SCHEMA and held/b=N, and is still read (then cleaned up as its folders expire)
+STATE_KEY_SCHEMA = T.StructType(
+    [T.StructField(name, T.LongType(), False) for name in ("__oncebus_h1", "__oncebus_h2", "__oncebus_t")]
+)
+LAYOUT = 2
+# up to this many live keys per row to decide, the keys are sorted with the rows instead of being
+# probed by a broadcast semi-join first (which costs one more scan of the input)
+SHUFFLE_KEYS_UP_TO = 0.25
 _MANIFESTS_KEPT = 100
 ForeachBatch = Callable[[DataFrame, int], None]
+Clock = Callable[[], int]
+
+
+def _wall_clock_us() -> int:
+    return time.time_ns() // 1000
+
+
+def next_watermark(
+    *,
+    previous_us: int | None,
+    max_time_us: int | None,
+    bound_us: int,
+    ordered: bool,
+    idle_release: bool,
+    arrivals: Sequence[Sequence[int]],
+    now_us: int,
+) -> tuple[int | None, list[list[int]]]:
+    """The watermark of a micro-batch (rows with time below it are decided) and the arrivals to remember.
+
+    ``arrivals`` are ``[processing time, newest event time seen by then]`` of earlier batches. Three
+    bounds, the highest wins; the watermark never goes back:
+
+    * event time: ``newest time seen - bound`` (a row is never older than that);
+    * idle release (processing time): every row seen at least ``bound`` ago in processing time is
+      decided, with every row at or before its time, so a quiet stream still produces its output;
+    * ordered input (the source vouches that rows arrive in time order): everything seen is decided.
+    """
+    candidates = [previous_us]
+    if max_time_us is not None:
+        candidates.append(max_time_us + 1 if ordered else max_time_us - bound_us)
+    if idle_release:
+        due = [int(newest) for at, newest in arrivals if at <= now_us - bound_us]
+        if due:
+            candidates.append(max(due) + 1)
+    watermark = max((c for c in candidates if c is not None), default=None)
+    remembered = [[int(at), int(newest)] for at, newest in arrivals if at > now_us - bound_us]
+    if max_time_us is not None and not ordered:
+        if watermark is None or max_time_us >= watermark:  # rows at or above the watermark wait
+            remembered.append([now_us, max_time_us])
+    return watermark, remembered
+
+
+def ordering_of(df: DataFrame, time_col: str) -> str | None:
+    """The tie-break column when the source vouches that ``time_col`` arrives in order, else None."""
+    if time_col not in df.columns:
+        return None
+    value = df.schema[time_col].metadata.get(ORDERED_BY)
+    return str(value) if value and value in df.columns else None
 
 
 class _Engine:
@@ -75,10 +143,16 @@ class _Engine:
         entity_settings: Mapping[str, Any] | None,
         order_col: str | Sequence[str] | None,
         on_invalid: _plan.OnInvalid,
+        idle_release: bool = True,
+        clock: Clock = _wall_clock_us,
     ) -> None:
         if output_path is None and foreach_batch is None:
             raise InvalidArgumentError("give output_path, foreach_batch or both: where the kept rows go")
         self.default, self.per_entity = resolve_settings(window, partitioned, entity_settings)
+        tie_break = ordering_of(df, time_col)
+        self.ordered = tie_break is not None and max_out_of_order is None
+        if order_col is None and tie_break is not None:
+            order_col = tie_break
         self.columns = _plan.resolve_columns(
             df,
             message_id_col=message_id_col,
@@ -89,6 +163,8 @@ class _Engine:
             order_col=order_col,
             entity_settings_given=bool(entity_settings),
         )
+        if max_out_of_order is None:
+            max_out_of_order = timedelta(0) if self.ordered else DEFAULT_MAX_OUT_OF_ORDER
         bound = parse_duration(max_out_of_order, name="max_out_of_order")
         if bound < timedelta(0):
             raise InvalidArgumentError("max_out_of_order must not be negative")
@@ -98,32 +174,92 @@ class _Engine:
         self.output_path = output_path.rstrip("/") if output_path else None
         self.foreach_batch = foreach_batch
         self.on_invalid = on_invalid
+        self.idle_release = idle_release
+        self.clock = clock
         self.user_schema = df.schema
         self._previous: tuple[int, dict[str, Any]] | None = None
-        self._files: HadoopFiles | None = None
+        self._files: StateFiles | None = None
+        self.shuffle_keys_up_to = SHUFFLE_KEYS_UP_TO
         self._prepared_schema: T.StructType | None = None
 
     # -- manifests -----------------------------------------------------------------------------
-    def _fs(self, spark: SparkSession) -> HadoopFiles:
+    def _fs(self, spark: SparkSession) -> StateFiles:
         if self._files is None:
-            self._files = HadoopFiles(spark, self.state_path)
+            self._files = state_files(spark, self.state_path)
         return self._files
 
     def previous_manifest(self, spark: SparkSession, batch_id: int) -> dict[str, Any]:
         """The manifest of the newest batch before ``batch_id`` (an empty one before the first)."""
-        if self._previous is not None and self._previous[0] == batch_id - 1:
+        if self._previous is not None and self._previous[0] < batch_id:  # this engine wrote the newest one
             return self._previous[1]
         files = self._fs(spark)
         ids = [int(name[:-5]) for name in files.list_names("batches") if name.endswith(".json")]
         earlier = [i for i in ids if i < batch_id]
         if not earlier:
-            return {"batch_id": None, "watermark_us": None, "max_time_us": None, "key_folders": [], "held": None}
+            return {
+                "batch_id": None,
+                "watermark_us": None,
+                "max_time_us": None,
+                "key_folders": [],
+                "held": None,
+                "arrivals": [],
+            }
         manifest: dict[str, Any] = json.loads(files.read_text(f"batches/{max(earlier):020d}.json"))
         return manifest
 
     # -- one micro-batch -----------------------------------------------------------------------
+    def _key_folders(
+        self, spark: SparkSession, folders: list[dict[str, Any]], *, with_window: bool = False
+    ) -> DataFrame | None:
+        """(H1, H2, T_US[, W_US]) of the keys recorded in ``folders`` (this layout's and the first one's;
+        the first layout kept no window: null there)."""
+        files = self._fs(spark)
+        current = [files.path(f["path"]) for f in folders if f.get("layout") == LAYOUT]
+        first = [files.path(f["path"]) for f in folders if f.get("layout") != LAYOUT]
+        parts: list[DataFrame] = []
+        names = [*STATE_KEY_SCHEMA.names, _plan.W_US] if with_window else STATE_KEY_SCHEMA.names
+        if current:
+            schema = T.StructType([*STATE_KEY_SCHEMA.fields, T.StructField(_plan.W_US, T.LongType())])
+            schema = schema if with_window else STATE_KEY_SCHEMA
+            parts.append(spark.read.schema(schema).parquet(*current).select(*names))
+        if first:  # keys/b=N folders of the layout before issue 12: (h1, h2, t0)
+            old = spark.read.schema(KEY_SCHEMA).parquet(*first)
+            renamed = [F.col("h1").alias(_plan.H1), F.col("h2").alias(_plan.H2), F.col("t0").alias(_plan.T_US)]
+            if with_window:
+                renamed.append(F.lit(None).cast("long").alias(_plan.W_US))
+            parts.append(old.select(*renamed))
+        if not parts:
+            return None
+        keys = parts[0]
+        for part in parts[1:]:
+            keys = keys.unionByName(part)
+        return keys
+
+    def _compact(
+        self, spark: SparkSession, live: list[dict[str, Any]], watermark: int | None, batch_id: int
+    ) -> list[dict[str, Any]]:
+        """Merge old key folders into one (``_state``), dropping keys whose window has passed."""
+        merge = _state.plan_compaction(live)
+        if not merge:
+            return live
+        files = self._fs(spark)
+        keys = self._key_folders(spark, merge, with_window=True)
+        assert keys is not None
+        path = f"c={batch_id}"
+        columns = (_plan.H1, _plan.H2, _plan.T_US, _plan.W_US)
+        _state.compact(keys, columns, watermark, self.max_window_us).write.mode("overwrite").parquet(files.path(path))
+        written = spark.read.schema(STATE_KEY_SCHEMA).parquet(files.path(path))
+        stats = written.agg(F.count(F.lit(1)).alias("rows"), F.max(_plan.T_US).alias("max_t0")).first()
+        assert stats is not None
+        rest = [f for f in live if f not in merge]
+        if not stats["rows"]:
+            return rest
+        merged = {"path": path, "rows": int(stats["rows"]), "max_t0": int(stats["max_t0"]), "layout": LAYOUT}
+        return [merged, *rest]
+
     def process(self, batch: DataFrame, batch_id: int, *, flush: bool = False) -> dict[str, Any]:
         started = time.perf_counter()
+        now_us = self.clock()
         spark = batch.sparkSession
         files = self._fs(spark)
         previous = self.previous_manifest(spark, batch_id)
@@ -134,8 +270,8 @@ class _Engine:
             timings[name] = round(now - since[0], 3)
             since[0] = now
 
+        # 1. what arrived: row count, newest time, rows later than the previous watermark (one scan)
         prepared_new = _plan.prepare(batch, self.columns, self.default, self.per_entity, self.on_invalid)
-        prepared_new = prepared_new.persist(StorageLevel.MEMORY_AND_DISK)
         self._prepared_schema = prepared_new.schema
         previous_wm = previous["watermark_us"]
         late = F.col(_plan.T_US) < F.lit(previous_wm) if previous_wm is not None else F.lit(False)
@@ -145,110 +281,144 @@ class _Engine:
             F.sum(late.cast("long")).alias("late"),
         ).first()
         assert stats is not None
-        rows_in = batch_rows = int(stats["rows"])
+        batch_rows = int(stats["rows"])
         max_time = max([v for v in (previous["max_time_us"], stats["max_t"]) if v is not None], default=None)
+        watermark, arrivals = next_watermark(
+            previous_us=previous_wm,
+            max_time_us=max_time,
+            bound_us=self.bound_us,
+            ordered=self.ordered,
+            idle_release=self.idle_release,
+            arrivals=previous.get("arrivals", []),
+            now_us=now_us,
+        )
         if flush:
-            watermark = 2**62
-        elif max_time is None:
-            watermark = previous_wm
-        else:
-            watermark = max(v for v in (previous_wm, max_time - self.bound_us) if v is not None)
+            watermark, arrivals = 2**62, []
         lap("read")
+        held_before = int(previous.get("counts", {}).get("held", 0)) if previous["held"] else 0
+        replay_possible = self._previous is None  # the first batch of a run may replay one that wrote output
+        if batch_rows == 0 and not flush and not replay_possible and (watermark == previous_wm or not held_before):
+            return previous  # an idle tick: nothing arrived and nothing is due; no state to change
 
+        # 2. the pool (new rows and rows held before) and the prior t0 of the keys about to be decided
         pool = prepared_new
-        if previous["held"]:
-            held_before = spark.read.schema(prepared_new.schema).parquet(files.path(previous["held"]))
-            pool = pool.unionByName(held_before)
-            rows_in += int(previous.get("counts", {}).get("held", 0))
-        if watermark is None:
-            decided = pool.limit(0)
-            held = pool
-        else:
-            decided = pool.where(F.col(_plan.T_US) < F.lit(watermark))
-            held = pool.where(F.col(_plan.T_US) >= F.lit(watermark))
-        held_name = f"held/b={batch_id}"
-        held.write.mode("overwrite").parquet(files.path(held_name))
-        held_rows = spark.read.parquet(files.path(held_name)).count()
-        lap("hold")
-
+        if held_before:
+            held_schema = T.StructType([f for f in prepared_new.schema.fields])
+            pool = pool.unionByName(spark.read.schema(held_schema).parquet(files.path(previous["held"])))
         live = [
             f for f in previous["key_folders"] if previous_wm is None or f["max_t0"] + self.max_window_us > previous_wm
         ]
-        expired = [f for f in previous["key_folders"] if f not in live]
-        seeds = None
-        if live:
-            state = spark.read.schema(KEY_SCHEMA).parquet(*[files.path(f["path"]) for f in live])
-            probe = decided.where(F.col(_plan.W_US) >= 0).select(
-                F.col(_plan.H1).alias("p1"), F.col(_plan.H2).alias("p2")
-            )
-            seeds = state.join(
+        live = self._compact(spark, live, previous_wm, batch_id)
+        lap("compact")
+        seeds = self._key_folders(spark, live)
+        pool_rows = batch_rows + held_before
+        keys_live = sum(int(f["rows"]) for f in live)
+        if seeds is not None and keys_live > self.shuffle_keys_up_to * pool_rows:
+            # many keys held: scan them against the broadcast digests of the pool (one more scan of the
+            # pool, but only the keys the pool has go through the sort); few: sort them all with the pool
+            probe = pool.where(F.col(_plan.W_US) >= 0).select(F.col(_plan.H1).alias("p1"), F.col(_plan.H2).alias("p2"))
+            seeds = seeds.join(
                 F.broadcast(probe),
-                on=(state["h1"] == probe["p1"]) & F.coalesce(state["h2"] == probe["p2"], F.lit(False)),
+                on=(seeds[_plan.H1] == probe["p1"]) & F.coalesce(seeds[_plan.H2] == probe["p2"], F.lit(False)),
                 how="left_semi",
-            ).select(F.col("h1").alias(_plan.H1), F.col("h2").alias(_plan.H2), F.col("t0").alias(_plan.T_US))
-            # materialised on its own: the scan of the held keys is the cost that grows with rate x window
-            seeds = seeds.persist(StorageLevel.MEMORY_AND_DISK)
-            keys_found = seeds.count()
-        else:
-            keys_found = 0
-        lap("lookup")
-        kept = _plan.apply_rule(decided, self.columns, seeds).persist(StorageLevel.MEMORY_AND_DISK)
-        key_name = f"keys/b={batch_id}"
-        recorded = kept.where(F.col(_plan.W_US) >= 0)
-        new_keys = recorded.select(
-            F.col(_plan.H1).alias("h1"), F.col(_plan.H2).alias("h2"), F.col(_plan.T_US).alias("t0")
-        )
-        new_keys.write.mode("overwrite").parquet(files.path(key_name))
-        key_stats = recorded.agg(F.count(F.lit(1)).alias("rows"), F.max(_plan.T_US).alias("max_t0")).first()
-        assert key_stats is not None
-        lap("decide")
+            )
 
-        output = kept.select(*self.columns.user)
+        # 3. one pass decides every key: kept rows (recording their key or not) and rows still held
+        result = _plan.decide(pool, self.columns, seeds, watermark)
+        result = result.persist(StorageLevel.MEMORY_AND_DISK)
+        role = F.col(_plan.ROLE)
+        folder = f"b={batch_id}"
+        keys_path = f"{folder}/{_plan.ROLE}={_chain.ROLE_KEY}"
+        held_path = f"{folder}/{_plan.ROLE}={_chain.ROLE_HELD}"
+        files.delete(folder)  # a replay starts clean
+        key_columns = [F.col(c) for c in (*STATE_KEY_SCHEMA.names, _plan.W_US)]
+        result.where(role == _chain.ROLE_KEY).select(*key_columns).write.mode("overwrite").parquet(
+            files.path(keys_path)
+        )
+        if not self.ordered:  # an ordered input holds nothing
+            held_columns = [F.col(f.name) for f in prepared_new.schema.fields]
+            result.where(role == _chain.ROLE_HELD).select(*held_columns).write.mode("overwrite").parquet(
+                files.path(held_path)
+            )
+        lap("decide")
+        output = result.where(role != _chain.ROLE_HELD).select(*self.columns.user)
         if self.output_path is not None:
             output.write.mode("overwrite").parquet(f"{self.output_path}/batch_id={batch_id}")
         if self.foreach_batch is not None:
             self.foreach_batch(output, batch_id)
         lap("output")
+        counts = result.agg(
+            F.sum((role == _chain.ROLE_KEY).cast("long")).alias("recorded"),
+            F.max(F.when(role == _chain.ROLE_KEY, F.col(_plan.T_US))).alias("max_t0"),
+            F.sum((role == _chain.ROLE_HELD).cast("long")).alias("held"),
+            F.sum((role != _chain.ROLE_HELD).cast("long")).alias("kept"),
+        ).first()
+        assert counts is not None
+        result.unpersist()
+        recorded, held_rows = int(counts["recorded"] or 0), int(counts["held"] or 0)
 
+        # 4. the manifest names what the next batch reads; then what no batch will read again goes
         folders = list(live)
-        if key_stats["rows"]:
-            folders.append({"path": key_name, "rows": int(key_stats["rows"]), "max_t0": int(key_stats["max_t0"])})
-        kept_rows = int(key_stats["rows"])
+        if recorded:
+            folders.append(
+                {
+                    "path": keys_path,
+                    "rows": recorded,
+                    "max_t0": int(counts["max_t0"]),
+                    "layout": LAYOUT,
+                }
+            )
         manifest = {
+            "layout": LAYOUT,
             "batch_id": batch_id,
             "watermark_us": watermark,
             "max_time_us": max_time,
             "max_out_of_order_us": self.bound_us,
             "key_folders": folders,
             "keys_held": sum(f["rows"] for f in folders),
-            "held": held_name,
+            "held": held_path if held_rows else None,
+            "arrivals": arrivals,
+            "ordered": self.ordered,
             "flushed": flush,
             "counts": {
                 "batch_rows": batch_rows,
                 "late": int(stats["late"] or 0),
-                "decided": rows_in - held_rows,
+                "decided": pool_rows - held_rows,
                 "held": held_rows,
-                "kept_recorded": kept_rows,
-                "held_keys_found": keys_found,
+                "kept": int(counts["kept"] or 0),
+                "kept_recorded": recorded,
             },
             "seconds": timings,
         }
         timings["total"] = round(time.perf_counter() - started, 3)
         files.write_text(f"batches/{batch_id:020d}.json", json.dumps(manifest, indent=1))
         self._previous = (batch_id, manifest)
-        prepared_new.unpersist()
-        kept.unpersist()
-        if seeds is not None:
-            seeds.unpersist()
-        for folder in expired:
-            files.delete(folder["path"])
-        for name in files.list_names("held"):
-            if name.startswith("b=") and int(name[2:]) < batch_id - 1:
-                files.delete(f"held/{name}")
+        self._clean(files, previous, manifest, batch_id)
+        return manifest
+
+    def _clean(self, files: StateFiles, previous: dict[str, Any], manifest: dict[str, Any], batch_id: int) -> None:
+        """Delete the folders neither this manifest nor the previous one lists (a replay of this batch
+        reads what the previous one lists), and all but the newest manifests."""
+        listed = {f["path"] for m in (previous, manifest) for f in m["key_folders"]}
+        listed |= {m["held"] for m in (previous, manifest) if m.get("held")}
+        for name in files.list_names(""):
+            if name.startswith("c=") and name not in listed:
+                files.delete(name)
+            elif name.startswith("b=") and int(name[2:]) < batch_id:
+                inside = [f"{name}/{part}" for part in files.list_names(name) if part.startswith(_plan.ROLE)]
+                if not any(path in listed for path in inside):
+                    files.delete(name)
+                else:
+                    for path in inside:
+                        if path not in listed:
+                            files.delete(path)
+        for old in ("keys", "held"):  # the layout before issue 12
+            for name in files.list_names(old):
+                if f"{old}/{name}" not in listed:
+                    files.delete(f"{old}/{name}")
         manifests = [n for n in files.list_names("batches") if n.endswith(".json")]
         for name in manifests[:-_MANIFESTS_KEPT]:
             files.delete(f"batches/{name}")
-        return manifest
 
 
 def _engine(df: DataFrame, window: Any, partitioned: bool, **options: Any) -> _Engine:
@@ -264,7 +434,8 @@ def deduplicate_stream(
     output_path: str | None = None,
     foreach_batch: ForeachBatch | None = None,
     checkpoint_location: str | None = None,
-    max_out_of_order: timedelta | str = DEFAULT_MAX_OUT_OF_ORDER,
+    max_out_of_order: timedelta | str | None = None,
+    idle_release: bool = True,
     trigger: Mapping[str, Any] | None = None,
     query_name: str | None = None,
     message_id_col: str = "message_id",
@@ -290,23 +461,37 @@ def deduplicate_stream(
     checkpoint defaults to ``state_path/_checkpoint``. Keep both together:
     restarting on the same paths continues exactly where the query stopped.
 
-    ``max_out_of_order`` (default 5 s) is the bound on out-of-order arrival:
-    when a row arrives, no row seen before it may be newer than its time plus
-    the bound. Within the bound the result equals the core's verdicts for the
-    rows sorted by (time, ``order_col``). Each row is decided once the newest
-    time seen passes its own time plus the bound, so rows wait for about that
-    long (plus the trigger interval) before they are output; a row later than
-    the bound is decided in the batch it arrives in, against the keys held
-    then (counted as ``late`` in the manifest). Rows still held when the query
-    stops are decided by the next batch, or by :func:`flush_stream` when the
-    input has ended for good.
+    ``max_out_of_order`` is the bound on out-of-order arrival: when a row
+    arrives, no row seen before it may be newer than its time plus the bound.
+    Within the bound the result equals the core's verdicts for the rows sorted
+    by (time, ``order_col``). Each row is decided once the newest time seen
+    passes its own time plus the bound, or (``idle_release``, on by default)
+    once it has waited the bound in processing time, as a watermark with an
+    idle timeout would: a quiet stream still produces all its output within
+    about the bound plus a trigger interval. (For that, the query also reads
+    ``oncebus-ticks``, a stream with no rows whose offset advances every
+    second, so micro-batches run while the input is quiet.) A row later than that is
+    decided in the batch it arrives in, against the keys held then (counted as
+    ``late`` in the manifest). The default bound is 5 s, or 0 with nothing
+    held when the source vouches for the order of ``time_col`` (the
+    ``oncebus`` source does: the broker assigns enqueued times in sequence
+    order per entity, and ``sequence_number`` breaks ties). Rows still held
+    when the query stops are decided by the next batch, or by
+    :func:`flush_stream` when the input has ended for good.
 
     The per-batch cost is a scan of the held keys (about rate x window keys;
     at 50,000 sends/s and a 10-minute window, 30 million) plus the batch's
     rows, so larger micro-batches (a trigger of 10-30 s) carry more rows per
     scan. ``trigger`` takes the keyword arguments of
     ``DataStreamWriter.trigger``, e.g. ``{"processingTime": "20 seconds"}`` or
-    ``{"availableNow": True}``.
+    ``{"availableNow": True}``. Small key folders are merged as they pile up
+    (keys past their window dropped); :func:`oncebus.spark.state_report`
+    tells the state's size and age.
+
+    On a cluster, ``state_path`` and ``output_path`` must be reachable from
+    the driver and every executor; under Spark Connect (``foreachBatch`` runs
+    on the Connect server) ``state_path`` must be a local path or a shared
+    mount of the server's host.
     """
     engine = _engine(
         df,
@@ -316,6 +501,7 @@ def deduplicate_stream(
         output_path=output_path,
         foreach_batch=foreach_batch,
         max_out_of_order=max_out_of_order,
+        idle_release=idle_release,
         message_id_col=message_id_col,
         partition_key_col=partition_key_col,
         session_id_col=session_id_col,
@@ -331,7 +517,10 @@ def deduplicate_stream(
     def each_batch(batch: DataFrame, batch_id: int) -> None:
         engine.process(batch, batch_id)
 
-    writer = df.writeStream.foreachBatch(each_batch).option(
+    source = df
+    if idle_release and not engine.ordered:
+        source = df.unionByName(_ticks(df))
+    writer = source.writeStream.foreachBatch(each_batch).option(
         "checkpointLocation", checkpoint_location or f"{state_path.rstrip('/')}/_checkpoint"
     )
     if query_name:
@@ -339,6 +528,15 @@ def deduplicate_stream(
     if trigger:
         writer = writer.trigger(**trigger)
     return writer.start()
+
+
+def _ticks(df: DataFrame) -> DataFrame:
+    """A stream of no rows with ``df``'s columns whose offset advances every second: unioned with a
+    quiet input, it makes micro-batches run so held rows are released (``_ticks.py``)."""
+    spark = df.sparkSession
+    spark.dataSource.register(TickDataSource)
+    ticks = spark.readStream.format(TICKS).load()
+    return ticks.select(*[F.lit(None).cast(field.dataType).alias(field.name) for field in df.schema.fields])
 
 
 def flush_stream(
@@ -383,7 +581,7 @@ def flush_stream(
         on_invalid=on_invalid,
     )
     spark = df.sparkSession
-    files = HadoopFiles(spark, state_path)
+    files = state_files(spark, state_path)
     ids = [int(name[:-5]) for name in files.list_names("batches") if name.endswith(".json")]
     if not ids:
         raise InvalidArgumentError(f"no batches under {state_path}: nothing to flush")

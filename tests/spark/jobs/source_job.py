@@ -31,7 +31,6 @@ def main() -> None:
         "PT10M",
         state_path=state_path,
         output_path=output_path,
-        max_out_of_order="PT0S",
         trigger={"processingTime": "1 second"},
     )
     print("STARTED", flush=True)

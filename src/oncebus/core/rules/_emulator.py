@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from oncebus.core.errors import InvalidArgumentError, SqlExpressionError
+from oncebus.core.errors import InvalidArgumentError, named
 from oncebus.core.rules._evaluate import RuleSet
 from oncebus.core.rules._model import (
     CorrelationRuleFilter,
@@ -91,14 +91,8 @@ def _rule(entry: Any, where: str) -> RuleProperties:
             if spec["SqlExpression"].strip():
                 action = SqlRuleAction(spec["SqlExpression"])
         return RuleProperties(name, rule_filter, action)
-    except SqlExpressionError as exc:
-        raise SqlExpressionError(
-            f"{where}: {exc}", expression=exc.expression, line=exc.line, column=exc.column, expected=exc.expected
-        ) from None
     except InvalidArgumentError as exc:
-        if str(exc).startswith(where):
-            raise
-        raise InvalidArgumentError(f"{where}: {exc}") from None
+        raise named(where, exc) from None
 
 
 def _correlation(spec: Any, where: str) -> CorrelationRuleFilter:

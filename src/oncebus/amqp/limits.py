@@ -1,0 +1,88 @@
+"""Every bound the AMQP front end puts on a client, in one place.
+
+A client cannot make oncebus do unbounded work: frames are bounded before and
+after the open exchange, a delivery is refused as soon as it passes its link's
+size, a connection that does not finish its handshake is closed, and a
+receiver that does not read stops the broker from handing it more messages.
+
+The defaults suit a local broker. ``AmqpLimits.from_env()`` lets a deployment
+(or a test, which wants short timeouts) change them through environment
+variables named ``ONCEBUS_AMQP_<FIELD>`` in upper case, e.g.
+``ONCEBUS_AMQP_HANDSHAKE_TIMEOUT=0.5``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# AMQP 1.0 (2.4.1, 5.3.1): MIN-MAX-FRAME-SIZE, what either peer must accept before the open
+# (or SASL) exchange has told it more; a larger frame then is a protocol error.
+MIN_MAX_FRAME_SIZE = 512
+
+ENV_PREFIX = "ONCEBUS_AMQP_"
+
+
+@dataclass(frozen=True)
+class AmqpLimits:
+    """The bounds one AMQP listener applies to every connection."""
+
+    # the max-frame-size oncebus advertises in its open: no incoming frame after the open exchange may be larger
+    max_frame_size: int = 65536
+    # every frame before the client's open (SASL frames included) must fit in this
+    handshake_frame_size: int = MIN_MAX_FRAME_SIZE
+    # seconds from accept to the client's open (protocol header, SASL, open); then the connection is closed
+    handshake_timeout: float = 30.0
+    # seconds a closing connection may take to flush its last frames to a client that does not read
+    close_flush_timeout: float = 5.0
+    # bytes waiting to be written to one client above which no more deliveries are taken from the broker
+    outgoing_buffer_limit: int = 1024 * 1024
+    # deliveries taken from the broker at once for one receiver link, before the sizes seen say more
+    first_delivery_batch: int = 16
+    # the most deliveries taken from the broker at once for one receiver link
+    max_delivery_batch: int = 256
+    # link-level max-message-size of a client's link to $cbs (a token is a few hundred bytes)
+    cbs_message_size: int = 64 * 1024
+    # link-level max-message-size of a client's link to <entity>/$management, at least
+    management_message_size: int = 1024 * 1024
+    # open links (both directions) one connection may hold
+    max_links_per_connection: int = 1000
+    # sessions one connection may begin (AMQP channel-max + 1)
+    max_sessions_per_connection: int = 256
+    # nesting of lists, maps, arrays and described values within one AMQP value
+    max_value_depth: int = 64
+    # seconds between checks that every open link is still covered by an unexpired CBS token
+    token_check_interval: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.handshake_frame_size < MIN_MAX_FRAME_SIZE:
+            raise ValueError(f"handshake_frame_size must be at least {MIN_MAX_FRAME_SIZE} (AMQP's minimum)")
+        if self.max_frame_size < self.handshake_frame_size:
+            raise ValueError("max_frame_size must be at least handshake_frame_size")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{f.name} must be positive, not {value!r}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AmqpLimits:
+        """The defaults, overridden by ``ONCEBUS_AMQP_<FIELD>`` variables (a bad value is an error naming it)."""
+        environ = os.environ if environ is None else environ
+        changes: dict[str, int | float] = {}
+        for f in dataclasses.fields(cls):
+            name = ENV_PREFIX + f.name.upper()
+            text = environ.get(name)
+            if text is None:
+                continue
+            kind = float if f.type in ("float", float) else int
+            try:
+                changes[f.name] = kind(text)
+            except ValueError:
+                raise ValueError(f"{name}={text!r} is not a{'' if kind is int else ' decimal'} number") from None
+        return cls(**changes)  # type: ignore[arg-type]
+
+
+DEFAULT_LIMITS = AmqpLimits()

@@ -1,0 +1,35 @@
+"""A running ``oncebus serve`` and recordings of real azure-servicebus sessions with it, for the fuzz suite."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.amqp.conftest import ServerProcess, topology
+from tests.fuzz.sessions import Recording, record_sessions
+
+QUEUES = {
+    "fuzz": {"RequiresDuplicateDetection": True, "LockDuration": "PT5S", "MaxDeliveryCount": 3},
+    "fuzzsessions": {"RequiresSession": True},
+    "ledger": {"RequiresDuplicateDetection": True},
+    "probe": {},
+}
+TOPICS = {"fuzztopic": ({"EnablePartitioning": True}, {"sub": {}})}
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    base = tmp_path_factory.mktemp("fuzz")
+    env = {"ONCEBUS_AMQP_HANDSHAKE_TIMEOUT": "2"}
+    process = ServerProcess(base / "data", topology(QUEUES, TOPICS), env=env).start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def recordings(fuzz_server: ServerProcess) -> list[Recording]:
+    """One recording per SDK connection: send, receive and settle, sessions, topic (see sessions.SESSIONS)."""
+    found = record_sessions(fuzz_server.connection_string, fuzz_server.port)
+    assert {r.name for r in found} >= {"send", "receive", "sessions", "topic"}, [r.name for r in found]
+    return found

@@ -1,0 +1,56 @@
+"""A state directory written by the layout before issue 12 is read and continued in place."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+
+from oncebus.spark import EntitySettings
+from oncebus.spark._stream import LAYOUT, _Engine
+from oncebus.spark._trace import DEFAULT_ENTITIES
+from tests.spark.test_exactness import core_kept_seqs
+
+DATA = Path(__file__).parent / "data" / "state-v1"
+SETTINGS = {
+    e.name: EntitySettings(window=timedelta(microseconds=e.window_us), partitioned=e.partitioned)
+    for e in DEFAULT_ENTITIES
+}
+
+
+def test_first_layout_state_is_continued_exactly(spark: SparkSession, tmp_path: Path) -> None:
+    work = tmp_path / "v1"
+    shutil.copytree(DATA, work)
+    before = json.loads((work / "state" / "batches" / "00000000000000000001.json").read_text())
+    assert "layout" not in before and before["key_folders"][0]["path"].startswith("keys/")
+    trace_path = str(work / "trace.parquet")
+    df = spark.read.parquet(trace_path)
+    engine = _Engine(
+        df,
+        window="PT10M",
+        partitioned=False,
+        state_path=str(work / "state"),
+        output_path=str(work / "out"),
+        foreach_batch=None,
+        max_out_of_order=timedelta(seconds=2),
+        message_id_col="message_id",
+        partition_key_col="partition_key",
+        session_id_col="session_id",
+        time_col="enqueued_time",
+        entity_col="entity",
+        entity_settings=SETTINGS,
+        order_col="seq",
+        on_invalid="drop",
+    )
+    for batch_id, (low, high) in enumerate([(3000, 4500), (4500, 6000)], start=2):
+        manifest = engine.process(spark.read.parquet(trace_path).where(f"seq >= {low} and seq < {high}"), batch_id)
+        assert manifest["layout"] == LAYOUT
+    engine.process(spark.read.parquet(trace_path).limit(0), 4, flush=True)
+    got = [r["seq"] for r in spark.read.parquet(str(work / "out")).select("seq").collect()]
+    assert len(got) == len(set(got))
+    assert set(got) == core_kept_seqs(pq.read_table(trace_path))
+    assert not (work / "state" / "held").exists() or not list((work / "state" / "held").iterdir())

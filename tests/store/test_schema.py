@@ -1,4 +1,5 @@
-"""Store schema versions: a file the previous layout (schema 0, before versions) wrote is migrated in place."""
+"""Store schema versions: files the previous layouts wrote (schema 0, before versions; schema 2, one message table
+with the content) are migrated in place."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def test_a_schema_0_file_is_migrated_and_keeps_every_key_and_message(tmp_path: P
     path = tmp_path / "oncebus.db"
     _write_schema_0(path)
     store = SqliteStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     stored = {(k.entity, k.key) for k in store.load().dedup_keys}
     assert stored == {
         ("plain", "order-1"),
@@ -111,8 +112,8 @@ def test_a_failed_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatc
             raise ValueError("simulated failure half way")
         return keys.migrate_key_text_v0(text, partitioned=partitioned)
 
-    monkeypatch.setattr("oncebus.store.sqlite.migrate_key_text_v0", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 0 to 2 .*the file is unchanged"):
+    monkeypatch.setattr("oncebus.store.sqlite_layout.migrate_key_text_v0", failing)
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 0 to 3 .*the file is unchanged"):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 0
@@ -128,7 +129,7 @@ def test_a_file_from_a_newer_release_is_refused_naming_both_versions(tmp_path: P
     db.execute("PRAGMA user_version = 7")
     db.commit()
     db.close()
-    with pytest.raises(StoreError, match=r"newer oncebus \(store schema 7; this version reads up to 2\)"):
+    with pytest.raises(StoreError, match=r"newer oncebus \(store schema 7; this version reads up to 3\)"):
         SqliteStore(path)
 
 
@@ -136,3 +137,112 @@ def test_a_new_file_starts_at_the_current_schema(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "oncebus.db")
     assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     store.close()
+
+
+def _write_schema_2(path: Path) -> list[tuple[object, ...]]:
+    """A data file as schema 2 left it: one ``message`` table holding each message's body, wire encoding and JSON."""
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(SCHEMA_0 + "CREATE TABLE subscription_rules (path TEXT PRIMARY KEY, rules TEXT NOT NULL);")
+    props = QueueProperties.create("q", requires_duplicate_detection=True, requires_session=False)
+    db.execute("INSERT INTO entity VALUES ('q', 'queue', ?)", (json.dumps(props.to_dict()),))
+    wire = b"\x00Sp\xc0\x01\x00" + b"\x00Su\xa0\x05hello"  # a header and a data section holding the body
+    rows = [
+        # path, seq, state, delivery count, enqueued, expires, body, wire, meta
+        ("q", 1, 0, 0, T0, None, b"hello", wire, json.dumps({"message_id": "m1", "subject": "s"})),
+        (
+            "q",
+            2,
+            1,
+            2,
+            T0 + 1,
+            T0 + 10**9,
+            b"later",
+            None,
+            json.dumps(
+                {
+                    "message_id": "abcd",
+                    "message_id_type": "binary",
+                    "session_id": "s1",
+                    "application_properties": {"k": 1},
+                    "time_to_live_us": 10**9,
+                }
+            ),
+        ),
+        (
+            "q/$deadletterqueue",
+            3,
+            3,
+            5,
+            T0 + 2,
+            None,
+            b"dead",
+            None,
+            json.dumps({"message_id": "m3", "dead_letter_reason": "why", "dead_letter_error_description": "because"}),
+        ),
+    ]
+    db.executemany("INSERT INTO message VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    db.execute("INSERT INTO dedup_key VALUES ('q', ?, 'm1')", (T0,))
+    db.execute("INSERT INTO counters VALUES ('q', 4, ?)", (json.dumps({"accepted": 3}),))
+    db.execute("PRAGMA user_version = 2")
+    db.commit()
+    db.close()
+    return rows
+
+
+def test_a_schema_2_file_is_migrated_and_every_message_reads_back_the_same(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    _write_schema_2(path)
+    store = SqliteStore(path)
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == 3
+    tables = {name for (name,) in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"message", "message_data"} <= tables and "message_v1" not in tables
+    # the body inside the wire encoding is kept once
+    assert store._db.execute("SELECT body, body_offset, body_length FROM message_data WHERE id = 1").fetchone() == (
+        None,
+        len(b"\x00Sp\xc0\x01\x00\x00Su\xa0\x05"),
+        5,
+    )
+    rows = sorted(store.load().messages)
+    assert [(r[0], r[1], r[2], r[3], r[7]) for r in rows] == [
+        ("q", 1, 0, 0, None),
+        ("q", 2, 1, 2, "s1"),
+        ("q/$deadletterqueue", 3, 3, 5, None),
+    ]
+
+    async def go() -> None:
+        ns = await Namespace.open(store, ManualClock(T0 + 100))
+        peeked = {m.sequence_number: m for m in ns.peek_messages("q", 10)}
+        assert peeked[1].body == b"hello" and peeked[1].subject == "s" and peeked[1].message_id == "m1"
+        assert peeked[2].body == b"later" and peeked[2].message_id == bytes.fromhex("abcd")
+        assert peeked[2].session_id == "s1" and peeked[2].application_properties == {"k": 1}
+        assert peeked[2].delivery_count == 2
+        deferred = await ns.receive_deferred_messages("q", [2])
+        assert deferred[0].body == b"later"
+        (dead,) = await ns.receive("q/$DeadLetterQueue", 10)
+        assert (dead.body, dead.dead_letter_reason, dead.dead_letter_error_description) == (b"dead", "why", "because")
+        await ns.complete("q/$DeadLetterQueue", dead.lock_token)
+        assert (await ns.send("q", Message(b"", message_id="m1")))[0].duplicate
+        await ns.close()
+
+    asyncio.run(go())
+    store.close()
+    reopened = SqliteStore(path)
+    assert reopened._db.execute("SELECT count(*) FROM message_data").fetchone()[0] == 2  # the completed one's went
+    reopened.close()
+
+
+def test_a_failed_schema_2_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "oncebus.db"
+    rows = _write_schema_2(path)
+
+    def failing(message: object, data_id: int) -> object:
+        raise OSError("simulated failure half way")
+
+    monkeypatch.setattr("oncebus.store.sqlite_layout.message_rows", failing)
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 2 to 3 .*the file is unchanged"):
+        SqliteStore(path)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert db.execute("SELECT * FROM message ORDER BY sequence_number").fetchall() == [tuple(r) for r in rows]
+    assert db.execute("SELECT name FROM sqlite_master WHERE name = 'message_data'").fetchone() is None

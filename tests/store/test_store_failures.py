@@ -58,7 +58,7 @@ def test_a_full_disk_reports_the_real_cause_and_the_store_goes_on(tmp_path: Path
     _free_space(store)
     store.submit([PutMessage(_message(3, 100_000))]).result()  # no restart needed
     store.close()
-    assert [m.sequence_number for m in SqliteStore(tmp_path / "oncebus.db").load().messages] == [1, 3]
+    assert [m[1] for m in SqliteStore(tmp_path / "oncebus.db").load().messages] == [1, 3]
 
 
 async def _recovered(ns: Namespace) -> None:
@@ -240,7 +240,7 @@ def test_one_failing_unit_does_not_fail_the_others_committed_with_it(tmp_path: P
     assert all(f.exception() is None for i, f in enumerate(futures) if i != 5)
     assert transactions == [1, 11] + [1] * 11  # the group failed as a whole, then each unit was tried alone
     store.close()
-    assert [m.sequence_number for m in SqliteStore(tmp_path / "oncebus.db").load().messages] == list(range(1, 12))
+    assert [m[1] for m in SqliteStore(tmp_path / "oncebus.db").load().messages] == list(range(1, 12))
 
 
 def test_deleted_store_files_are_recreated_from_the_open_database(tmp_path: Path) -> None:
@@ -272,7 +272,7 @@ def test_deleted_store_files_are_recreated_from_the_open_database(tmp_path: Path
     assert store.recreated == 3 and path.exists()
     store._db.execute("SELECT 1")  # still usable
     copy = SqliteStore(tmp_path / "oncebus.db")  # what a restart after SIGKILL would find (store stays open)
-    assert [m.sequence_number for m in copy.load().messages] == [1, 2, 3]
+    assert [m[1] for m in copy.load().messages] == [1, 2, 3]
     copy.close()
     store.close()
 

@@ -195,11 +195,7 @@ def view_entities(namespace: Namespace) -> list[EntityView]:
     views = []
     for entity in list(namespace._entities.values()):
         detector = entity.detector
-        index = detector.index
-        oldest = None
-        if detector.enabled:
-            index.expire(now)
-            oldest = index.oldest_first_accepted_us()
+        dedup = detector.stats(now)  # keys due expire first
         props = entity.properties
         view = EntityView(
             name=props.name,
@@ -212,9 +208,9 @@ def view_entities(namespace: Namespace) -> list[EntityView]:
             accepted=entity.counters.get("accepted", 0),
             duplicates_dropped=entity.counters.get("duplicates", 0),
             late_resends=entity.counters.get("late_resends", 0),
-            keys_held=len(index) if detector.enabled else 0,
-            oldest_key_age_seconds=None if oldest is None else (now - oldest) / 1e6,
-            index_bytes=index.nbytes() if detector.enabled else 0,
+            keys_held=dedup.keys_held,
+            oldest_key_age_seconds=dedup.oldest_key_age_seconds,
+            index_bytes=dedup.index_bytes,
             resend_delays=entity.observed.resend_delays,
         )
         if entity.receivable is not None:

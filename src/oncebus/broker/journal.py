@@ -93,7 +93,7 @@ class Journal:
         future.add_done_callback(lambda f: loop.call_soon_threadsafe(committed, f))
         await asyncio.shield(done)
 
-    def write_later(self, ops: Sequence[Op]) -> None:
+    def write_later(self, ops: Sequence[Op], on_commit: Callable[[], None] | None = None) -> None:
         """Background writes (expiry, lock-expiry dead-lettering): nobody waits; a failure starts the recovery."""
         if not ops or self.failure is not None:
             return  # while failed, memory is reloaded from the store anyway
@@ -105,6 +105,8 @@ class Journal:
                 self._store_failed(f.exception())  # type: ignore[arg-type]
             else:
                 self._store_succeeded()
+                if on_commit is not None:
+                    on_commit()
 
         future = self._submit(ops)
         future.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))

@@ -21,15 +21,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, cast
 
 from oncebus.broker.clock import Clock, SystemClock
+from oncebus.broker.contents import ContentCache
 from oncebus.broker.counters import NamespaceObserver
 from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path, subscription_path
-from oncebus.broker.receivable import Receivable, SessionLock
+from oncebus.broker.receivable import Entry, Receivable, SessionLock
 from oncebus.broker.recovery import newest_time_us, restore
 from oncebus.broker.registry import Entity, EntityKind, Registry
 from oncebus.broker.routing import Reencode, Router
@@ -59,7 +60,16 @@ from oncebus.core.messages import (
 )
 from oncebus.core.rules import RuleProperties
 from oncebus.core.timeutil import clamp_us, datetime_to_us, us_to_datetime
-from oncebus.store.base import DeleteEntity, Op, PruneDedupKeys, PutMessage, PutSessionState, Store
+from oncebus.store.base import (
+    DeleteEntity,
+    MoveMessage,
+    Op,
+    PruneDedupKeys,
+    PutMessage,
+    PutSessionState,
+    Store,
+    UpdateMessage,
+)
 
 __all__ = ["Namespace", "SendLog", "SendOutcome"]
 
@@ -85,8 +95,11 @@ class Namespace:
         self._entities = self._registry.entities  # the same dict, for readers of the namespace's entities
         self._changes = ChangeSignal()
         self._journal = Journal(store, reload=self._load, reloaded=self._notify)
+        self._contents = ContentCache(store)
         self._router = Router(lambda name: self._entities.get(name.lower()), reencode, self._touch)
-        self._sender = Sender(self._registry, self._journal, self._now, self._notify, send_log, self._router)
+        self._sender = Sender(
+            self._registry, self._journal, self._now, self._notify, send_log, self._contents, self._router
+        )
         self._floor_us = 0  # time never runs backwards for the broker, across restarts too
         self._timer_error: str | None = None
         self._activity = Activity(self.clock.now_us())  # auto_delete_on_idle
@@ -113,6 +126,7 @@ class Namespace:
     def _load(self) -> None:
         snapshot = self.store.load()
         self._entities.clear()
+        self._contents.clear()
         self._floor_us = max(self._floor_us, newest_time_us(snapshot))
         restore(self._registry, snapshot, self._now())
         self._activity.since_us = self._now()
@@ -143,10 +157,30 @@ class Namespace:
         self._journal.check_alive()
 
     async def _write(self, ops: Sequence[Op]) -> None:
-        await self._journal.write(ops)
+        await self._journal.write(ops, self._note_moves(ops))
 
     def _write_later(self, ops: Sequence[Op]) -> None:
-        self._journal.write_later(ops)
+        self._journal.write_later(ops, self._note_moves(ops))
+
+    def _note_moves(self, ops: Sequence[Op]) -> Callable[[], None] | None:
+        """Memory runs ahead of the store for messages dead-lettered (their move) and placed by the timers
+        (forwarded, released from a topic's schedule): until the write is committed, their content is read
+        from memory or where it was (see ``_contents_of``)."""
+        moves = [op for op in ops if isinstance(op, MoveMessage)]
+        contents = self._contents
+        placed = [op.message for op in ops if isinstance(op, PutMessage) and contents.pinned(op.message)]
+        if not moves and not placed:
+            return None
+        for move in moves:
+            contents.move(move)
+
+        def committed() -> None:
+            for move in moves:
+                contents.moved(move)
+            for record in placed:
+                contents.unpin(record)
+
+        return committed
 
     def _now(self) -> int:
         now = self.clock.now_us()
@@ -175,7 +209,7 @@ class Namespace:
         now = self._now()
         ops: list[Op] = []
         ops += delete_idle(self._registry, self._activity, now)
-        ops += release_scheduled(self._registry, self._router, now)
+        ops += release_scheduled(self._registry, self._router, now, self._contents)
         for entity in self._entities.values():
             for receivable in entity.receivables():
                 ops += receivable.advance(now)
@@ -186,7 +220,10 @@ class Namespace:
                 if now - entity.last_prune_us >= PRUNE_EVERY_US:
                     entity.last_prune_us = now
                     ops.append(PruneDedupKeys(entity.path, now - to_micros(entity.detector.window) + 1))
-        ops += pump_forwarding(self._registry, self._router, now)
+        for op in ops:  # dead-lettered just now: forwarded below before the move is written
+            if isinstance(op, MoveMessage):
+                self._contents.move(op)
+        ops += pump_forwarding(self._registry, self._router, now, self._contents)
         self._write_later(ops)
         self.observer.tick(self, now)
         self._notify()
@@ -387,7 +424,7 @@ class Namespace:
         while True:
             receivable = self.receivable(path)
             session_id = self._check_session(receivable, session, path)
-            got: list[StoredMessage] = []
+            got: list[Entry] = []
             while len(got) < max_message_count:
                 message = receivable.take(session_id)
                 if message is None:
@@ -420,30 +457,50 @@ class Namespace:
             )
         return current
 
+    def _contents_of(self, receivable: Receivable, entries: list[Entry]) -> list[tuple[Entry, StoredMessage]]:
+        """Each entry with its content (read from the cache or the store), its state as held now."""
+        records = self._contents.read(receivable.path, [e.sequence_number for e in entries])
+        out = []
+        for entry in entries:
+            record = records.get(entry.sequence_number)
+            if record is None:  # memory and store disagree: the store is what was acknowledged
+                _LOG.error("message %d of %s is not in the store; dropped", entry.sequence_number, receivable.path)
+                receivable.remove(entry)
+                continue
+            record.state = entry.state
+            record.delivery_count = entry.delivery_count
+            record.enqueued_time_us = entry.enqueued_time_us
+            record.expires_at_us = entry.expires_at_us
+            record.lock_token = entry.lock_token
+            record.locked_until_us = entry.locked_until_us
+            out.append((entry, record))
+        return out
+
     async def _deliver(
         self,
         receivable: Receivable,
-        messages: list[StoredMessage],
+        entries: list[Entry],
         mode: ServiceBusReceiveMode,
         session: SessionLock | None,
     ) -> list[ReceivedMessage]:
         now = self._now()
-        receivable.counters.received += len(messages)
+        receivable.counters.received += len(entries)
         if mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
-            out = []
             ops: list[Op] = []
-            for message in messages:
-                message.delivery_count += 1
-                out.append(ReceivedMessage.of(message))
-                ops += receivable.remove(message)
+            for entry in entries:
+                entry.delivery_count += 1
+            delivered = self._contents_of(receivable, entries)
+            for entry, _ in delivered:
+                ops += receivable.remove(entry)
+                self._contents.discard(receivable.path, entry.sequence_number)
             await self._write(ops)
-            return out
-        for message in messages:
-            message.delivery_count += 1
-            receivable.lock(message, now, session)
-        return [ReceivedMessage.of(m) for m in messages]
+            return [ReceivedMessage.of(record) for _, record in delivered]
+        for entry in entries:
+            entry.delivery_count += 1
+            receivable.lock(entry, now, session)
+        return [ReceivedMessage.of(record) for _, record in self._contents_of(receivable, entries)]
 
-    def _locked(self, path: str, lock_token: uuid.UUID | str) -> tuple[Receivable, StoredMessage]:
+    def _locked(self, path: str, lock_token: uuid.UUID | str) -> tuple[Receivable, Entry]:
         receivable = self.receivable(path)
         token = lock_token if isinstance(lock_token, uuid.UUID) else uuid.UUID(str(lock_token))
         seq = receivable.locks.get(token)
@@ -467,6 +524,7 @@ class Namespace:
     async def complete(self, path: str, lock_token: uuid.UUID | str) -> None:
         receivable, message = self._locked(path, lock_token)
         ops = receivable.remove(message)
+        self._contents.discard(receivable.path, message.sequence_number)
         receivable.counters.completed += 1
         self._drop_session_token(receivable, message)
         await self._settle(ops)
@@ -476,12 +534,15 @@ class Namespace:
     ) -> None:
         receivable, message = self._locked(path, lock_token)
         if properties_to_modify:
-            message.application_properties.update(properties_to_modify)
+            self._contents.discard(receivable.path, message.sequence_number)  # read again, modified
         self._drop_session_token(receivable, message)
         receivable.counters.abandoned += 1
-        ops = receivable.unlock(message, self._now())
-        if message.sequence_number in receivable.messages:
-            ops.append(PutMessage(message))
+        seq = message.sequence_number
+        # its delivery count (and modified properties) first: they go along if it moves to the dead letters
+        ops: list[Op] = [
+            UpdateMessage(receivable.path, seq, int(message.state), message.delivery_count, properties_to_modify)
+        ]
+        ops += receivable.unlock(message, self._now())
         self._notify()
         await self._settle(ops)
 
@@ -491,7 +552,8 @@ class Namespace:
         receivable.set_state(message, MessageState.DEFERRED)
         receivable.counters.deferred += 1
         receivable.unlock(message, self._now())
-        await self._settle([PutMessage(message)])
+        update = UpdateMessage(receivable.path, message.sequence_number, int(message.state), message.delivery_count)
+        await self._settle([update])
 
     async def dead_letter(
         self,
@@ -506,13 +568,14 @@ class Namespace:
         self._drop_session_token(receivable, message)
         ops = receivable.move_to_dead_letter(message, reason, error_description)
         await self._settle(ops)
-        self._write_later(pump_forwarding(self._registry, self._router, self._now()))  # forwards dead letters now
+        forwarded = pump_forwarding(self._registry, self._router, self._now(), self._contents)
+        self._write_later(forwarded)  # forwards dead letters now
 
     async def _settle(self, ops: list[Op]) -> None:
         """Settlements are acknowledged once durable: a completed message never comes back after a crash."""
         await self._write(ops)
 
-    def _drop_session_token(self, receivable: Receivable, message: StoredMessage) -> None:
+    def _drop_session_token(self, receivable: Receivable, message: Entry) -> None:
         if message.session_id is not None and message.lock_token is not None:
             session = receivable.sessions.get(message.session_id)
             if session is not None:
@@ -569,7 +632,8 @@ class Namespace:
             for seq, m in receivable.messages.items()
             if seq >= sequence_number and (session_id is None or m.session_id == session_id)
         )[:max_message_count]
-        return [ReceivedMessage.of(receivable.messages[seq]) for seq in chosen]
+        entries = [receivable.messages[seq] for seq in chosen]
+        return [ReceivedMessage.of(record) for _, record in self._contents_of(receivable, entries)]
 
     # ------------------------------------------------------------------------------ sessions
     async def accept_session(

@@ -1,24 +1,138 @@
 """The messages of one queue, subscription or dead-letter sub-queue, and their locks.
 
 Pure bookkeeping on the broker's thread: which messages are available (in
-sequence order, per session where sessions are required), scheduled, locked,
-deferred; which expire when. Persistence is the namespace's job: methods
-return the store operations their changes need.
+(enqueued time, sequence number) order, per session where sessions are
+required), scheduled, locked, deferred; which expire when. Per message only an
+:class:`Entry` is held (about 200 bytes with its indexes): its content (body,
+wire encoding, properties) stays in the store and is read when it is delivered.
+Persistence is the namespace's job: methods return the store operations their
+changes need.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from oncebus.broker.counters import ReceivableCounters
 from oncebus.core.messages import MessageState, StoredMessage
-from oncebus.core.timeutil import add_us, clamp_us
-from oncebus.store.base import DeleteMessage, Op, PutMessage
+from oncebus.core.timeutil import MAX_US, clamp_us
+from oncebus.store.base import DeleteMessage, MessageRow, MoveMessage, Op
 
 LOST_TOKENS_KEPT = 10_000
+_ACTIVE = MessageState.ACTIVE
+_SCHEDULED = MessageState.SCHEDULED
+_DEAD_LETTERED = MessageState.DEAD_LETTERED
+_TIE = itertools.count()  # heap entries with equal keys (a sequence number added again) never compare entries
+
+
+class Entry:
+    """What the broker holds of one message: its place, state, lock and size (its content is in the store)."""
+
+    __slots__ = (
+        "available",
+        "delivery_count",
+        "enqueued_time_us",  # for a scheduled message: when it is due
+        "expires_at_us",
+        "lock_token",
+        "locked_until_us",
+        "sequence_number",
+        "session_id",
+        "size",
+        "state",
+    )
+
+    def __init__(
+        self,
+        sequence_number: int,
+        state: MessageState,
+        enqueued_time_us: int,
+        expires_at_us: int | None,
+        size: int,
+        session_id: str | None,
+        delivery_count: int = 0,
+    ) -> None:
+        self.sequence_number = sequence_number
+        self.state = state
+        self.enqueued_time_us = enqueued_time_us
+        self.expires_at_us = expires_at_us
+        self.size = size
+        self.session_id = session_id
+        self.delivery_count = delivery_count
+        self.lock_token: uuid.UUID | None = None
+        self.locked_until_us: int | None = None
+        self.available = False
+
+    @classmethod
+    def of(cls, record: StoredMessage) -> Entry:
+        return cls(
+            record.sequence_number,
+            record.state,
+            record.enqueued_time_us,
+            record.expires_at_us,
+            record.size,
+            record.session_id,
+            record.delivery_count,
+        )
+
+    @classmethod
+    def of_row(cls, row: MessageRow) -> Entry:
+        _, seq, state, count, enqueued, expires, size, session_id = row
+        return cls(seq, MessageState(state), enqueued, expires, size, session_id, count)
+
+
+class _Ready:
+    """Available messages in (enqueued time, sequence number) order.
+
+    Messages mostly become available in that order (sends commit in sequence order): those go
+    to the end of a deque, 8 bytes each. The others (abandoned, due after being scheduled, late
+    commits) go to a heap. Entries no longer available are skipped when they reach the front.
+    """
+
+    __slots__ = ("heap", "run")
+
+    def __init__(self) -> None:
+        self.run: deque[Entry] = deque()
+        self.heap: list[tuple[int, int, int, Entry]] = []  # (enqueued, sequence number, tie-break, entry)
+
+    def push(self, entry: Entry) -> None:
+        run = self.run
+        if run:
+            last = run[-1]
+            if (last.enqueued_time_us, last.sequence_number) > (entry.enqueued_time_us, entry.sequence_number):
+                heapq.heappush(self.heap, (entry.enqueued_time_us, entry.sequence_number, next(_TIE), entry))
+                return
+        run.append(entry)
+
+    def peek(self) -> Entry | None:
+        run, heap = self.run, self.heap
+        while run and not run[0].available:
+            run.popleft()
+        while heap and not heap[0][3].available:
+            heapq.heappop(heap)
+        if not heap:
+            return run[0] if run else None
+        if not run:
+            return heap[0][3]
+        first = run[0]
+        return first if (first.enqueued_time_us, first.sequence_number) < heap[0][:2] else heap[0][3]
+
+    def pop(self) -> Entry | None:
+        entry = self.peek()
+        if entry is None:
+            return None
+        if self.run and self.run[0] is entry:
+            self.run.popleft()
+        else:
+            heapq.heappop(self.heap)
+        return entry
+
+    def __bool__(self) -> bool:
+        return self.peek() is not None
 
 
 @dataclass
@@ -53,11 +167,10 @@ class Receivable:
         self.path = path
         self.settings = settings
         self.is_dead_letter = dead_letter
-        self.messages: dict[int, StoredMessage] = {}
+        self.messages: dict[int, Entry] = {}
         self.size_bytes = 0
-        self._available: list[tuple[int, int]] = []  # heap of (enqueued time, sequence number)
-        self._available_set: set[int] = set()
-        self._session_available: dict[str, list[tuple[int, int]]] = {}
+        self._available = _Ready()
+        self._session_available: dict[str, _Ready] = {}
         self._scheduled: list[tuple[int, int]] = []
         self._expiry: list[tuple[int, int]] = []
         self._lock_expiry: list[tuple[int, uuid.UUID]] = []
@@ -74,45 +187,114 @@ class Receivable:
         )
 
     # --- adding -----------------------------------------------------------------------------
-    def add(self, message: StoredMessage, now_us: int) -> None:
-        replaced = self.messages.get(message.sequence_number)
+    def add(self, entry: Entry, now_us: int) -> None:
+        replaced = self.messages.get(entry.sequence_number)
         if replaced is not None:
-            self._state_counts[replaced.state] -= 1
-        self.messages[message.sequence_number] = message
-        self._state_counts[message.state] += 1
-        message.counted_size = message.size  # taken back as counted, whatever changes later
-        self.size_bytes += message.counted_size
-        if message.state == MessageState.SCHEDULED:
-            assert message.scheduled_enqueue_time_us is not None
-            heapq.heappush(self._scheduled, (message.scheduled_enqueue_time_us, message.sequence_number))
-            if message.scheduled_enqueue_time_us <= now_us:
+            self._forget(entry.sequence_number)
+        self.messages[entry.sequence_number] = entry
+        self._state_counts[entry.state] += 1
+        self.size_bytes += entry.size
+        if entry.state == _SCHEDULED:
+            heapq.heappush(self._scheduled, (entry.enqueued_time_us, entry.sequence_number))
+            if entry.enqueued_time_us <= now_us:
                 self.advance(now_us)
-        elif message.state == MessageState.ACTIVE or (
-            self.is_dead_letter and message.state == MessageState.DEAD_LETTERED
-        ):
-            self._make_available(message)
+        elif entry.state == _ACTIVE or (self.is_dead_letter and entry.state == _DEAD_LETTERED):
+            self._make_available(entry)
 
-    def _make_available(self, message: StoredMessage) -> None:
-        seq = message.sequence_number
+    def add_records(self, records: Iterable[StoredMessage], now_us: int) -> None:
+        """``add`` for the messages of a committed send, the usual one (available, no expiry, in order) inline."""
+        messages = self.messages
+        in_order = not (self.settings.requires_session and not self.is_dead_letter)
+        run = self._available.run
+        last_enqueued, last_seq = (run[-1].enqueued_time_us, run[-1].sequence_number) if run else (-1, -1)
+        added = 0
+        total = 0
+        for r in records:
+            seq = r.sequence_number
+            enqueued = r.enqueued_time_us
+            if (
+                r.state is _ACTIVE
+                and r.expires_at_us is None
+                and in_order
+                and (enqueued > last_enqueued or (enqueued == last_enqueued and seq > last_seq))
+                and seq not in messages
+            ):
+                entry = Entry(seq, _ACTIVE, enqueued, None, r.size, r.session_id, r.delivery_count)
+                entry.available = True
+                messages[seq] = entry
+                run.append(entry)
+                added += 1
+                total += entry.size
+                last_enqueued, last_seq = enqueued, seq
+            else:
+                self.add(Entry.of(r), now_us)
+        self._state_counts[_ACTIVE] += added
+        self.size_bytes += total
+
+    def restore(self, rows: Iterable[MessageRow], now_us: int) -> None:
+        """An entry for each stored message of this receivable (start-up), rows in sequence order.
+
+        The usual row (available, no expiry, arriving in order) is handled inline; equal enqueue times,
+        sizes and session ids share one object, as they do for messages sent together."""
+        messages = self.messages
+        counts = self._state_counts
+        in_order = not (self.settings.requires_session and not self.is_dead_letter)
+        run = self._available.run
+        usual = int(_DEAD_LETTERED if self.is_dead_letter else _ACTIVE)
+        usual_state = MessageState(usual)
+        last_enqueued, last_seq = (run[-1].enqueued_time_us, run[-1].sequence_number) if run else (-1, -1)
+        shared: dict[object, object] = {}
+        total = 0
+        for _, seq, state, count, enqueued, expires, size, session_id in rows:
+            if enqueued == last_enqueued:
+                enqueued = last_enqueued
+            size = shared.setdefault(size, size)  # type: ignore[assignment]
+            if session_id is not None:
+                session_id = shared.setdefault(session_id, session_id)  # type: ignore[assignment]
+            if len(shared) > 65_536:
+                shared.clear()
+            if expires is not None and expires > MAX_US:
+                expires = None  # stored by a release that did not cap expiries: never
+            if (
+                state == usual
+                and expires is None
+                and in_order
+                and (enqueued > last_enqueued or (enqueued == last_enqueued and seq > last_seq))
+            ):  # (path, sequence number) is the store's key: never one held already
+                entry = Entry(seq, usual_state, enqueued, None, size, session_id, count)
+                entry.available = True
+                messages[seq] = entry
+                run.append(entry)
+                total += size
+                last_enqueued, last_seq = enqueued, seq
+            else:
+                self.add(Entry(seq, MessageState(state), enqueued, expires, size, session_id, count), now_us)
+        counts[usual] += len(messages) - sum(counts)
+        self.size_bytes += total
+
+    def _make_available(self, entry: Entry) -> None:
+        if entry.available:
+            return
+        entry.available = True
         if self.settings.requires_session and not self.is_dead_letter:
-            heapq.heappush(
-                self._session_available.setdefault(message.session_id or "", []), (message.enqueued_time_us, seq)
-            )
+            ready = self._session_available.get(entry.session_id or "")
+            if ready is None:
+                ready = self._session_available[entry.session_id or ""] = _Ready()
+            ready.push(entry)
         else:
-            heapq.heappush(self._available, (message.enqueued_time_us, seq))
-        self._available_set.add(seq)
-        if message.expires_at_us is not None and not self.is_dead_letter:
-            heapq.heappush(self._expiry, (message.expires_at_us, seq))
+            self._available.push(entry)
+        if entry.expires_at_us is not None and not self.is_dead_letter:
+            heapq.heappush(self._expiry, (entry.expires_at_us, entry.sequence_number))
 
-    def _forget(self, seq: int) -> StoredMessage | None:
-        message = self.messages.pop(seq, None)
-        self._available_set.discard(seq)
-        if message is not None:
-            self._state_counts[message.state] -= 1
-            self.size_bytes -= message.counted_size
-            if message.lock_token is not None:
-                self.locks.pop(message.lock_token, None)
-        return message
+    def _forget(self, seq: int) -> Entry | None:
+        entry = self.messages.pop(seq, None)
+        if entry is not None:
+            entry.available = False
+            self._state_counts[entry.state] -= 1
+            self.size_bytes -= entry.size
+            if entry.lock_token is not None:
+                self.locks.pop(entry.lock_token, None)
+        return entry
 
     # --- time ---------------------------------------------------------------------------------
     def advance(self, now_us: int) -> list[Op]:
@@ -120,99 +302,93 @@ class Receivable:
         ops: list[Op] = []
         while self._scheduled and self._scheduled[0][0] <= now_us:
             due, seq = heapq.heappop(self._scheduled)
-            message = self.messages.get(seq)
-            if message is None or message.state != MessageState.SCHEDULED or message.scheduled_enqueue_time_us != due:
+            entry = self.messages.get(seq)
+            if entry is None or entry.state != _SCHEDULED or entry.enqueued_time_us != due:
                 continue
-            self.set_state(message, MessageState.ACTIVE)
-            message.enqueued_time_us = due
-            if message.time_to_live_us is not None:
-                message.expires_at_us = add_us(due, message.time_to_live_us)  # None (never) past year 9999
-            self._make_available(message)
-        for session_id, lock in list(self.sessions.items()):
-            if lock.locked_until_us <= now_us:
-                ops += self.release_session(session_id, now_us, reason="session")
+            self.set_state(entry, _ACTIVE)  # enqueued at its due time; its expiry was counted from it
+            self._make_available(entry)
+        if self.sessions:
+            for session_id, lock in list(self.sessions.items()):
+                if lock.locked_until_us <= now_us:
+                    ops += self.release_session(session_id, now_us, reason="session")
         while self._lock_expiry and self._lock_expiry[0][0] <= now_us:
             _, token = heapq.heappop(self._lock_expiry)
             seq = self.locks.get(token)
             if seq is None:
                 continue
-            message = self.messages[seq]
-            if message.locked_until_us is not None and message.locked_until_us <= now_us:
-                ops += self.unlock(message, now_us, lost="message")
+            entry = self.messages[seq]
+            if entry.locked_until_us is not None and entry.locked_until_us <= now_us:
+                ops += self.unlock(entry, now_us, lost="message")
         while self._expiry and self._expiry[0][0] <= now_us:
             _, seq = heapq.heappop(self._expiry)
-            message = self.messages.get(seq)
+            entry = self.messages.get(seq)
             if (
-                message is None
-                or message.state != MessageState.ACTIVE
-                or message.lock_token is not None
-                or message.expires_at_us is None
-                or message.expires_at_us > now_us
+                entry is None
+                or entry.state != _ACTIVE
+                or entry.lock_token is not None
+                or entry.expires_at_us is None
+                or entry.expires_at_us > now_us
             ):
                 continue
-            ops += self._expire(message)
+            ops += self._expire(entry)
         return ops
 
-    def _expire(self, message: StoredMessage) -> list[Op]:
+    def _expire(self, entry: Entry) -> list[Op]:
         self.counters.expired += 1
         if self.settings.dead_lettering_on_message_expiration:
-            return self.move_to_dead_letter(
-                message, "TTLExpiredException", "The message expired and was dead lettered."
-            )
-        self._forget(message.sequence_number)
-        return [DeleteMessage(self.path, message.sequence_number)]
+            return self.move_to_dead_letter(entry, "TTLExpiredException", "The message expired and was dead lettered.")
+        self._forget(entry.sequence_number)
+        return [DeleteMessage(self.path, entry.sequence_number)]
 
     # --- receiving ------------------------------------------------------------------------------
-    def _heap(self, session_id: str | None) -> list[tuple[int, int]]:
+    def take(self, session_id: str | None = None) -> Entry | None:
         if self.settings.requires_session and not self.is_dead_letter:
-            return self._session_available.get(session_id or "", [])
-        return self._available
+            ready = self._session_available.get(session_id or "")
+            if ready is None:
+                return None
+        else:
+            ready = self._available
+        entry = ready.pop()
+        if entry is not None:
+            entry.available = False
+        return entry
 
-    def take(self, session_id: str | None = None) -> StoredMessage | None:
-        heap = self._heap(session_id)
-        while heap:
-            _, seq = heapq.heappop(heap)
-            if seq in self._available_set:
-                self._available_set.discard(seq)
-                return self.messages[seq]
-        return None
-
-    def lock(self, message: StoredMessage, now_us: int, session: SessionLock | None) -> None:
+    def lock(self, entry: Entry, now_us: int, session: SessionLock | None) -> None:
         token = uuid.uuid4()
-        message.lock_token = token
-        message.locked_until_us = (
+        entry.lock_token = token
+        entry.locked_until_us = (
             session.locked_until_us if session is not None else clamp_us(now_us + self.settings.lock_duration_us)
         )
-        self.locks[token] = message.sequence_number
+        self.locks[token] = entry.sequence_number
         if session is not None:
             session.locked_messages.add(token)
         else:
-            self.push_lock_expiry(message)
+            self.push_lock_expiry(entry)
 
-    def push_lock_expiry(self, message: StoredMessage) -> None:
-        assert message.lock_token is not None and message.locked_until_us is not None
-        heapq.heappush(self._lock_expiry, (message.locked_until_us, message.lock_token))
+    def push_lock_expiry(self, entry: Entry) -> None:
+        assert entry.lock_token is not None and entry.locked_until_us is not None
+        heapq.heappush(self._lock_expiry, (entry.locked_until_us, entry.lock_token))
 
-    def unlock(self, message: StoredMessage, now_us: int, *, lost: str | None = None) -> list[Op]:
+    def unlock(self, entry: Entry, now_us: int, *, lost: str | None = None) -> list[Op]:
         """Release a lock (abandon, lock expiry, session closed); dead-letter past max_delivery_count."""
-        token = message.lock_token
+        token = entry.lock_token
         if token is not None:
             self.locks.pop(token, None)
             if lost is not None:
                 self._remember_lost(token, lost)
-        message.lock_token = None
-        message.locked_until_us = None
-        if message.state == MessageState.DEFERRED:
+        entry.lock_token = None
+        entry.locked_until_us = None
+        if entry.state == MessageState.DEFERRED:
             return []
-        if not self.is_dead_letter and message.delivery_count >= self.settings.max_delivery_count:
+        if not self.is_dead_letter and entry.delivery_count >= self.settings.max_delivery_count:
             return self.move_to_dead_letter(
-                message,
+                entry,
                 "MaxDeliveryCountExceeded",
                 f"Message could not be consumed after {self.settings.max_delivery_count} delivery attempts.",
             )
-        if message.expires_at_us is not None and message.expires_at_us <= now_us and not self.is_dead_letter:
-            return self._expire(message)
-        self._make_available(message)
+        if entry.expires_at_us is not None and entry.expires_at_us <= now_us and not self.is_dead_letter:
+            return self._expire(entry)
+        self._make_available(entry)
         return []
 
     def _remember_lost(self, token: uuid.UUID, why: str) -> None:
@@ -220,35 +396,42 @@ class Receivable:
         while len(self.lost_tokens) > LOST_TOKENS_KEPT:
             self.lost_tokens.popitem(last=False)
 
-    def remove(self, message: StoredMessage) -> list[Op]:
+    def remove(self, entry: Entry) -> list[Op]:
         """Complete / receive-and-delete / cancel: the message is gone."""
-        self._forget(message.sequence_number)
-        return [DeleteMessage(self.path, message.sequence_number)]
+        self._forget(entry.sequence_number)
+        return [DeleteMessage(self.path, entry.sequence_number)]
 
-    def move_to_dead_letter(self, message: StoredMessage, reason: str | None, description: str | None) -> list[Op]:
+    def move_to_dead_letter(self, entry: Entry, reason: str | None, description: str | None) -> list[Op]:
         assert self.dead_letter_queue is not None
         self.counters.dead_lettered += 1
-        self._forget(message.sequence_number)
-        dead = message.copy_for(self.dead_letter_queue.path)
-        dead.state = MessageState.DEAD_LETTERED
-        dead.lock_token = None
-        dead.locked_until_us = None
-        dead.dead_letter_reason = reason
-        dead.dead_letter_error_description = description
-        dead.dead_letter_source = None
+        self._forget(entry.sequence_number)
+        dead = Entry(
+            entry.sequence_number,
+            _DEAD_LETTERED,
+            entry.enqueued_time_us,
+            entry.expires_at_us,
+            entry.size,
+            entry.session_id,
+            entry.delivery_count,
+        )
         self.dead_letter_queue.add(dead, 0)
-        return [DeleteMessage(self.path, message.sequence_number), PutMessage(dead)]
+        move = MoveMessage(
+            self.path, entry.sequence_number, self.dead_letter_queue.path, int(_DEAD_LETTERED), reason, description
+        )
+        return [move]
 
     # --- sessions -------------------------------------------------------------------------------
     def next_available_session(self) -> str | None:
         best: tuple[tuple[int, int], str] | None = None
-        for session_id, heap in self._session_available.items():
+        for session_id, ready in self._session_available.items():
             if session_id in self.sessions:
                 continue
-            while heap and heap[0][1] not in self._available_set:
-                heapq.heappop(heap)
-            if heap and (best is None or heap[0] < best[0]):
-                best = (heap[0], session_id)
+            head = ready.peek()
+            if head is None:
+                continue
+            key = (head.enqueued_time_us, head.sequence_number)
+            if best is None or key < best[0]:
+                best = (key, session_id)
         return None if best is None else best[1]
 
     def available_session_ids(self) -> list[str]:
@@ -273,12 +456,12 @@ class Receivable:
         return sorted(ids | set(self.session_states))
 
     # --- counts ---------------------------------------------------------------------------------
-    def set_state(self, message: StoredMessage, state: MessageState) -> None:
+    def set_state(self, entry: Entry, state: MessageState) -> None:
         """Change the state of a message held here (keeps ``counts`` right)."""
-        if message.sequence_number in self.messages:
-            self._state_counts[message.state] -= 1
+        if self.messages.get(entry.sequence_number) is entry:
+            self._state_counts[entry.state] -= 1
             self._state_counts[state] += 1
-        message.state = state
+        entry.state = state
 
     def counts(self) -> dict[str, int]:
         """Messages by state, in O(1): active (locked ones included), scheduled, deferred, dead-lettered."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+import operator
+
 from oncebus.broker.registry import Registry
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.rules import RuleProperties
-from oncebus.core.timeutil import MAX_US
 from oncebus.store.base import Snapshot
 
 
@@ -40,13 +42,16 @@ def restore(registry: Registry, snapshot: Snapshot, now_us: int) -> None:
         entity = registry.entities.get(key.entity)
         if entity is not None:
             entity.detector.restore(key.key, key.first_accepted_us, now_us)
-    for message in snapshot.messages:
-        if message.expires_at_us is not None and message.expires_at_us > MAX_US:
-            message.expires_at_us = None  # stored by a release that did not cap expiries: never
-        receivable = registry.receivable_by_path(message.path)
-        if receivable is not None:
-            receivable.add(message, now_us)
+    _restore_messages(registry, snapshot, now_us)
     for state in snapshot.session_states:
         receivable = registry.receivable_by_path(state.path)
         if receivable is not None and state.state is not None:
             receivable.session_states[state.session_id] = state.state
+
+
+def _restore_messages(registry: Registry, snapshot: Snapshot, now_us: int) -> None:
+    """An ``Entry`` per stored message (never its content), receivable by receivable."""
+    for path, rows in itertools.groupby(snapshot.messages, key=operator.itemgetter(0)):
+        receivable = registry.receivable_by_path(path)
+        if receivable is not None:
+            receivable.restore(rows, now_us)

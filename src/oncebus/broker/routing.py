@@ -176,7 +176,7 @@ class Router:
         key = None
         if detector.enabled and message.message_id is not None:
             key = detector.key_of_valid(message.message_id, message.partition_key, message.session_id)
-            verdict = detector.index.judge(key, now)
+            verdict = detector.judge(key, now)
             if verdict.duplicate:
                 plan.count(destination, "duplicates")
                 return

@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from oncebus.broker.contents import ContentCache
 from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path
-from oncebus.broker.receivable import Receivable
+from oncebus.broker.receivable import Entry, Receivable
 from oncebus.broker.registry import COUNTERS, Entity, Registry
 from oncebus.broker.routing import Plan, Router
 from oncebus.core.durations import to_micros
@@ -47,6 +48,7 @@ class Sender:
         now: Callable[[], int],
         notify: Callable[[], None],
         send_log: SendLog | None,
+        contents: ContentCache,
         router: Router | None = None,
     ) -> None:
         self.router = router if router is not None else Router(registry.entities.get)
@@ -55,6 +57,7 @@ class Sender:
         self.now = now
         self.notify = notify
         self.send_log = send_log
+        self.contents = contents
 
     def _check_quota(self, entity: Entity, total: int) -> None:
         props = entity.properties
@@ -138,8 +141,12 @@ class Sender:
                 plan.count_committed()
                 entity.observed.resends(resends)
                 committed_at = self.now()
+                grouped: dict[Receivable, list[StoredMessage]] = {}
                 for receivable, copy in plan.placements:
-                    receivable.add(copy, committed_at)
+                    grouped.setdefault(receivable, []).append(copy)
+                for receivable, copies in grouped.items():
+                    receivable.add_records(copies, committed_at)
+                    self.contents.put_many(copies)
                 self.notify()
 
             await self.journal.write(
@@ -156,7 +163,7 @@ class Sender:
         """Cancel scheduled messages; their dedup keys stay in the history."""
         self.journal.check_alive()
         entity = self.registry.entity(entity_name)
-        targets: list[tuple[Receivable, StoredMessage]] = []
+        targets: list[tuple[Receivable, Entry]] = []
         for seq in sequence_numbers:
             holders = [*entity.receivables(), *([entity.scheduled] if entity.scheduled is not None else [])]
             found = [
@@ -172,4 +179,5 @@ class Sender:
         ops: list[Op] = []
         for receivable, message in targets:
             ops += receivable.remove(message)
+            self.contents.discard(receivable.path, message.sequence_number)
         await self.journal.write(ops)

@@ -22,7 +22,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any, cast
 
-from oncebus.broker.receivable import Receivable
+from oncebus.broker.contents import ContentCache
+from oncebus.broker.receivable import Entry, Receivable
 from oncebus.broker.registry import Entity, EntityKind, Registry
 from oncebus.broker.routing import Plan, Router
 from oncebus.core.durations import TIMESPAN_MAX, to_micros
@@ -32,10 +33,13 @@ from oncebus.store.base import AddCounters, Op
 _LOG = logging.getLogger("oncebus.broker")
 
 
-def commit_in_memory(plan: Plan, origin: Entity | None, now: int) -> list[Op]:
-    """Apply a plan at once (placements, counts); returns the ops that store it (written in the background)."""
+def commit_in_memory(plan: Plan, origin: Entity | None, now: int, contents: ContentCache) -> list[Op]:
+    """Apply a plan at once (placements, counts); returns the ops that store it (written in the background).
+
+    The copies' content stays in memory (pinned in ``contents``) until that write is committed."""
     for receivable, copy in plan.placements:
-        receivable.add(copy, now)
+        receivable.add(Entry.of(copy), now)
+        contents.pin(copy)
     plan.count_committed()
     ops = list(plan.ops)
     for path, deltas in plan.deltas.items():
@@ -46,7 +50,7 @@ def commit_in_memory(plan: Plan, origin: Entity | None, now: int) -> list[Op]:
     return ops
 
 
-def release_scheduled(registry: Registry, router: Router, now: int) -> list[Op]:
+def release_scheduled(registry: Registry, router: Router, now: int, contents: ContentCache) -> list[Op]:
     """Scheduled messages waiting at topics that are due now: through the rules to the subscriptions."""
     ops: list[Op] = []
     for entity in list(registry.entities.values()):
@@ -54,12 +58,31 @@ def release_scheduled(registry: Registry, router: Router, now: int) -> list[Op]:
         if holder is None or not holder.messages:
             continue
         ops += holder.advance(now)
-        while (message := holder.take()) is not None:
-            ops += holder.remove(message)
+        while (entry := holder.take()) is not None:
+            ops += holder.remove(entry)
+            message = _content(holder, entry, contents)
+            if message is None:
+                continue
             plan = Plan()
             router.route(entity, message, now, plan)
-            ops += commit_in_memory(plan, entity, now)
+            ops += commit_in_memory(plan, entity, now, contents)
     return ops
+
+
+def _content(holder: Receivable, entry: Entry, contents: ContentCache) -> StoredMessage | None:
+    """The content of a message taken from ``holder``, as held now (its state, delivery count)."""
+    record = contents.read(holder.path, [entry.sequence_number]).get(entry.sequence_number)
+    contents.discard(holder.path, entry.sequence_number)
+    if record is None:
+        _LOG.error("message %d of %s is not in the store; dropped", entry.sequence_number, holder.path)
+        return None
+    record.state = entry.state
+    record.delivery_count = entry.delivery_count
+    record.enqueued_time_us = entry.enqueued_time_us
+    record.expires_at_us = entry.expires_at_us
+    record.lock_token = None
+    record.locked_until_us = None
+    return record
 
 
 def _forwarding_sources(registry: Registry) -> Iterator[tuple[Receivable, str]]:
@@ -75,19 +98,22 @@ def _forwarding_sources(registry: Registry) -> Iterator[tuple[Receivable, str]]:
                 yield receivable.dead_letter_queue, props.forward_dead_lettered_messages_to
 
 
-def pump_forwarding(registry: Registry, router: Router, now: int) -> list[Op]:
+def pump_forwarding(registry: Registry, router: Router, now: int, contents: ContentCache) -> list[Op]:
     """Available messages of forwarding queues, subscriptions and dead-letter queues: on to their destination."""
     ops: list[Op] = []
     for source, target in list(_forwarding_sources(registry)):
-        while (message := take_any(source)) is not None:
-            ops += source.remove(message)
+        while (entry := take_any(source)) is not None:
+            ops += source.remove(entry)
+            message = _content(source, entry, contents)
+            if message is None:
+                continue
             plan = Plan()
             router.forward(message, source, target, now, plan, 0)
-            ops += commit_in_memory(plan, None, now)
+            ops += commit_in_memory(plan, None, now, contents)
     return ops
 
 
-def take_any(receivable: Receivable) -> StoredMessage | None:
+def take_any(receivable: Receivable) -> Entry | None:
     """The next available message of any unlocked session (or the next one, without sessions)."""
     if receivable.settings.requires_session and not receivable.is_dead_letter:
         for session_id in receivable.available_session_ids():

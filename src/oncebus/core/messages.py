@@ -106,9 +106,7 @@ def check_message(message: Message) -> None:
         )
 
 
-_META_FIELDS = (
-    "message_id",
-    "session_id",
+_STORED_META = (
     "partition_key",
     "correlation_id",
     "subject",
@@ -116,7 +114,12 @@ _META_FIELDS = (
     "reply_to",
     "reply_to_session_id",
     "to",
+    "application_properties",
+    "time_to_live_us",
+    "scheduled_enqueue_time_us",
 )
+_dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
+_quote = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -159,19 +162,26 @@ class StoredMessage:
         return _size(self.body, self.application_properties)
 
     def meta_json(self) -> str:
-        meta = {
-            name: getattr(self, name)
-            for name in (
-                *_META_FIELDS[1:],
-                "application_properties",
-                "time_to_live_us",
-                "scheduled_enqueue_time_us",
-                "dead_letter_reason",
-                "dead_letter_error_description",
-                "dead_letter_source",
-            )
-            if getattr(self, name) not in (None, {})
-        }
+        """The fields a store keeps as one JSON text (not those it keeps in columns: the times, state,
+        delivery count, session id and dead-letter fields)."""
+        message_id = self.message_id
+        if (
+            type(message_id) is str
+            and not self.application_properties
+            and self.time_to_live_us is None
+            and self.scheduled_enqueue_time_us is None
+            and self.partition_key is None
+            and self.correlation_id is None
+            and self.subject is None
+            and self.content_type is None
+            and self.reply_to is None
+            and self.reply_to_session_id is None
+            and self.to is None
+        ):  # the usual message: its id alone, without a JSON encoder
+            return '{"message_id":' + _quote(message_id) + "}"
+        meta = {name: value for name in _STORED_META if (value := getattr(self, name)) is not None}
+        if not self.application_properties:
+            meta.pop("application_properties", None)
         message_id = self.message_id
         if isinstance(message_id, str):
             meta["message_id"] = message_id
@@ -179,7 +189,7 @@ class StoredMessage:
             meta["message_id"] = message_id.hex() if isinstance(message_id, bytes) else str(message_id)
             meta["message_id_type"] = id_type(message_id)
         # default=str: a value JSON cannot hold is kept as text rather than failing the store's write
-        return json.dumps(meta, separators=(",", ":"), default=str)
+        return _dumps(meta)
 
     @classmethod
     def from_row(
@@ -194,11 +204,23 @@ class StoredMessage:
         body: bytes,
         wire: bytes | None,
         meta: str,
+        session_id: str | None = None,
+        dead_letter_reason: str | None = None,
+        dead_letter_error_description: str | None = None,
+        dead_letter_source: str | None = None,
     ) -> StoredMessage:
         values = json.loads(meta)
         kind = values.pop("message_id_type", None)
         if kind is not None:
             values["message_id"] = _typed_id(kind, values["message_id"])
+        for name, value in (
+            ("session_id", session_id),
+            ("dead_letter_reason", dead_letter_reason),
+            ("dead_letter_error_description", dead_letter_error_description),
+            ("dead_letter_source", dead_letter_source),
+        ):
+            if value is not None:
+                values[name] = value
         return cls(
             path=path,
             sequence_number=sequence_number,

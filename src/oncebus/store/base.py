@@ -8,7 +8,7 @@ durable; implementations may commit several queued units in one transaction
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -61,6 +61,30 @@ class DeleteMessage:
 
 
 @dataclass(slots=True)
+class UpdateMessage:
+    """A held message's state and delivery count changed (abandon, defer); its content stays."""
+
+    path: str
+    sequence_number: int
+    state: int
+    delivery_count: int
+    application_properties: dict[str, Any] | None = None  # properties to merge in (abandon's modifications)
+
+
+@dataclass(slots=True)
+class MoveMessage:
+    """A message moved to its receivable's dead-letter queue (content kept, not copied)."""
+
+    path: str
+    sequence_number: int
+    to_path: str
+    state: int
+    dead_letter_reason: str | None
+    dead_letter_error_description: str | None
+    dead_letter_source: str | None = None
+
+
+@dataclass(slots=True)
 class PutDedupKey:
     entity: str
     key: str
@@ -109,6 +133,8 @@ Op = (
     | DeleteEntity
     | PutMessage
     | DeleteMessage
+    | UpdateMessage
+    | MoveMessage
     | PutDedupKey
     | PruneDedupKeys
     | PutSessionState
@@ -116,13 +142,17 @@ Op = (
     | PutRules
 )
 
+# What start-up needs of a stored message (never its content):
+# (path, sequence_number, state, delivery_count, enqueued_time_us, expires_at_us, size, session_id)
+MessageRow = tuple[str, int, int, int, int, int | None, int, str | None]
+
 
 @dataclass
 class Snapshot:
     """Everything needed to rebuild the broker at start."""
 
     entities: list[PutEntity] = field(default_factory=list)
-    messages: list[StoredMessage] = field(default_factory=list)
+    messages: Iterable[MessageRow] = ()  # by path, then sequence number; read once (may be a cursor)
     dedup_keys: list[PutDedupKey] = field(default_factory=list)  # ordered by first_accepted_us
     session_states: list[PutSessionState] = field(default_factory=list)
     counters: dict[str, AddCounters] = field(default_factory=dict)  # totals
@@ -131,6 +161,10 @@ class Snapshot:
 
 class Store(Protocol):
     def load(self) -> Snapshot: ...
+
+    def read_messages(self, path: str, sequence_numbers: Sequence[int]) -> dict[int, StoredMessage]:
+        """The content of committed messages of one receivable (those found), read on the caller's thread."""
+        ...
 
     def submit(self, unit: Sequence[Op]) -> Future[None]:
         """Queue a unit for commit; the future resolves once it is durable (or fails)."""

@@ -8,11 +8,13 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from oncebus.core.messages import StoredMessage
+from oncebus.core.messages import MessageState, StoredMessage
 from oncebus.store.base import (
     AddCounters,
     DeleteEntity,
     DeleteMessage,
+    MessageRow,
+    MoveMessage,
     Op,
     PruneDedupKeys,
     PutDedupKey,
@@ -21,8 +23,22 @@ from oncebus.store.base import (
     PutRules,
     PutSessionState,
     Snapshot,
+    UpdateMessage,
     owned_by,
 )
+
+
+def _row(m: StoredMessage) -> MessageRow:
+    return (
+        m.path,
+        m.sequence_number,
+        int(m.state),
+        m.delivery_count,
+        m.enqueued_time_us,
+        m.expires_at_us,
+        m.size,
+        m.session_id,
+    )
 
 
 class MemoryStore:
@@ -41,7 +57,7 @@ class MemoryStore:
             keys = sorted(self.dedup.items(), key=lambda kv: kv[1])
             return Snapshot(
                 entities=list(self.entities.values()),
-                messages=[m.copy_for(m.path) for m in sorted(self.messages.values(), key=lambda m: m.sequence_number)],
+                messages=[_row(m) for _, m in sorted(self.messages.items())],
                 dedup_keys=[PutDedupKey(e, k, t) for (e, k), t in keys],
                 session_states=[PutSessionState(p, s, st) for (p, s), st in self.sessions.items()],
                 counters={
@@ -49,6 +65,11 @@ class MemoryStore:
                 },
                 rules={path: copy.deepcopy(rules) for path, rules in self.rules.items()},
             )
+
+    def read_messages(self, path: str, sequence_numbers: Sequence[int]) -> dict[int, StoredMessage]:
+        with self._lock:
+            found = (self.messages.get((path, seq)) for seq in sequence_numbers)
+            return {m.sequence_number: m.copy_for(path) for m in found if m is not None}
 
     def submit(self, unit: Sequence[Op]) -> Future[None]:
         future: Future[None] = Future()
@@ -85,6 +106,22 @@ class MemoryStore:
                 self.messages[(message.path, message.sequence_number)] = stored
             case DeleteMessage(path=path, sequence_number=seq):
                 self.messages.pop((path, seq), None)
+            case UpdateMessage(path=path, sequence_number=seq):
+                held = self.messages.get((path, seq))
+                if held is not None:
+                    held.state = MessageState(op.state)
+                    held.delivery_count = op.delivery_count
+                    if op.application_properties:
+                        held.application_properties.update(op.application_properties)
+            case MoveMessage(path=path, sequence_number=seq):
+                moved = self.messages.pop((path, seq), None)
+                if moved is not None:
+                    moved.path = op.to_path
+                    moved.state = MessageState(op.state)
+                    moved.dead_letter_reason = op.dead_letter_reason
+                    moved.dead_letter_error_description = op.dead_letter_error_description
+                    moved.dead_letter_source = op.dead_letter_source
+                    self.messages[(op.to_path, seq)] = moved
             case PutDedupKey(entity=entity, key=key, first_accepted_us=t0):
                 self.dedup[(entity, key)] = t0
             case PruneDedupKeys(entity=entity, accepted_before_us=before):

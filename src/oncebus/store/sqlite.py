@@ -15,12 +15,10 @@ do). If the database file or its WAL is deleted while the store is open, the
 writer recreates the file from its open connection (which still sees every
 committed transaction) before its next commit, or within a second when idle.
 
-Schema versions (``PRAGMA user_version``): 0, the layout before versions;
-1, typed message ids (dedup key texts of string ids that start with NUL are
-escaped; see ``oncebus.core.keys``); 2, subscription rules (table
-``subscription_rules``: every subscription of an older file gets the
-``$Default`` rule, which is what it behaved as). An older file is migrated in
-place in one transaction; a newer one is refused.
+Layout and schema versions: see ``oncebus.store.sqlite_layout``. Message content
+(the wire encoding, the body where it is not part of it) is read when a message is
+delivered (``read_messages``, on a read-only connection of the caller's thread); start-up
+reads only what the broker keeps in memory per message.
 """
 
 from __future__ import annotations
@@ -32,18 +30,19 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
 from oncebus.core.errors import StoreError, StoreWriteError
-from oncebus.core.keys import migrate_key_text_v0
 from oncebus.core.messages import StoredMessage
-from oncebus.core.rules import default_rule
+from oncebus.store import sqlite_layout as layout
 from oncebus.store.base import (
     AddCounters,
     DeleteEntity,
     DeleteMessage,
+    MessageRow,
+    MoveMessage,
     Op,
     PruneDedupKeys,
     PutDedupKey,
@@ -52,76 +51,14 @@ from oncebus.store.base import (
     PutRules,
     PutSessionState,
     Snapshot,
+    UpdateMessage,
     owned_ranges,
 )
+from oncebus.store.sqlite_layout import SCHEMA_VERSION
 
 _LOG = logging.getLogger("oncebus.store")
-SCHEMA_VERSION = 2
 IDLE_CHECK_SECONDS = 1.0
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS entity (
-    path TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,
-    properties TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS message (
-    path TEXT NOT NULL,
-    sequence_number INTEGER NOT NULL,
-    state INTEGER NOT NULL,
-    delivery_count INTEGER NOT NULL,
-    enqueued_time_us INTEGER NOT NULL,
-    expires_at_us INTEGER,
-    body BLOB NOT NULL,
-    wire BLOB,
-    meta TEXT NOT NULL,
-    PRIMARY KEY (path, sequence_number)
-) WITHOUT ROWID;
--- time-ordered: inserts append, pruning cuts the front; the in-memory index keeps keys unique
-CREATE TABLE IF NOT EXISTS dedup_key (
-    entity TEXT NOT NULL,
-    first_accepted_us INTEGER NOT NULL,
-    key TEXT NOT NULL,
-    PRIMARY KEY (entity, first_accepted_us, key)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS session_state (
-    path TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    state BLOB NOT NULL,
-    PRIMARY KEY (path, session_id)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS counters (
-    entity TEXT PRIMARY KEY,
-    next_sequence_number INTEGER NOT NULL,
-    counters TEXT NOT NULL
-);
--- schema 2: a subscription's rules, in order, as a JSON list of RuleProperties.to_dict()
-CREATE TABLE IF NOT EXISTS subscription_rules (
-    path TEXT PRIMARY KEY,
-    rules TEXT NOT NULL
-);
-"""
-
-_INSERT_MESSAGE = (
-    "INSERT OR REPLACE INTO message (path, sequence_number, state, delivery_count, enqueued_time_us,"
-    " expires_at_us, body, wire, meta) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_INSERT_KEY = "INSERT OR REPLACE INTO dedup_key (entity, first_accepted_us, key) VALUES (?, ?, ?)"
 _STOP = object()
-
-
-def _message_row(m: StoredMessage) -> tuple[object, ...]:
-    return (
-        m.path,
-        m.sequence_number,
-        int(m.state),
-        m.delivery_count,
-        m.enqueued_time_us,
-        m.expires_at_us,
-        m.body,
-        m.wire,
-        m.meta_json(),
-    )
 
 
 _MAX_UNITS_PER_COMMIT = 512
@@ -165,6 +102,9 @@ class SqliteStore:
         self.units = 0
         self.failures = 0
         self.recreated = 0
+        self._next_data_id = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM message_data").fetchone()[0]
+        self._reader: sqlite3.Connection | None = None  # the caller's thread reads message content on its own
+        self._reader_generation = -1
         # called on the writer thread after each commit with (seconds, units): metrics, see broker/counters.py
         self.commit_observer: Callable[[float, int], None] | None = None
         self._writer = threading.Thread(target=self._write_loop, name="oncebus-sqlite-writer", daemon=True)
@@ -175,6 +115,7 @@ class SqliteStore:
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA recursive_triggers=ON")  # a replaced message row takes its content with it
         except BaseException:
             db.close()
             raise
@@ -191,10 +132,10 @@ class SqliteStore:
                 f"{SCHEMA_VERSION}): run that version or a newer one on it"
             )
         if tables == 0:  # a crash before the version is set leaves empty tables at 0: migrated next time
-            db.executescript(SCHEMA)
+            layout.create(db)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             return
-        db.executescript(SCHEMA)  # IF NOT EXISTS: a table missing from an older file is added (as releases did)
+        db.executescript(layout.SCHEMA)  # IF NOT EXISTS: a table missing from an older file is added
         if version < SCHEMA_VERSION:
             self._migrate(version)
 
@@ -203,31 +144,7 @@ class SqliteStore:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            if version < 1:
-                partitioned = {
-                    path
-                    for path, props in db.execute("SELECT path, properties FROM entity")
-                    if json.loads(props).get("enable_partitioning")
-                }
-                # only string ids starting with NUL change: their key text is escaped now
-                rows = db.execute(
-                    "SELECT entity, first_accepted_us, key FROM dedup_key WHERE instr(CAST(key AS BLOB), X'00') > 0"
-                ).fetchall()
-                for entity, t0, key in rows:
-                    new = migrate_key_text_v0(key, partitioned=entity in partitioned)
-                    if new != key:
-                        db.execute(
-                            "DELETE FROM dedup_key WHERE entity = ? AND first_accepted_us = ? AND key = ?",
-                            (entity, t0, key),
-                        )
-                        db.execute(_INSERT_KEY, (entity, t0, new))
-            if version < 2:  # every subscription behaved as if it had the $Default rule: now it has it
-                default = json.dumps([default_rule().to_dict()])
-                db.execute(
-                    "INSERT OR IGNORE INTO subscription_rules (path, rules) "
-                    "SELECT path, ? FROM entity WHERE kind = 'subscription'",
-                    (default,),
-                )
+            layout.migrate(db, version)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")
         except Exception as exc:
@@ -249,29 +166,42 @@ class SqliteStore:
                     "backup, or move it (and its -wal file) away to start with an empty store"
                 ) from None
 
+    def _read_connection(self) -> sqlite3.Connection:
+        """The read-only connection for ``read_messages`` and start-up's message rows (reopened after the file
+        was recreated, so it reads the file the writer writes)."""
+        if self._reader is None or self._reader_generation != self.recreated:
+            if self._reader is not None:
+                self._reader.close()
+            self._reader_generation = self.recreated
+            self._reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._reader.execute("PRAGMA query_only=ON")
+        return self._reader
+
+    def _message_rows(self) -> Iterator[MessageRow]:
+        """Every stored message's in-memory part, by path and sequence number, read lazily (never its content)."""
+        try:
+            cursor = self._read_connection().execute(layout.SELECT_ROWS)
+            while rows := cursor.fetchmany(4096):
+                yield from rows
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"{self.path} could not be read ({_reason(exc)}): the file is damaged; restore it from a "
+                "backup, or move it (and its -wal file) away to start with an empty store"
+            ) from None
+
+    def read_messages(self, path: str, sequence_numbers: Sequence[int]) -> dict[int, StoredMessage]:
+        """The content of committed messages (those found), on the caller's thread (a read connection of its own)."""
+        try:
+            return layout.read_content(self._read_connection(), path, sequence_numbers)
+        except sqlite3.Error as exc:
+            raise StoreWriteError(f"could not read messages from {self.path}: {_reason(exc)}") from None
+
     def _load(self) -> Snapshot:
         db = self._db
         snapshot = Snapshot()
         for path, kind, props in db.execute("SELECT path, kind, properties FROM entity"):
             snapshot.entities.append(PutEntity(path, kind, json.loads(props)))
-        for row in db.execute(
-            "SELECT path, sequence_number, state, delivery_count, enqueued_time_us, expires_at_us, body, wire, meta"
-            " FROM message ORDER BY sequence_number"
-        ):
-            path, seq, state, count, enq, exp, body, wire, meta = row
-            snapshot.messages.append(
-                StoredMessage.from_row(
-                    path=path,
-                    sequence_number=seq,
-                    state=state,
-                    delivery_count=count,
-                    enqueued_time_us=enq,
-                    expires_at_us=exp,
-                    body=body,
-                    wire=wire,
-                    meta=meta,
-                )
-            )
+        snapshot.messages = self._message_rows()
         # a key accepted again after it left the window has two rows until pruning: the newest counts
         for entity, key, t0 in db.execute(
             "SELECT entity, key, MAX(first_accepted_us) AS t0 FROM dedup_key GROUP BY entity, key ORDER BY t0"
@@ -432,21 +362,34 @@ class SqliteStore:
 
         Dedup keys and counters commute with message writes, so when the group
         touches no entity definitions or history pruning they are written last,
-        and runs of message writes go through ``executemany``.
+        and runs of message writes (and of message deletions) go through ``executemany``.
         """
         if any(isinstance(op, PutEntity | DeleteEntity | PruneDedupKeys | PutSessionState | PutRules) for op in ops):
             for op in ops:
                 self._apply(op)
             return
-        messages: list[tuple[object, ...]] = []
+        db = self._db
+        lights: list[tuple[object, ...]] = []
+        datas: list[tuple[object, ...]] = []
+        deletes: list[tuple[str, int]] = []
         keys: list[tuple[str, int, str]] = []
         counters: dict[str, AddCounters] = {}
+        message_rows = layout.message_rows
         for op in ops:
             if isinstance(op, PutMessage):
-                messages.append(_message_row(op.message))
+                if deletes:
+                    self._flush(deletes, lights, datas)
+                self._next_data_id += 1
+                light, data = message_rows(op.message, self._next_data_id)
+                lights.append(light)
+                datas.append(data)
                 if op.dedup_key is not None:
                     entity, key, t0 = op.dedup_key
                     keys.append((entity, t0, key))
+            elif isinstance(op, DeleteMessage):
+                if lights:
+                    self._flush(deletes, lights, datas)
+                deletes.append((op.path, op.sequence_number))
             elif isinstance(op, PutDedupKey):
                 keys.append((op.entity, op.first_accepted_us, op.key))
             elif isinstance(op, AddCounters):
@@ -458,18 +401,25 @@ class SqliteStore:
                     for name, delta in op.counters.items():
                         merged.counters[name] = merged.counters.get(name, 0) + delta
             else:
-                self._flush_messages(messages)
+                self._flush(deletes, lights, datas)
                 self._apply(op)
-        self._flush_messages(messages)
+        self._flush(deletes, lights, datas)
         if keys:
-            self._db.executemany(_INSERT_KEY, keys)
+            db.executemany(layout.INSERT_KEY, keys)
         for op in counters.values():
             self._apply(op)
 
-    def _flush_messages(self, rows: list[tuple[object, ...]]) -> None:
-        if rows:
-            self._db.executemany(_INSERT_MESSAGE, rows)
-            rows.clear()
+    def _flush(
+        self, deletes: list[tuple[str, int]], lights: list[tuple[object, ...]], datas: list[tuple[object, ...]]
+    ) -> None:
+        if datas:
+            self._db.executemany(layout.INSERT_DATA, datas)
+            self._db.executemany(layout.INSERT_MESSAGE, lights)
+            datas.clear()
+            lights.clear()
+        if deletes:
+            self._db.executemany(layout.DELETE_MESSAGE, deletes)
+            deletes.clear()
 
     def _apply(self, op: Op) -> None:
         db = self._db
@@ -490,13 +440,37 @@ class SqliteStore:
                 db.execute("DELETE FROM counters WHERE entity = ?", (path,))
                 db.execute("DELETE FROM dedup_key WHERE entity = ?", (path,))
             case PutMessage(message=m, dedup_key=dedup_key):
-                db.execute(_INSERT_MESSAGE, _message_row(m))
+                self._next_data_id += 1
+                light, data = layout.message_rows(m, self._next_data_id)
+                db.execute(layout.INSERT_DATA, data)
+                db.execute(layout.INSERT_MESSAGE, light)
                 if dedup_key is not None:
-                    db.execute(_INSERT_KEY, (dedup_key[0], dedup_key[2], dedup_key[1]))
+                    db.execute(layout.INSERT_KEY, (dedup_key[0], dedup_key[2], dedup_key[1]))
+            case UpdateMessage(path=path, sequence_number=seq, state=state, delivery_count=count):
+                db.execute(
+                    "UPDATE message SET state = ?, delivery_count = ? WHERE path = ? AND sequence_number = ?",
+                    (state, count, path, seq),
+                )
+                if op.application_properties:
+                    layout.patch_properties(db, path, seq, op.application_properties)
+            case MoveMessage(path=path, sequence_number=seq, to_path=to_path, state=state):
+                db.execute(
+                    "UPDATE message SET path = ?, state = ?, dead_letter_reason = ?, dead_letter_error_description = ?,"
+                    " dead_letter_source = ? WHERE path = ? AND sequence_number = ?",
+                    (
+                        to_path,
+                        state,
+                        op.dead_letter_reason,
+                        op.dead_letter_error_description,
+                        op.dead_letter_source,
+                        path,
+                        seq,
+                    ),
+                )
             case DeleteMessage(path=path, sequence_number=seq):
-                db.execute("DELETE FROM message WHERE path = ? AND sequence_number = ?", (path, seq))
+                db.execute(layout.DELETE_MESSAGE, (path, seq))
             case PutDedupKey(entity=entity, key=key, first_accepted_us=t0):
-                db.execute(_INSERT_KEY, (entity, t0, key))
+                db.execute(layout.INSERT_KEY, (entity, t0, key))
             case PruneDedupKeys(entity=entity, accepted_before_us=before):
                 db.execute("DELETE FROM dedup_key WHERE entity = ? AND first_accepted_us < ?", (entity, before))
             case PutSessionState(path=path, session_id=sid, state=state):
@@ -529,6 +503,8 @@ class SqliteStore:
             self._writer.join()
         with self._lock:
             self._db.close()
+            if self._reader is not None:
+                self._reader.close()
 
 
 def _open_error(path: Path, exc: BaseException) -> StoreError:

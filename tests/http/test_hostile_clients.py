@@ -99,6 +99,35 @@ def test_garbage_and_silence_are_closed(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
+def test_half_a_header_then_end_of_stream_is_closed_at_once(tmp_path: Path) -> None:
+    """A client that sends part of a header and shuts its side down is closed now, not at the sniff timeout."""
+
+    async def scenario(listener: Listener) -> None:
+        for first in (b"A", b"AMQ", b"GE", b"\x16"):
+            started = time.monotonic()
+            reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+            writer.write(first)
+            writer.write_eof()
+            assert await closed_within(reader, TIMEOUT) == b""
+            assert time.monotonic() - started < TIMEOUT * 0.8, first
+
+    run(tmp_path, scenario, sniff_timeout=10.0)
+
+
+def test_head_gets_the_headers_without_a_body_and_the_connection_goes_on(tmp_path: Path) -> None:
+    async def scenario(listener: Listener) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+        for target in (b"/$namespaceinfo", b"/some-queue", b"/health"):
+            writer.write(b"HEAD " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2.0)
+            assert head.startswith(b"HTTP/1.1 "), head
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = await closed_within(reader, 2.0)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer  # nothing of the HEAD answers' bodies came before
+
+    run(tmp_path, scenario)
+
+
 def test_slow_or_broken_tls_is_closed(tmp_path: Path) -> None:
     async def scenario(listener: Listener) -> None:
         # a TLS record header and then nothing: the handshake times out

@@ -27,4 +27,3 @@ def string_or_binary(value: Any) -> str | None:
     if isinstance(value, str | bytes | bytearray | memoryview):
         return text(value)
     return None
-

@@ -133,4 +133,3 @@ def named(where: str, exc: InvalidArgumentError) -> InvalidArgumentError:
             f"{where}: {exc}", expression=exc.expression, line=exc.line, column=exc.column, expected=exc.expected
         )
     return InvalidArgumentError(f"{where}: {exc}")
-

@@ -264,7 +264,7 @@ class HttpProtocol(asyncio.Protocol):
                 self._write(h11.Response(status_code=status, headers=headers, reason=_reason(status)))
             elif kind == "http.response.body" and started:
                 data = bytes(message.get("body", b""))
-                if data:
+                if data and request.method != b"HEAD":  # a HEAD response has the headers of GET, no body
                     self._write(h11.Data(data=data))
                 if not message.get("more_body", False):
                     finished = True

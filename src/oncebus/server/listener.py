@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import select
 import socket
 import ssl
 import time
@@ -152,6 +153,13 @@ def bind(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
+def _peer_closed(fd: int) -> bool:
+    """Has the client shut down its side (peeked bytes hide the end of the stream from ``recv``)?"""
+    poller = select.poll()
+    poller.register(fd, select.POLLRDHUP)
+    return any(events & (select.POLLRDHUP | select.POLLHUP) for _, events in poller.poll(0))
+
+
 def _set_once(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -257,6 +265,8 @@ class Listener:
             kind = classify(data)
             if kind is not None:
                 return kind
+            if _peer_closed(fd):  # a partial header that can never complete: the client has sent all it will
+                return ""
             # a partial header: the peeked bytes keep the socket readable, so poll instead of spinning
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.sleep(POLL_SECONDS), remaining)

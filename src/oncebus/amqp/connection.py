@@ -22,7 +22,7 @@ import cproton
 import proton
 
 from oncebus.amqp.errors import INTERNAL_ERROR, TRACKING_ID
-from oncebus.amqp.frames import FrameError, FrameScanner, IncomingDelivery, NotAmqpError
+from oncebus.amqp.frames import RESOURCE_LIMIT, FrameError, FrameScanner, IncomingDelivery, NotAmqpError
 from oncebus.amqp.performatives import AMQP_HEADER, close_frame, open_frame
 from oncebus.amqp.sas import Grant
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 _LOG = logging.getLogger(__name__)
 _CONTAINER_ID = "oncebus"
 CONNECTION_FORCED = "amqp:connection:forced"
+UNAUTHORIZED_ACCESS = "amqp:unauthorized-access"
 LINK_DETACH_FORCED = "amqp:link:detach-forced"
 TRANSFER_LIMIT_EXCEEDED = "amqp:link:transfer-limit-exceeded"
 _session_ids = itertools.count(1)
@@ -101,6 +102,9 @@ class AmqpConnection(asyncio.Protocol):
         self.response_links: dict[tuple[int, str], list[proton.Sender]] = {}
         # session locks held by this connection's receive links, by (receivable path, session id)
         self.sessions: dict[tuple[str, str], SessionLock] = {}
+        self.opened_at: float | None = None  # loop time of the client's open
+        self.authenticated = False  # a CBS token was accepted on this connection
+        self.refused: str | None = None  # why this connection is closed at its open (the host's connection cap)
 
     # --- asyncio protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -127,9 +131,19 @@ class AmqpConnection(asyncio.Protocol):
             _LOG.exception("cannot read the client's frames")
             self.protocol_error(INTERNAL_ERROR, "oncebus failed to read the frames; see its log")
             return
-        if self.scanner.opened and self._handshake_timer is not None:
-            self._handshake_timer.cancel()
-            self._handshake_timer = None
+        if self.scanner.opened and self.opened_at is None:
+            self.opened_at = self.loop.time()
+            if self._handshake_timer is not None:
+                self._handshake_timer.cancel()
+                self._handshake_timer = None
+            if self.refused is not None:  # open and close at once: the client reads why, then closes too
+                _LOG.warning("refusing a connection: %s", self.refused)
+                # (with an info map: the SDK reads the error's third field by position)
+                self.connection.condition = proton.Condition(
+                    RESOURCE_LIMIT, self.refused, {TRACKING_ID: str(uuid.uuid4())}
+                )
+                self.connection.open()
+                self.connection.close()
         try:
             self._push(data)
         except Exception:
@@ -249,7 +263,11 @@ class AmqpConnection(asyncio.Protocol):
             f"{self.limits.handshake_timeout:g} s",
         )
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, *, drain: bool = False) -> None:
+        """Stop serving. ``drain``: the close exchange is over on our side; end our half of the stream and read
+        (and drop) what the client still sends until it ends its half, for at most ``close_flush_timeout``:
+        closing with its bytes unread would reset the connection, and a reset can destroy our close frame
+        before the client reads it (a refused client would see a broken pipe instead of the reason)."""
         if self.closed:
             return
         self.closed = True
@@ -266,11 +284,22 @@ class AmqpConnection(asyncio.Protocol):
                 handler.on_closed()
         # broker work is never cancelled (a cancelled write would leave the broker's memory behind its
         # store): running tasks finish, see ``closed`` and leave proton alone; link loops stop on their own
-        if self.socket is not None:
+        if drain and self.socket is not None and self.socket.can_write_eof() and self._end_our_half():
+            self._linger_timer = self.loop.call_later(self.limits.close_flush_timeout, self.socket.abort)
+        elif self.socket is not None:
             self.socket.close()  # after what is buffered has been written, unless the client never reads:
             if self.socket.get_write_buffer_size() > 0:
                 self._linger_timer = self.loop.call_later(self.limits.close_flush_timeout, self.socket.abort)
         self._set_writable(True)
+
+    def _end_our_half(self) -> bool:
+        """Shut down our side of the stream (False when the client is gone already)."""
+        assert self.socket is not None
+        try:
+            self.socket.write_eof()
+        except OSError:
+            return False
+        return True
 
     def _links(self) -> list[proton.Link]:
         links = []
@@ -309,9 +338,27 @@ class AmqpConnection(asyncio.Protocol):
             link.close()
         self.pump()
 
+    def add_grant(self, grant: Grant) -> None:
+        self.grants.append(grant)
+        self.authenticated = True
+
     def check_tokens(self, now: float) -> None:
-        """Detach every link whose entity no unexpired CBS token covers any more (as Service Bus does)."""
+        """Detach every link whose entity no unexpired CBS token covers any more (as Service Bus does).
+
+        A connection that was opened but has put no valid token within ``auth_timeout`` is closed: before
+        its first token a client can do nothing but hold a socket.
+        """
         if self.closed:
+            return
+        if (
+            not self.authenticated
+            and self.opened_at is not None
+            and self.loop.time() - self.opened_at > self.limits.auth_timeout
+        ):
+            self.protocol_error(
+                UNAUTHORIZED_ACCESS,
+                f"no valid token was put on $cbs within {self.limits.auth_timeout:g} s of the open",
+            )
             return
         # (``authorized()`` may have dropped an expired grant already: the links are what is checked)
         self.grants = [grant for grant in self.grants if grant.expires_at > now]
@@ -367,9 +414,7 @@ class AmqpConnection(asyncio.Protocol):
         while True:
             pending = self.transport.pending()
             if pending < 0:
-                if self.socket is not None:
-                    self.socket.close()
-                self._shutdown()
+                self._shutdown(drain=True)
                 return
             if pending == 0:
                 return
@@ -416,6 +461,8 @@ class AmqpConnection(asyncio.Protocol):
             collector.pop()
 
     def _handle(self, event: proton.Event) -> None:
+        if self.refused is not None:  # closing at its open: nothing the client asks for is done
+            return
         kind = event.type
         if kind == proton.Event.DELIVERY:
             delivery = event.delivery

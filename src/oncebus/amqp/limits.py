@@ -56,6 +56,10 @@ class AmqpLimits:
     max_value_depth: int = 64
     # seconds between checks that every open link is still covered by an unexpired CBS token
     token_check_interval: float = 1.0
+    # seconds from the client's open to its first accepted CBS token; then the connection is closed
+    auth_timeout: float = 60.0
+    # AMQP connections the listener serves at once; the next client's open is answered with a close
+    max_connections: int = 1000
 
     def __post_init__(self) -> None:
         if self.handshake_frame_size < MIN_MAX_FRAME_SIZE:

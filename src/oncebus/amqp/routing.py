@@ -84,7 +84,7 @@ class Router:
     async def _put_token(self, conn: AmqpConnection, link: proton.Link, request: proton.Message) -> proton.Message:
         result = cbs.put_token(request.properties, request.body, self.host.keys, self.host.wall_time())
         if result.grant is not None:
-            conn.grants.append(result.grant)
+            conn.add_grant(result.grant)
         else:
             _LOG.info("CBS put-token refused: %s", result.status_description)
         return proton.Message(

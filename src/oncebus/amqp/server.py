@@ -63,6 +63,12 @@ class AmqpServer:
 
     def connection_opened(self, conn: AmqpConnection) -> None:
         """A connection started (on this server's socket or one accepted elsewhere): keep checking its tokens."""
+        served = sum(1 for other in self.connections if other.refused is None)
+        if served >= self.limits.max_connections:
+            conn.refused = (
+                f"oncebus serves at most {self.limits.max_connections} AMQP connections at once "
+                "(ONCEBUS_AMQP_MAX_CONNECTIONS); close one or raise the limit"
+            )
         self.connections.add(conn)
         if self._token_checks is None or self._token_checks.done():
             self._token_checks = asyncio.get_running_loop().create_task(self._check_tokens())

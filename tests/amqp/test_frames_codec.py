@@ -497,3 +497,19 @@ def test_deeply_nested_values_are_a_decode_error_not_a_recursion_error() -> None
     annotations = b"\x00\x53\x72\xd1" + struct.pack(">II", len(nested) + 7, 2) + b"\xa3\x01k" + nested
     with pytest.raises(InvalidArgumentError, match="nested too deeply"):
         codec.decode_message(annotations + b"\x00\x53\x75\xa0\x01d")
+
+
+def test_a_string_that_is_not_utf8_is_a_decode_error_alone_or_inside_an_array() -> None:
+    from oncebus.amqp.encoding import DecodeError, skip
+
+    bad = b"\xff\xfe"
+    alone = b"\xb1" + struct.pack(">I", len(bad)) + bad
+    element = struct.pack(">I", len(bad)) + bad
+    body = struct.pack(">I", 1) + b"\xb1" + element  # count, element constructor, one str32 element
+    in_array = b"\xf0" + struct.pack(">I", len(body)) + body
+    good_body = struct.pack(">I", 1) + b"\xb1" + struct.pack(">I", 2) + b"ok"
+    good = b"\xf0" + struct.pack(">I", len(good_body)) + good_body
+    assert skip(good, 0) == len(good)
+    for value in (alone, in_array):
+        with pytest.raises(DecodeError, match="not valid UTF-8"):
+            skip(value, 0)

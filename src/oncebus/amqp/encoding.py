@@ -100,37 +100,8 @@ def _skip(data: bytes | memoryview, pos: int, end: int, depth: int) -> int:
         width = _width(code)
         _need(data, pos, width, end)
         return pos + width
-    if code in _VARIABLE:
-        if code < 0xB0:
-            _need(data, pos, 1, end)
-            size, pos = data[pos], pos + 1
-        else:
-            _need(data, pos, 4, end)
-            size, pos = _U32.unpack_from(data, pos)[0], pos + 4
-        _need(data, pos, size, end)
-        if code in (0xA1, 0xB1):
-            try:
-                bytes(data[pos : pos + size]).decode("utf-8")
-            except UnicodeDecodeError:
-                raise DecodeError("a string value is not valid UTF-8") from None
-        return pos + size
-    if code in _COMPOUND:
-        item, count, stop = _size_count(data, code, pos, end)
-        if code in (0xC1, 0xD1) and count % 2:
-            raise DecodeError("a map value has an odd number of items")
-        for _ in range(count):
-            item = _skip(data, item, stop, depth - 1)
-        if item != stop:
-            raise DecodeError("a compound value's items do not fill its declared size")
-        return stop
-    if code in _ARRAY:
-        item, count, stop = _size_count(data, code, pos, end)
-        item, element = _element_constructor(data, item, stop, depth - 1)
-        for _ in range(count):
-            item = _skip_element(data, element, item, stop, depth - 1)
-        if item != stop:
-            raise DecodeError("an array's items do not fill its declared size")
-        return stop
+    if code in _VARIABLE or code in _COMPOUND or code in _ARRAY:
+        return _skip_body(data, code, pos, end, depth)
     raise DecodeError(f"unknown AMQP constructor 0x{code:02x}")
 
 
@@ -160,6 +131,7 @@ def _skip_element(data: bytes | memoryview, code: int, pos: int, end: int, depth
 
 
 def _skip_body(data: bytes | memoryview, code: int, pos: int, end: int, depth: int) -> int:
+    """Skip a variable-width, compound or array value whose constructor ``code`` was read before ``pos``."""
     if depth < 0:
         raise DecodeError("values are nested too deeply")
     if code in _VARIABLE:
@@ -170,6 +142,11 @@ def _skip_body(data: bytes | memoryview, code: int, pos: int, end: int, depth: i
             _need(data, pos, 4, end)
             size, pos = _U32.unpack_from(data, pos)[0], pos + 4
         _need(data, pos, size, end)
+        if code in (0xA1, 0xB1):
+            try:
+                bytes(data[pos : pos + size]).decode("utf-8")
+            except UnicodeDecodeError:
+                raise DecodeError("a string value is not valid UTF-8") from None
         return pos + size
     item, count, stop = _size_count(data, code, pos, end)
     if code in _ARRAY:

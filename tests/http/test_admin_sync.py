@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from azure.core.exceptions import (
@@ -86,6 +86,29 @@ def test_every_settable_queue_property_round_trips(admin: ServiceBusAdministrati
     assert again.__dict__.keys() == got.__dict__.keys()
     assert all(getattr(again, k) == getattr(got, k) for k in settings)
     assert again.default_message_time_to_live == timedelta(days=2, hours=3)
+
+
+def test_runtime_properties_carry_the_created_and_updated_times(
+    admin: ServiceBusAdministrationClient, name: str
+) -> None:
+    before = datetime.now(UTC) - timedelta(seconds=5)  # the server's clock is this machine's
+    admin.create_queue(name)
+    created = admin.get_queue_runtime_properties(name)
+    assert created.created_at_utc is not None and before <= created.created_at_utc <= datetime.now(UTC)
+    assert created.updated_at_utc == created.created_at_utc
+    admin.update_queue(admin.get_queue(name), max_delivery_count=4)
+    updated = admin.get_queue_runtime_properties(name)
+    assert updated.created_at_utc == created.created_at_utc
+    assert updated.updated_at_utc is not None and updated.updated_at_utc >= created.created_at_utc
+    topic, subscription = name + "-t", "s"
+    admin.create_topic(topic)
+    admin.create_subscription(topic, subscription)
+    for runtime in (
+        admin.get_topic_runtime_properties(topic),
+        admin.get_subscription_runtime_properties(topic, subscription),
+    ):
+        assert runtime.created_at_utc is not None and runtime.created_at_utc >= before
+    admin.delete_topic(topic)
 
 
 def test_defaults_survive_an_update_round_trip(admin: ServiceBusAdministrationClient, name: str) -> None:

@@ -264,7 +264,7 @@ class Namespace:
 
     async def create_entity(self, kind: EntityKind, name: str, **properties: Any) -> QueueProperties | TopicProperties:
         self._check_alive()
-        props, ops = self._registry.create(kind, name, properties)
+        props, ops = self._registry.create(kind, name, properties, self._now())
         self._touch(name.lower())
         await self._write(ops)
         return cast(QueueProperties | TopicProperties, props)
@@ -336,7 +336,7 @@ class Namespace:
 
     async def update_subscription(self, topic_name: str, name: str, **changes: Any) -> SubscriptionProperties:
         self._check_alive()
-        props, ops = self._registry.update_subscription(topic_name, name, changes)
+        props, ops = self._registry.update_subscription(topic_name, name, changes, self._now())
         self._touch_subscription(topic_name, name)
         await self._write(ops)
         return props

@@ -192,11 +192,11 @@ class Registry:
             return None
 
     # ------------------------------------------------------------------------------ changes
-    def create(self, kind: EntityKind, name: str, properties: dict[str, Any]) -> tuple[Any, list[Op]]:
+    def create(self, kind: EntityKind, name: str, properties: dict[str, Any], now_us: int) -> tuple[Any, list[Op]]:
         validate_entity_name(name, kind=kind)
         if name.lower() in self.entities:
             raise EntityAlreadyExistsError(f"a {self.entities[name.lower()].kind} named {name!r} already exists")
-        props = _PROPERTIES[kind].create(name, **properties)
+        props = _PROPERTIES[kind].create(name, **properties).stamped(now_us, created=True)
         check_forwarding(self.entities, name.lower(), props)
         self.install(kind, props)
         return props, [PutEntity(name.lower(), kind, props.to_dict())]
@@ -214,7 +214,7 @@ class Registry:
         topic = self.entity(topic_name, "topic")
         if name.lower() in topic.subscriptions:
             raise EntityAlreadyExistsError(f"topic {topic_name!r} already has a subscription named {name!r}")
-        props = SubscriptionProperties.create(name, **properties)
+        props = SubscriptionProperties.create(name, **properties).stamped(now_us, created=True)
         check_forwarding(self.entities, topic.path, props)
         stamp = us_to_datetime(now_us)
         rules = [default_rule()] if rules is None else list(rules)
@@ -227,7 +227,7 @@ class Registry:
     def update(self, kind: EntityKind, name: str, changes: dict[str, Any], now_us: int) -> tuple[Any, list[Op]]:
         """New properties, applied; the ops store them and prune the keys that left the old window (one unit)."""
         entity = self.entity(name, kind)
-        props = entity.properties.updated(**changes)
+        props = entity.properties.updated(**changes).stamped(now_us)
         check_forwarding(self.entities, entity.path, props)
         prune = PruneDedupKeys(entity.path, now_us - to_micros(entity.detector.window) + 1)
         entity.properties = props
@@ -240,11 +240,11 @@ class Registry:
         return props, [PutEntity(entity.path, kind, props.to_dict()), prune]
 
     def update_subscription(
-        self, topic_name: str, name: str, changes: dict[str, Any]
+        self, topic_name: str, name: str, changes: dict[str, Any], now_us: int
     ) -> tuple[SubscriptionProperties, list[Op]]:
         subscription = self.subscription(topic_name, name)
         topic = self.entity(topic_name, "topic")
-        props = subscription.properties.updated(**changes)
+        props = subscription.properties.updated(**changes).stamped(now_us)
         check_forwarding(self.entities, topic.path, props)
         subscription.properties = props
         new = receivable_settings(props, topic.properties.max_size_in_megabytes)

@@ -8,18 +8,22 @@ subscriptions' and of those scheduled messages, and its scheduled
 count the number of those plus the distinct scheduled sequence numbers among
 the subscriptions (copies scheduled before rules were evaluated at due time).
 
-Created, updated and accessed times are not recorded by the broker yet; see
-``UNKNOWN_TIME``.
+Created and updated times are the entity's (``UNKNOWN_TIME`` for an entity
+stored by a release that did not record them); the accessed time is not
+recorded yet and reads as ``UNKNOWN_TIME``, Azure's value for "never".
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from oncebus.broker.namespace import Namespace
 from oncebus.broker.receivable import Receivable
 from oncebus.core.messages import MessageState
+from oncebus.core.timeutil import us_to_datetime
 
 # Azure's own value for a time that never happened (an entity never accessed): 0001-01-01T00:00:00Z.
 UNKNOWN_TIME = datetime(1, 1, 1, tzinfo=UTC)
@@ -64,14 +68,24 @@ def _of(receivable: Receivable) -> RuntimeProperties:
     )
 
 
+def _stamped(runtime: RuntimeProperties, props: Any) -> RuntimeProperties:
+    """With the entity's created and updated times, where it has them."""
+    times = {
+        field: us_to_datetime(value)
+        for field, value in (("created_at_utc", props.created_at_us), ("updated_at_utc", props.updated_at_us))
+        if value is not None
+    }
+    return dataclasses.replace(runtime, **times)
+
+
 def queue_runtime_properties(namespace: Namespace, name: str) -> RuntimeProperties:
-    namespace.get_queue(name)  # EntityNotFoundError when there is no such queue
-    return _of(namespace.receivable(name))
+    props = namespace.get_queue(name)  # EntityNotFoundError when there is no such queue
+    return _stamped(_of(namespace.receivable(name)), props)
 
 
 def subscription_runtime_properties(namespace: Namespace, topic: str, name: str) -> RuntimeProperties:
-    namespace.get_subscription(topic, name)
-    return _of(namespace.receivable(f"{topic}/Subscriptions/{name}"))
+    props = namespace.get_subscription(topic, name)
+    return _stamped(_of(namespace.receivable(f"{topic}/Subscriptions/{name}")), props)
 
 
 def topic_runtime_properties(namespace: Namespace, name: str) -> RuntimeProperties:
@@ -85,8 +99,9 @@ def topic_runtime_properties(namespace: Namespace, name: str) -> RuntimeProperti
     stats = namespace.stats(name)  # its totals include the scheduled messages waiting at the topic itself
     at_topic = stats.scheduled_message_count - sum(s.scheduled_message_count for s in stats.subscriptions.values())
     waiting_bytes = stats.size_in_bytes - sum(s.size_in_bytes for s in stats.subscriptions.values())
-    return RuntimeProperties(
+    runtime = RuntimeProperties(
         scheduled_message_count=len(scheduled) + at_topic,
         size_in_bytes=size + waiting_bytes,
         subscription_count=len(subscriptions),
     )
+    return _stamped(runtime, namespace.get_topic(name))

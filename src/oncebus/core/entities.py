@@ -169,6 +169,10 @@ _VALIDATORS: dict[str, Any] = {
 }
 
 
+STAMPS = ("created_at_us", "updated_at_us")
+_NOT_SETTABLE = ("name", *STAMPS)
+
+
 @dataclass(frozen=True)
 class _EntityProperties:
     """Shared behaviour: validated construction, immutable-at-creation checks, dict round trip."""
@@ -177,6 +181,10 @@ class _EntityProperties:
     immutable: ClassVar[tuple[str, ...]] = ()
 
     name: str
+    # when the entity was created and last changed (µs since the epoch; None: written by a release before 0.2),
+    # kept by the broker, never set by a caller, not compared
+    created_at_us: int | None = dataclasses.field(default=None, compare=False)
+    updated_at_us: int | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def create(cls, name: str, **values: Any) -> Any:
@@ -196,7 +204,11 @@ class _EntityProperties:
 
     @classmethod
     def settable(cls) -> set[str]:
-        return {f.name for f in dataclasses.fields(cls) if f.name != "name"}
+        return {f.name for f in dataclasses.fields(cls) if f.name not in _NOT_SETTABLE}
+
+    def stamped(self, now_us: int, *, created: bool = False) -> Any:
+        """A copy changed at ``now_us`` (and created then, if ``created``)."""
+        return dataclasses.replace(self, created_at_us=now_us if created else self.created_at_us, updated_at_us=now_us)
 
     def updated(self, **changes: Any) -> Any:
         """A copy with ``changes`` applied; properties fixed at creation may only be repeated."""
@@ -220,9 +232,12 @@ class _EntityProperties:
         return dataclasses.replace(self, **checked)
 
     def to_dict(self) -> dict[str, Any]:
+        """The properties as JSON values (the times only once the broker has set them)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name in STAMPS and value is None:
+                continue
             out[f.name] = format_duration(value) if isinstance(value, timedelta) else value
         return out
 
@@ -230,7 +245,8 @@ class _EntityProperties:
     def from_dict(cls, data: dict[str, Any]) -> Any:
         values = dict(data)
         name = values.pop("name")
-        return cls.create(name, **values)
+        stamps = {key: values.pop(key) for key in STAMPS if key in values}
+        return dataclasses.replace(cls.create(name, **values), **stamps)
 
 
 @dataclass(frozen=True)

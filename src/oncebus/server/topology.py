@@ -413,4 +413,4 @@ def _unstamped(rules: list[RuleProperties]) -> list[RuleProperties]:
 
 
 def _settable(props: Any) -> dict[str, Any]:
-    return {key: value for key, value in props.to_dict().items() if key != "name"}
+    return {key: value for key, value in props.to_dict().items() if key in props.settable()}

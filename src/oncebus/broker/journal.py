@@ -51,9 +51,15 @@ class Journal:
             self._recovery.cancel()
 
     async def write(
-        self, ops: Sequence[Op], on_commit: Callable[[], None] | None = None, *, verdicts_since: int | None = None
+        self,
+        ops: Sequence[Op],
+        on_commit: Callable[[], None] | None = None,
+        *,
+        verdicts_since: int | None = None,
+        durable: bool = True,
     ) -> None:
-        """Submit one unit and wait until it is durable.
+        """Submit one unit and wait until it is durable (``durable=False``, settlements only: committed,
+        process-crash safe and power-safe within ``store.base.SETTLEMENT_SYNC_SECONDS``).
 
         ``on_commit`` runs on the loop once the unit is durable, even if the caller was cancelled
         meanwhile, so memory never ends up behind the disk. A failed write is reported to the caller
@@ -89,7 +95,7 @@ class Journal:
                 return
             done.set_result(None)
 
-        future = self._submit(ops)
+        future = self._submit(ops, durable)
         future.add_done_callback(lambda f: loop.call_soon_threadsafe(committed, f))
         await asyncio.shield(done)
 
@@ -119,8 +125,8 @@ class Journal:
             self.check_alive()
             raise StoreWriteError("a send this one was judged a duplicate of failed to store meanwhile; send again")
 
-    def _submit(self, ops: Sequence[Op]) -> Future[None]:
-        future = self.store.submit(ops)
+    def _submit(self, ops: Sequence[Op], durable: bool = True) -> Future[None]:
+        future = self.store.submit(ops) if durable else self.store.submit(ops, durable=False)
         self._in_flight += 1
         if self._idle is not None:
             self._idle.clear()

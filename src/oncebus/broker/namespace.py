@@ -572,8 +572,9 @@ class Namespace:
         self._write_later(forwarded)  # forwards dead letters now
 
     async def _settle(self, ops: list[Op]) -> None:
-        """Settlements are acknowledged once durable: a completed message never comes back after a crash."""
-        await self._write(ops)
+        """Settlements are confirmed once committed, before their fsync (docs/store.md): a completed message
+        never comes back after a crash of the process, and may after a power failure (at least once)."""
+        await self._journal.write(ops, self._note_moves(ops), durable=False)
 
     def _drop_session_token(self, receivable: Receivable, message: Entry) -> None:
         if message.session_id is not None and message.lock_token is not None:

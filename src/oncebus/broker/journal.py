@@ -37,6 +37,7 @@ class Journal:
         self._in_flight = 0  # writes submitted whose outcome the loop has not handled yet
         self._idle: asyncio.Event | None = None
         self.reloads = 0
+        self._settling: list[tuple[Sequence[Op], Callable[[BaseException | None], None]]] = []
 
     def check_alive(self) -> None:
         if self.failure is not None:
@@ -116,6 +117,35 @@ class Journal:
 
         future = self._submit(ops)
         future.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
+
+    def settle(self, ops: Sequence[Op], done: Callable[[BaseException | None], None]) -> None:
+        """A settlement without a coroutine: the settlements of one loop iteration go to the store as one
+        unit (``durable=False``: committed, process-crash safe, power-safe within
+        ``store.base.SETTLEMENT_SYNC_SECONDS``); ``done(error)`` runs on the loop once it is committed
+        (``None``) or failed (the ``StoreWriteError``, and the recovery starts as for ``write``)."""
+        self.check_alive()
+        if not self._settling:
+            asyncio.get_running_loop().call_soon(self._flush_settlements)
+        self._settling.append((ops, done))
+
+    def _flush_settlements(self) -> None:
+        batch, self._settling = self._settling, []
+        loop = asyncio.get_running_loop()
+
+        def committed(future: Future[None]) -> None:
+            self._landed()
+            error = future.exception()
+            if error is not None:
+                refusal = self._store_failed(error)
+                for _, done in batch:
+                    done(refusal)
+                return
+            self._store_succeeded()
+            for _, done in batch:
+                done(None)
+
+        future = self._submit([op for ops, _ in batch for op in ops], durable=False)
+        future.add_done_callback(lambda f: loop.call_soon_threadsafe(committed, f))
 
     async def barrier(self, verdicts_since: int) -> None:
         """Wait until every write submitted so far is durable (duplicates ack after their original)."""

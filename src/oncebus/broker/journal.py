@@ -130,6 +130,21 @@ class Journal:
 
     def _flush_settlements(self) -> None:
         batch, self._settling = self._settling, []
+        ops = [op for unit, _ in batch for op in unit]
+        commit_now = getattr(self.store, "commit_now", None)  # SqliteStore: on this thread when it is free
+        if commit_now is not None:
+            try:
+                committed_now = commit_now(ops)
+            except StoreWriteError as exc:
+                refusal = self._store_failed(exc)
+                for _, done in batch:
+                    done(refusal)
+                return
+            if committed_now:
+                self._store_succeeded()
+                for _, done in batch:
+                    done(None)
+                return
         loop = asyncio.get_running_loop()
 
         def committed(future: Future[None]) -> None:
@@ -144,7 +159,7 @@ class Journal:
             for _, done in batch:
                 done(None)
 
-        future = self._submit([op for ops, _ in batch for op in ops], durable=False)
+        future = self._submit(ops, durable=False)
         future.add_done_callback(lambda f: loop.call_soon_threadsafe(committed, f))
 
     async def barrier(self, verdicts_since: int) -> None:

@@ -69,6 +69,8 @@ from oncebus.store.sqlite_layout import SCHEMA_VERSION
 _LOG = logging.getLogger("oncebus.store")
 IDLE_CHECK_SECONDS = 1.0
 _STOP = object()
+_WAKE = object()  # the writer recomputes when to sync (a settlement was committed on another thread)
+AUTOCHECKPOINT_PAGES = 1000  # SQLite's default: the writer's commits checkpoint the WAL past this many pages
 
 
 _MAX_UNITS_PER_COMMIT = 512
@@ -117,6 +119,12 @@ class SqliteStore:
         self.syncs = 0  # fsyncs of the WAL the writer made for them (when no durable commit came first)
         self._synchronous = "FULL"  # the writer connection's setting now (PRAGMA synchronous)
         self._unsynced_since: float | None = None  # monotonic time of the first commit not fsynced yet
+        self.direct_commits = 0  # settlements committed on the caller's thread (``commit_now``)
+        self._autocheckpoint = AUTOCHECKPOINT_PAGES  # the writer connection's wal_autocheckpoint now
+        self._checkpoint_due = False  # direct commits (which never checkpoint) since the writer's last checkpoint
+        self._submit_lock = threading.Lock()
+        self._submitted = 0  # units queued so far (under _submit_lock)
+        self._finished = 0  # units of those the writer has committed or failed (under _lock)
         self._next_data_id = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM message_data").fetchone()[0]
         self._reader: sqlite3.Connection | None = None  # the caller's thread reads message content on its own
         self._reader_generation = -1
@@ -234,8 +242,53 @@ class SqliteStore:
         future: Future[None] = Future()
         if not durable and not all(isinstance(op, _SETTLEMENT_OPS) for op in unit):
             durable = True  # what stores a message, a key or a definition waits for its fsync, whatever was asked
-        self._queue.put((list(unit), future, durable))
+        with self._submit_lock:
+            self._submitted += 1
+            self._queue.put((list(unit), future, durable))
         return future
+
+    def commit_now(self, unit: Sequence[Op]) -> bool:
+        """Commit a settlement unit on the caller's thread, as ``submit(unit, durable=False)`` would, when that
+        cannot reorder it: the writer has nothing queued or in hand. Returns False (nothing done: submit it)
+        otherwise; raises ``StoreWriteError`` if the commit failed (nothing of it stored).
+
+        Saves the hand-over to the writer thread and back. It never waits: not for the writer (its lock is only
+        tried), nor for a disk (no fsync: the writer syncs within ``SETTLEMENT_SYNC_SECONDS``, and checkpoints,
+        which a commit here never does).
+        """
+        if not unit or not all(isinstance(op, _SETTLEMENT_OPS) for op in unit):
+            return False
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._finished != self._submitted or not self._files_unchanged():
+                return False
+            if self._autocheckpoint != 0:  # a checkpoint fsyncs: that is the writer's to do
+                self._db.execute("PRAGMA wal_autocheckpoint=0")
+                self._autocheckpoint = 0
+            wake = self._unsynced_since is None
+            started = time.perf_counter()
+            try:
+                self._transaction(list(unit), False)
+            except Exception as exc:
+                self.failures += 1
+                raise _write_error(self.path, exc) from None
+            self.units += 1
+            self.direct_commits += 1
+            self._checkpoint_due = True
+            if self.commit_observer is not None:
+                self.commit_observer(time.perf_counter() - started, 1)
+        finally:
+            self._lock.release()
+        if wake:
+            self._queue.put(_WAKE)
+        return True
+
+    def _files_unchanged(self) -> bool:
+        """``_check_files`` would find nothing to do (what it does otherwise is the writer's)."""
+        if _identity(self.path) != self._db_identity:
+            return False
+        return self._wal_identity is None or _identity(self.wal_path) == self._wal_identity
 
     def _write_loop(self) -> None:
         while True:
@@ -254,6 +307,8 @@ class SqliteStore:
                 continue
             if item is _STOP:
                 return
+            if item is _WAKE:
+                continue
             group = [item]
             stop = False
             while len(group) < _MAX_UNITS_PER_COMMIT:
@@ -264,9 +319,17 @@ class SqliteStore:
                 if more is _STOP:
                     stop = True
                     break
-                group.append(more)
+                if more is not _WAKE:
+                    group.append(more)
             with self._lock:
-                self._commit(group)  # type: ignore[arg-type]
+                if self._autocheckpoint != AUTOCHECKPOINT_PAGES:
+                    self._db.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
+                    self._autocheckpoint = AUTOCHECKPOINT_PAGES
+                    self._checkpoint_due = False  # its commit checkpoints if the WAL is past the limit
+                try:
+                    self._commit(group)  # type: ignore[arg-type]
+                finally:
+                    self._finished += len(group)
                 try:
                     self._sync_if_due()
                 except OSError as exc:  # tried again; the next durable commit syncs them anyway
@@ -280,7 +343,14 @@ class SqliteStore:
 
     def _sync(self) -> None:
         """Make every committed transaction power-safe: fsync the WAL (what a ``synchronous=FULL`` commit does)
-        and its directory (the WAL may have been created by a commit that did not sync)."""
+        and its directory (the WAL may have been created by a commit that did not sync). After commits made by
+        ``commit_now`` (which never checkpoint), checkpoint first, so the WAL stays bounded."""
+        if self._checkpoint_due:
+            self._checkpoint_due = False
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error as exc:  # tried again after the next direct commit
+                _LOG.debug("store checkpoint failed: %s", exc)
         for target, flags in ((self.wal_path, os.O_RDONLY), (self.path.parent, os.O_RDONLY)):
             try:
                 fd = os.open(target, flags)
@@ -404,6 +474,7 @@ class SqliteStore:
         self._db.close()  # the old connection's files are gone; it may only unlink names that are free now
         self._db = self._connect()
         self._synchronous = "FULL"
+        self._autocheckpoint = AUTOCHECKPOINT_PAGES
         self._unsynced_since = None  # the copy holds every committed transaction, fsynced
         self._db_identity = _identity(self.path)
         self._wal_identity = _identity(self.wal_path)

@@ -87,7 +87,9 @@ def test_a_settlement_commits_without_fsync_and_the_wal_is_synced_soon_after(
         synced = _fsyncs(monkeypatch)
         confirmed = time.monotonic()
         store.submit([DeleteMessage("q", 1)], durable=False).result()
-        assert statements.synchronous_at_commits() == [("NORMAL", "DELETE FROM message WHERE path = 'q' AND sequence_number = 1")]
+        assert statements.synchronous_at_commits() == [
+            ("NORMAL", "DELETE FROM message WHERE path = 'q' AND sequence_number = 1")
+        ]
         assert store.relaxed_commits == 1
         _until(lambda: store.syncs == 1, "the writer's own fsync")
         assert time.monotonic() - confirmed < SETTLEMENT_SYNC_SECONDS + 2  # soon, not at the next send
@@ -189,3 +191,56 @@ def test_settlements_confirmed_to_the_sdk_survive_kill_9_of_serve(tmp_path: Path
         assert dead == {i: "bad" for i in ids[20:25]}
     finally:
         server.stop()
+
+
+def test_commit_now_commits_a_settlement_on_the_callers_thread_only_when_the_writer_has_nothing(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "oncebus.db")
+    try:
+        store.submit([PutMessage(_message(i)) for i in range(1, 5)]).result()
+        statements = _Statements(store)
+        assert store.commit_now([DeleteMessage("q", 1)])  # the writer is idle: committed here, now
+        assert statements.synchronous_at_commits() == [
+            ("NORMAL", "DELETE FROM message WHERE path = 'q' AND sequence_number = 1")
+        ]
+        assert store.direct_commits == 1 and store._unsynced_since is not None
+        assert not store.commit_now([PutMessage(_message(9))])  # never a send: that waits for its fsync
+        assert not store.commit_now([])
+        with store._lock:  # the writer is committing
+            assert not store.commit_now([DeleteMessage("q", 2)])
+            queued = store.submit([DeleteMessage("q", 3)], durable=False)
+            while store._queue.qsize():  # the writer has taken it and waits for the lock
+                time.sleep(0.001)
+        queued.result()
+        with store._lock:
+            pending = store.submit([DeleteMessage("q", 4)], durable=False)
+            assert not store.commit_now([DeleteMessage("q", 2)])  # it would overtake the unit queued before it
+        pending.result()
+        assert store.commit_now([DeleteMessage("q", 2)])
+        _until(lambda: store._unsynced_since is None, "the writer's sync after direct commits")
+        assert store.syncs >= 1
+    finally:
+        store.close()
+    reopened = SqliteStore(tmp_path / "oncebus.db")
+    try:
+        assert list(reopened.load().messages) == []
+    finally:
+        reopened.close()
+
+
+def test_the_wal_stays_bounded_when_settlements_commit_on_the_callers_thread(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "oncebus.db")
+    try:
+        rounds, per_round = 4, 500
+        store.submit([PutMessage(_message(i)) for i in range(1, rounds * per_round + 1)]).result()
+        sizes = []
+        for r in range(rounds):
+            for seq in range(r * per_round + 1, (r + 1) * per_round + 1):
+                assert store.commit_now([DeleteMessage("q", seq)])
+            _until(lambda: store._unsynced_since is None, "the writer's sync")
+            sizes.append(os.path.getsize(store.wal_path))
+        # direct commits never checkpoint; the writer's sync does, so the WAL is reused, not grown each round
+        assert sizes[-1] <= sizes[1] * 1.5, sizes
+    finally:
+        store.close()

@@ -15,7 +15,8 @@ processes, one connection each):
 
 Receive + complete (``--receivers`` processes):
 - oncebus: PEEK_LOCK, prefetch 200, ``complete_message`` each (the SDK waits for
-  the outcome, which oncebus gives once the completion is durable);
+  the outcome, which oncebus gives once the completion is committed to the WAL:
+  fsynced within 100 ms or by the next send, see docs/store.md);
 - JetStream: a durable pull consumer (the receivers share it), ``fetch(100)`` and
   ``ack_sync`` each message (waits for the server's confirmation), sync always;
 - ratio oncebus / JetStream.
@@ -27,7 +28,7 @@ round of each row is shown and ratios are taken from those.
 send (dedup on) and receive rows of the first round; raw stacks go to DIR and the
 heaviest frames are printed.
 
-Usage: ``python bench/amqp_send.py [--messages 20000] [--senders 2] [--receivers 4] [--repeat 3]``
+Usage: ``python bench/amqp_send.py [--messages 20000] [--senders 2] [--receivers 4] [--repeat 3] [--no-send]``
 """
 
 from __future__ import annotations
@@ -589,7 +590,8 @@ def main() -> None:
         if "js-receive" in got:
             print(f"  JetStream pull, ack_sync, sync always {describe(got['js-receive'])}")
             print(f"  ratio oncebus / JetStream:           {got['receive'].rate / got['js-receive'].rate:6.2f}")
-    print("  oncebus acknowledges a send, and confirms a completion, after fsync (SQLite synchronous=FULL)")
+    print("  oncebus acknowledges a send after fsync (SQLite synchronous=FULL); it confirms a completion once")
+    print("  committed to the WAL (process-crash safe), fsynced within 100 ms or by the next send")
     profiler.summary()
     shutil.rmtree(workdir, ignore_errors=True)
     print(f"after: {load()}")

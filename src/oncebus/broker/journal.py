@@ -22,6 +22,7 @@ from oncebus.store.base import Op, Store
 RECOVER_FIRST_SECONDS = 0.05  # after a failed write, the first reload waits this long, doubling up to the next
 RECOVER_MAX_SECONDS = 5.0
 _LOG = logging.getLogger("oncebus.broker")
+Settling = list[tuple[Sequence[Op], Callable[[BaseException | None], None]]]  # settlements and their waiters
 
 
 class Journal:
@@ -37,7 +38,7 @@ class Journal:
         self._in_flight = 0  # writes submitted whose outcome the loop has not handled yet
         self._idle: asyncio.Event | None = None
         self.reloads = 0
-        self._settling: list[tuple[Sequence[Op], Callable[[BaseException | None], None]]] = []
+        self._settling: Settling = []
 
     def check_alive(self) -> None:
         if self.failure is not None:
@@ -136,14 +137,11 @@ class Journal:
             try:
                 committed_now = commit_now(ops)
             except StoreWriteError as exc:
-                refusal = self._store_failed(exc)
-                for _, done in batch:
-                    done(refusal)
+                _tell(batch, self._store_failed(exc))
                 return
             if committed_now:
                 self._store_succeeded()
-                for _, done in batch:
-                    done(None)
+                _tell(batch, None)
                 return
         loop = asyncio.get_running_loop()
 
@@ -151,13 +149,10 @@ class Journal:
             self._landed()
             error = future.exception()
             if error is not None:
-                refusal = self._store_failed(error)
-                for _, done in batch:
-                    done(refusal)
+                _tell(batch, self._store_failed(error))
                 return
             self._store_succeeded()
-            for _, done in batch:
-                done(None)
+            _tell(batch, None)
 
         future = self._submit(ops, durable=False)
         future.add_done_callback(lambda f: loop.call_soon_threadsafe(committed, f))
@@ -220,3 +215,12 @@ class Journal:
             self._recovery = None
             self._reloaded()
             return
+
+
+def _tell(batch: Settling, error: BaseException | None) -> None:
+    """Each settlement's outcome to its waiter; one waiter's failure does not keep it from the others."""
+    for _, done in batch:
+        try:
+            done(error)
+        except Exception:
+            _LOG.exception("a settlement's outcome could not be given")

@@ -56,14 +56,14 @@ class _FailingStore(MemoryStore):
         super().__init__()
         self.fail = False
 
-    def submit(self, unit):  # type: ignore[no-untyped-def]
+    def submit(self, unit, *, durable=True):  # type: ignore[no-untyped-def]
         if self.fail and unit:
             from concurrent.futures import Future
 
             future: Future[None] = Future()
             future.set_exception(OSError("disk full"))
             return future
-        return super().submit(unit)
+        return super().submit(unit, durable=durable)
 
 
 def test_broker_refuses_then_recovers_when_the_store_fails() -> None:

@@ -121,9 +121,9 @@ class GatedStore(MemoryStore):
         self.gated = False
         self.pending: list[tuple[list[Op], Future[None]]] = []
 
-    def submit(self, unit: Sequence[Op]) -> Future[None]:
+    def submit(self, unit: Sequence[Op], *, durable: bool = True) -> Future[None]:
         if not self.gated:
-            return super().submit(unit)
+            return super().submit(unit, durable=durable)
         future: Future[None] = Future()
         self.pending.append((list(unit), future))
         return future
@@ -220,9 +220,9 @@ def test_one_failing_unit_does_not_fail_the_others_committed_with_it(tmp_path: P
     transactions: list[int] = []
     run_transaction = store._transaction
 
-    def counted(ops: list[Op]) -> None:
+    def counted(ops: list[Op], durable: bool = True) -> None:
         transactions.append(len(ops))
-        run_transaction(ops)
+        run_transaction(ops, durable)
 
     store._transaction = counted  # type: ignore[method-assign]
     with store._lock:  # the writer takes the first unit, then waits: the rest queue up as one group

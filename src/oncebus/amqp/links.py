@@ -347,6 +347,12 @@ class ReceiveLink:
         if not state and not delivery.settled:
             return
         delivery.oncebus_settling = True
+        if state == proton.Delivery.ACCEPTED:  # complete: no task, settled when the store has it
+            try:
+                self.namespace.complete_soon(self.path, token, lambda error: self._settled(delivery, state, error))
+            except Exception as exc:
+                self._settled(delivery, state, exc)
+            return
         remote = delivery.remote
         info: dict[Any, Any] = {}
         if state == proton.Delivery.REJECTED and remote.condition is not None and remote.condition.info:
@@ -397,6 +403,10 @@ class ReceiveLink:
             raise
         except Exception as exc:
             error = exc
+        self._settled(delivery, state, error)
+
+    def _settled(self, delivery: proton.Delivery, state: int, error: BaseException | None) -> None:
+        """Tell the client the outcome of its settlement (``error``: it failed)."""
         if getattr(delivery, "oncebus_done", False) or self.closed:
             return
         delivery.oncebus_done = True

@@ -22,6 +22,7 @@ from oncebus.store.base import Op, Store
 RECOVER_FIRST_SECONDS = 0.05  # after a failed write, the first reload waits this long, doubling up to the next
 RECOVER_MAX_SECONDS = 5.0
 _LOG = logging.getLogger("oncebus.broker")
+Settling = list[tuple[Sequence[Op], Callable[[BaseException | None], None]]]  # settlements and their waiters
 
 
 class Journal:
@@ -37,6 +38,7 @@ class Journal:
         self._in_flight = 0  # writes submitted whose outcome the loop has not handled yet
         self._idle: asyncio.Event | None = None
         self.reloads = 0
+        self._settling: Settling = []
 
     def check_alive(self) -> None:
         if self.failure is not None:
@@ -51,9 +53,15 @@ class Journal:
             self._recovery.cancel()
 
     async def write(
-        self, ops: Sequence[Op], on_commit: Callable[[], None] | None = None, *, verdicts_since: int | None = None
+        self,
+        ops: Sequence[Op],
+        on_commit: Callable[[], None] | None = None,
+        *,
+        verdicts_since: int | None = None,
+        durable: bool = True,
     ) -> None:
-        """Submit one unit and wait until it is durable.
+        """Submit one unit and wait until it is durable (``durable=False``, settlements only: committed,
+        process-crash safe and power-safe within ``store.base.SETTLEMENT_SYNC_SECONDS``).
 
         ``on_commit`` runs on the loop once the unit is durable, even if the caller was cancelled
         meanwhile, so memory never ends up behind the disk. A failed write is reported to the caller
@@ -89,7 +97,7 @@ class Journal:
                 return
             done.set_result(None)
 
-        future = self._submit(ops)
+        future = self._submit(ops, durable)
         future.add_done_callback(lambda f: loop.call_soon_threadsafe(committed, f))
         await asyncio.shield(done)
 
@@ -111,6 +119,44 @@ class Journal:
         future = self._submit(ops)
         future.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
 
+    def settle(self, ops: Sequence[Op], done: Callable[[BaseException | None], None]) -> None:
+        """A settlement without a coroutine: the settlements of one loop iteration go to the store as one
+        unit (``durable=False``: committed, process-crash safe, power-safe within
+        ``store.base.SETTLEMENT_SYNC_SECONDS``); ``done(error)`` runs on the loop once it is committed
+        (``None``) or failed (the ``StoreWriteError``, and the recovery starts as for ``write``)."""
+        self.check_alive()
+        if not self._settling:
+            asyncio.get_running_loop().call_soon(self._flush_settlements)
+        self._settling.append((ops, done))
+
+    def _flush_settlements(self) -> None:
+        batch, self._settling = self._settling, []
+        ops = [op for unit, _ in batch for op in unit]
+        commit_now = getattr(self.store, "commit_now", None)  # SqliteStore: on this thread when it is free
+        if commit_now is not None:
+            try:
+                committed_now = commit_now(ops)
+            except StoreWriteError as exc:
+                _tell(batch, self._store_failed(exc))
+                return
+            if committed_now:
+                self._store_succeeded()
+                _tell(batch, None)
+                return
+        loop = asyncio.get_running_loop()
+
+        def committed(future: Future[None]) -> None:
+            self._landed()
+            error = future.exception()
+            if error is not None:
+                _tell(batch, self._store_failed(error))
+                return
+            self._store_succeeded()
+            _tell(batch, None)
+
+        future = self._submit(ops, durable=False)
+        future.add_done_callback(lambda f: loop.call_soon_threadsafe(committed, f))
+
     async def barrier(self, verdicts_since: int) -> None:
         """Wait until every write submitted so far is durable (duplicates ack after their original)."""
         if self._in_flight:  # the empty unit's outcome is handled after every earlier one's
@@ -119,8 +165,8 @@ class Journal:
             self.check_alive()
             raise StoreWriteError("a send this one was judged a duplicate of failed to store meanwhile; send again")
 
-    def _submit(self, ops: Sequence[Op]) -> Future[None]:
-        future = self.store.submit(ops)
+    def _submit(self, ops: Sequence[Op], durable: bool = True) -> Future[None]:
+        future = self.store.submit(ops) if durable else self.store.submit(ops, durable=False)
         self._in_flight += 1
         if self._idle is not None:
             self._idle.clear()
@@ -169,3 +215,12 @@ class Journal:
             self._recovery = None
             self._reloaded()
             return
+
+
+def _tell(batch: Settling, error: BaseException | None) -> None:
+    """Each settlement's outcome to its waiter; one waiter's failure does not keep it from the others."""
+    for _, done in batch:
+        try:
+            done(error)
+        except Exception:
+            _LOG.exception("a settlement's outcome could not be given")

@@ -522,12 +522,21 @@ class Namespace:
         return receivable, message
 
     async def complete(self, path: str, lock_token: uuid.UUID | str) -> None:
+        await self._settle(self._completion(path, lock_token))
+
+    def complete_soon(self, path: str, lock_token: uuid.UUID, done: Callable[[BaseException | None], None]) -> None:
+        """``complete`` without a coroutine (the receive link's path): raises what it raises at once, else
+        ``done(error)`` runs on the loop when the completion is committed (``None``) or failed."""
+        self._check_alive()
+        self._journal.settle(self._completion(path, lock_token), done)
+
+    def _completion(self, path: str, lock_token: uuid.UUID | str) -> list[Op]:
         receivable, message = self._locked(path, lock_token)
         ops = receivable.remove(message)
         self._contents.discard(receivable.path, message.sequence_number)
         receivable.counters.completed += 1
         self._drop_session_token(receivable, message)
-        await self._settle(ops)
+        return ops
 
     async def abandon(
         self, path: str, lock_token: uuid.UUID | str, properties_to_modify: dict[str, Any] | None = None
@@ -572,8 +581,9 @@ class Namespace:
         self._write_later(forwarded)  # forwards dead letters now
 
     async def _settle(self, ops: list[Op]) -> None:
-        """Settlements are acknowledged once durable: a completed message never comes back after a crash."""
-        await self._write(ops)
+        """Settlements are confirmed once committed, before their fsync (docs/store.md): a completed message
+        never comes back after a crash of the process, and may after a power failure (at least once)."""
+        await self._journal.write(ops, self._note_moves(ops), durable=False)
 
     def _drop_session_token(self, receivable: Receivable, message: Entry) -> None:
         if message.session_id is not None and message.lock_token is not None:

@@ -4,6 +4,15 @@ A *unit* is a list of operations that commit together (one send: its messages
 and their dedup keys). ``submit`` returns a future resolved once the unit is
 durable; implementations may commit several queued units in one transaction
 (group commit) but never split one.
+
+A *settlement* (complete, abandon, defer, dead-letter: a unit that stores no new
+message and no dedup key) may be submitted with ``durable=False``: its future
+resolves once it is committed where a crash of the process cannot lose it, and it
+becomes power-safe with the store's next sync (any durable unit's commit, or a
+periodic one, see ``SETTLEMENT_SYNC_SECONDS``). Losing one in a power failure only
+means its message is delivered again, which peek-lock (at least once) allows.
+Transactions are a log: a unit is never durable unless every unit committed before
+it is too.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from typing import Any, Protocol
 from oncebus.core.messages import StoredMessage
 
 DLQ_SUFFIX = "/$deadletterqueue"
+SETTLEMENT_SYNC_SECONDS = 0.1  # a settlement confirmed before its sync is synced within this (while the store runs)
 SUBSCRIPTIONS = "/subscriptions/"
 
 
@@ -166,8 +176,12 @@ class Store(Protocol):
         """The content of committed messages of one receivable (those found), read on the caller's thread."""
         ...
 
-    def submit(self, unit: Sequence[Op]) -> Future[None]:
-        """Queue a unit for commit; the future resolves once it is durable (or fails)."""
+    def submit(self, unit: Sequence[Op], *, durable: bool = True) -> Future[None]:
+        """Queue a unit for commit; the future resolves once it is durable (or fails).
+
+        ``durable=False`` (settlements only, see the module): once committed, process-crash safe; power-safe
+        within ``SETTLEMENT_SYNC_SECONDS``.
+        """
         ...
 
     def close(self) -> None: ...

@@ -71,7 +71,7 @@ class MemoryStore:
             found = (self.messages.get((path, seq)) for seq in sequence_numbers)
             return {m.sequence_number: m.copy_for(path) for m in found if m is not None}
 
-    def submit(self, unit: Sequence[Op]) -> Future[None]:
+    def submit(self, unit: Sequence[Op], *, durable: bool = True) -> Future[None]:
         future: Future[None] = Future()
         with self._lock:
             for op in unit:

@@ -6,6 +6,15 @@ unit is durable when its future resolves). A unit is never split across
 transactions, so a send's messages and their dedup keys land together or not
 at all.
 
+Settlements submitted with ``durable=False`` (see ``store.base``): a group made of
+them alone commits with ``synchronous=NORMAL`` (in WAL mode: the transaction is
+written to the WAL, in the OS's hands, but not fsynced), so a crash of the process
+cannot lose it but a power failure can. The WAL is a log replayed as a prefix: the
+next ``synchronous=FULL`` commit's fsync makes every transaction before it durable
+too, and while settlements are unsynced the writer fsyncs the WAL (and its directory)
+itself within ``SETTLEMENT_SYNC_SECONDS``. A group holding any durable unit commits
+with ``synchronous=FULL`` as a whole.
+
 Failures: a transaction that fails (disk full, I/O error) is rolled back and
 every unit in it gets a :class:`StoreWriteError` naming the real cause; the
 store stays usable, and the next unit is tried afresh (the broker reloads what
@@ -38,6 +47,7 @@ from oncebus.core.errors import StoreError, StoreWriteError
 from oncebus.core.messages import StoredMessage
 from oncebus.store import sqlite_layout as layout
 from oncebus.store.base import (
+    SETTLEMENT_SYNC_SECONDS,
     AddCounters,
     DeleteEntity,
     DeleteMessage,
@@ -59,9 +69,12 @@ from oncebus.store.sqlite_layout import SCHEMA_VERSION
 _LOG = logging.getLogger("oncebus.store")
 IDLE_CHECK_SECONDS = 1.0
 _STOP = object()
+_WAKE = object()  # the writer recomputes when to sync (a settlement was committed on another thread)
+AUTOCHECKPOINT_PAGES = 1000  # SQLite's default: the writer's commits checkpoint the WAL past this many pages
 
 
 _MAX_UNITS_PER_COMMIT = 512
+_SETTLEMENT_OPS = (DeleteMessage, UpdateMessage, MoveMessage, AddCounters)  # what may commit before its fsync
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -102,6 +115,16 @@ class SqliteStore:
         self.units = 0
         self.failures = 0
         self.recreated = 0
+        self.relaxed_commits = 0  # transactions committed without their own fsync (settlements only)
+        self.syncs = 0  # fsyncs of the WAL the writer made for them (when no durable commit came first)
+        self._synchronous = "FULL"  # the writer connection's setting now (PRAGMA synchronous)
+        self._unsynced_since: float | None = None  # monotonic time of the first commit not fsynced yet
+        self.direct_commits = 0  # settlements committed on the caller's thread (``commit_now``)
+        self._autocheckpoint = AUTOCHECKPOINT_PAGES  # the writer connection's wal_autocheckpoint now
+        self._checkpoint_due = False  # direct commits (which never checkpoint) since the writer's last checkpoint
+        self._submit_lock = threading.Lock()
+        self._submitted = 0  # units queued so far (under _submit_lock)
+        self._finished = 0  # units of those the writer has committed or failed (under _lock)
         self._next_data_id = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM message_data").fetchone()[0]
         self._reader: sqlite3.Connection | None = None  # the caller's thread reads message content on its own
         self._reader_generation = -1
@@ -215,24 +238,73 @@ class SqliteStore:
             snapshot.rules[path] = json.loads(rules)
         return snapshot
 
-    def submit(self, unit: Sequence[Op]) -> Future[None]:
+    def submit(self, unit: Sequence[Op], *, durable: bool = True) -> Future[None]:
         future: Future[None] = Future()
-        self._queue.put((list(unit), future))
+        if not durable and not all(isinstance(op, _SETTLEMENT_OPS) for op in unit):
+            durable = True  # what stores a message, a key or a definition waits for its fsync, whatever was asked
+        with self._submit_lock:
+            self._submitted += 1
+            self._queue.put((list(unit), future, durable))
         return future
+
+    def commit_now(self, unit: Sequence[Op]) -> bool:
+        """Commit a settlement unit on the caller's thread, as ``submit(unit, durable=False)`` would, when that
+        cannot reorder it: the writer has nothing queued or in hand. Returns False (nothing done: submit it)
+        otherwise; raises ``StoreWriteError`` if the commit failed (nothing of it stored).
+
+        Saves the hand-over to the writer thread and back. It never waits: not for the writer (its lock is only
+        tried), nor for a disk (no fsync: the writer syncs within ``SETTLEMENT_SYNC_SECONDS``, and checkpoints,
+        which a commit here never does).
+        """
+        if not unit or not all(isinstance(op, _SETTLEMENT_OPS) for op in unit):
+            return False
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            # no check of the files here (two stats a commit): if they were deleted, the writer's next check
+            # (within SETTLEMENT_SYNC_SECONDS, it is woken) recreates them from this connection, which has it
+            if self._finished != self._submitted:
+                return False
+            if self._autocheckpoint != 0:  # a checkpoint fsyncs: that is the writer's to do
+                self._db.execute("PRAGMA wal_autocheckpoint=0")
+                self._autocheckpoint = 0
+            wake = self._unsynced_since is None
+            started = time.perf_counter()
+            try:
+                self._transaction(list(unit), False)
+            except Exception as exc:
+                self.failures += 1
+                raise _write_error(self.path, exc) from None
+            self.units += 1
+            self.direct_commits += 1
+            self._checkpoint_due = True
+            if self.commit_observer is not None:
+                self.commit_observer(time.perf_counter() - started, 1)
+        finally:
+            self._lock.release()
+        if wake:
+            self._queue.put(_WAKE)
+        return True
 
     def _write_loop(self) -> None:
         while True:
+            timeout = IDLE_CHECK_SECONDS
+            if self._unsynced_since is not None:  # wake to sync them in time
+                timeout = max(self._unsynced_since + SETTLEMENT_SYNC_SECONDS - time.monotonic(), 0.0)
             try:
-                item = self._queue.get(timeout=IDLE_CHECK_SECONDS)
+                item = self._queue.get(timeout=timeout)
             except queue.Empty:
                 with self._lock:
                     try:
                         self._check_files()
+                        self._sync_if_due()
                     except Exception as exc:  # reported again, to a caller, on the next commit
                         _LOG.debug("store file check failed: %s", exc)
                 continue
             if item is _STOP:
                 return
+            if item is _WAKE:
+                continue
             group = [item]
             stop = False
             while len(group) < _MAX_UNITS_PER_COMMIT:
@@ -243,15 +315,54 @@ class SqliteStore:
                 if more is _STOP:
                     stop = True
                     break
-                group.append(more)
+                if more is not _WAKE:
+                    group.append(more)
             with self._lock:
-                self._commit(group)  # type: ignore[arg-type]
+                if self._autocheckpoint != AUTOCHECKPOINT_PAGES:
+                    self._db.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
+                    self._autocheckpoint = AUTOCHECKPOINT_PAGES
+                    self._checkpoint_due = False  # its commit checkpoints if the WAL is past the limit
+                try:
+                    self._commit(group)  # type: ignore[arg-type]
+                finally:
+                    self._finished += len(group)
+                try:
+                    self._sync_if_due()
+                except OSError as exc:  # tried again; the next durable commit syncs them anyway
+                    _LOG.debug("store sync failed: %s", exc)
             if stop:
                 return
 
-    def _commit(self, group: list[tuple[list[Op], Future[None]]]) -> None:
+    def _sync_if_due(self) -> None:
+        if self._unsynced_since is not None and time.monotonic() >= self._unsynced_since + SETTLEMENT_SYNC_SECONDS:
+            self._sync()
+
+    def _sync(self) -> None:
+        """Make every committed transaction power-safe: fsync the WAL (what a ``synchronous=FULL`` commit does)
+        and its directory (the WAL may have been created by a commit that did not sync). After commits made by
+        ``commit_now`` (which never checkpoint), checkpoint first, so the WAL stays bounded."""
+        if self._checkpoint_due:
+            self._checkpoint_due = False
+            try:
+                self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.Error as exc:  # tried again after the next direct commit
+                _LOG.debug("store checkpoint failed: %s", exc)
+        for target, flags in ((self.wal_path, os.O_RDONLY), (self.path.parent, os.O_RDONLY)):
+            try:
+                fd = os.open(target, flags)
+            except FileNotFoundError:  # no WAL: checkpointed into the file and removed (or deleted: recreated)
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self.syncs += 1
+        self._unsynced_since = None
+
+    def _commit(self, group: list[tuple[list[Op], Future[None], bool]]) -> None:
         # a unit whose waiter was cancelled is still written: the broker's memory already has it
-        units = [(unit, future if future.set_running_or_notify_cancel() else None) for unit, future in group]
+        units = [(unit, future if future.set_running_or_notify_cancel() else None) for unit, future, _ in group]
+        durable = [d for _, _, d in group]
         self.units += len(units)
         try:
             self._check_files()
@@ -265,15 +376,15 @@ class SqliteStore:
             return
         started = time.perf_counter()
         try:
-            self._transaction([op for unit, _ in units for op in unit])
+            self._transaction([op for unit, _ in units for op in unit], any(durable))
         except Exception as exc:
             if len(units) == 1:
                 self._fail(units, exc)
                 return
             # nothing of the group is stored; one unit's failure must not fail the others: each on its own
-            for unit, future in units:
+            for (unit, future), unit_durable in zip(units, durable, strict=True):
                 try:
-                    self._transaction(unit)
+                    self._transaction(unit, unit_durable)
                 except Exception as unit_exc:
                     self._fail([(unit, future)], unit_exc)
                 else:
@@ -286,11 +397,15 @@ class SqliteStore:
             if future is not None:
                 future.set_result(None)
 
-    def _transaction(self, ops: list[Op]) -> None:
-        """Apply ``ops`` in one transaction, all or nothing."""
+    def _transaction(self, ops: list[Op], durable: bool = True) -> None:
+        """Apply ``ops`` in one transaction, all or nothing; fsynced before it returns if ``durable``."""
         if not ops:
             return
         db = self._db
+        synchronous = "FULL" if durable else "NORMAL"
+        if synchronous != self._synchronous:  # only between transactions: it applies from the next commit on
+            db.execute(f"PRAGMA synchronous={synchronous}")
+            self._synchronous = synchronous
         db.execute("BEGIN IMMEDIATE")
         try:
             self._apply_all(ops)
@@ -300,6 +415,12 @@ class SqliteStore:
                 db.execute("ROLLBACK")
             raise
         self.commits += 1
+        if durable:  # its fsync of the WAL carried every transaction committed before it
+            self._unsynced_since = None
+        else:
+            self.relaxed_commits += 1
+            if self._unsynced_since is None:
+                self._unsynced_since = time.monotonic()
         if self._wal_identity is None:
             self._wal_identity = _identity(self.wal_path)
 
@@ -348,6 +469,9 @@ class SqliteStore:
             os.close(directory)
         self._db.close()  # the old connection's files are gone; it may only unlink names that are free now
         self._db = self._connect()
+        self._synchronous = "FULL"
+        self._autocheckpoint = AUTOCHECKPOINT_PAGES
+        self._unsynced_since = None  # the copy holds every committed transaction, fsynced
         self._db_identity = _identity(self.path)
         self._wal_identity = _identity(self.wal_path)
         self.recreated += 1
@@ -502,6 +626,11 @@ class SqliteStore:
             self._queue.put(_STOP)
             self._writer.join()
         with self._lock:
+            if self._unsynced_since is not None:
+                try:
+                    self._sync()
+                except OSError as exc:
+                    _LOG.warning("could not sync %s on close: %s", self.wal_path, exc)
             self._db.close()
             if self._reader is not None:
                 self._reader.close()

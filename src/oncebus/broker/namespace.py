@@ -138,6 +138,10 @@ class Namespace:
             ops: list[Op] = [op for e in self._entities.values() if (op := e.counters_op({})) is not None]
             if ops:
                 await self._write(ops)
+        keep = getattr(self.store, "keep_dedup_images", None)
+        if keep is not None and self._journal.failure is None:  # memory holds exactly what the store does
+            entities = self._entities
+            keep(lambda: [(path, e.detector) for path, e in entities.items() if e.detector.enabled])
 
     @property
     def send_log(self) -> SendLog | None:

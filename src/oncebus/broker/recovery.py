@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import operator
+from collections.abc import Callable, Iterable
 
 from oncebus.broker.registry import Registry
+from oncebus.core.dedup import DuplicateDetector, ImageError
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.rules import RuleProperties
-from oncebus.store.base import Snapshot
+from oncebus.store.base import PutDedupKey, Snapshot
+from oncebus.store.dedup_images import DedupImage
+
+_LOG = logging.getLogger("oncebus.broker")
 
 
 def newest_time_us(snapshot: Snapshot) -> int:
     """The latest time the store has seen (the broker's clock never goes back before it)."""
-    return max((k.first_accepted_us for k in snapshot.dedup_keys), default=0)
+    return max(snapshot.newest_key_us, max((k.first_accepted_us for k in snapshot.dedup_keys), default=0))
 
 
 def restore(registry: Registry, snapshot: Snapshot, now_us: int) -> None:
@@ -38,6 +44,10 @@ def restore(registry: Registry, snapshot: Snapshot, now_us: int) -> None:
         if entity is not None:
             entity.next_sequence_number = counters.next_sequence_number
             entity.counters.update(counters.counters)
+    for path, image in snapshot.dedup_images.items():
+        entity = registry.entities.get(path)
+        if entity is not None and entity.detector.enabled:
+            _load_image(entity.detector, image, snapshot.keys_of, path, now_us)
     for key in snapshot.dedup_keys:
         entity = registry.entities.get(key.entity)
         if entity is not None:
@@ -47,6 +57,24 @@ def restore(registry: Registry, snapshot: Snapshot, now_us: int) -> None:
         receivable = registry.receivable_by_path(state.path)
         if receivable is not None and state.state is not None:
             receivable.session_states[state.session_id] = state.state
+
+
+def _load_image(
+    detector: DuplicateDetector,
+    image: DedupImage,
+    keys_of: Callable[[str], Iterable[PutDedupKey]],
+    path: str,
+    now_us: int,
+) -> None:
+    """An entity's index read in bulk from its image, or rebuilt from its rows when the image does not check out
+    (keys that left the window since go at the index's next check)."""
+    try:
+        with image.open() as file:
+            detector.load_image(file, image.length, image.crc)
+    except (OSError, ImageError) as exc:
+        _LOG.warning("the dedup index image in %s could not be used (%s): reading the keys instead", image.path, exc)
+        for key in keys_of(path):
+            detector.restore(key.key, key.first_accepted_us, now_us)
 
 
 def _restore_messages(registry: Registry, snapshot: Snapshot, now_us: int) -> None:

@@ -8,12 +8,13 @@ durable; implementations may commit several queued units in one transaction
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from oncebus.core.messages import StoredMessage
+from oncebus.store.dedup_images import DedupImage
 
 DLQ_SUFFIX = "/$deadletterqueue"
 SUBSCRIPTIONS = "/subscriptions/"
@@ -157,6 +158,11 @@ class Snapshot:
     session_states: list[PutSessionState] = field(default_factory=list)
     counters: dict[str, AddCounters] = field(default_factory=dict)  # totals
     rules: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # subscription path -> its rules
+    # entity -> an image of its dedup index to load in bulk (its keys are then not in dedup_keys); see
+    # store/dedup_images.py. An entity whose image fails to load rebuilds from ``keys_of(entity)``.
+    dedup_images: dict[str, DedupImage] = field(default_factory=dict)
+    newest_key_us: int = 0  # the newest first_accepted_us of any key held (images included)
+    keys_of: Callable[[str], Iterable[PutDedupKey]] = lambda entity: ()
 
 
 class Store(Protocol):

@@ -30,12 +30,13 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
 from oncebus.core.errors import StoreError, StoreWriteError
 from oncebus.core.messages import StoredMessage
+from oncebus.store import dedup_images
 from oncebus.store import sqlite_layout as layout
 from oncebus.store.base import (
     AddCounters,
@@ -82,6 +83,8 @@ class SqliteStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.wal_path = self.path.with_name(self.path.name + "-wal")
+        self.image_path = dedup_images.image_path(self.path)
+        self._keep_images: tuple[Callable[[], Iterable[tuple[str, dedup_images.Dumpable]]], int] | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = self._connect()
@@ -202,9 +205,19 @@ class SqliteStore:
         for path, kind, props in db.execute("SELECT path, kind, properties FROM entity"):
             snapshot.entities.append(PutEntity(path, kind, json.loads(props)))
         snapshot.messages = self._message_rows()
+        images = dedup_images.take(db, self.image_path)  # good for this start only: its token is gone now
+        snapshot.dedup_images = {e.path: images[e.path] for e in snapshot.entities if e.path in images}
+        snapshot.newest_key_us = max(
+            (layout.newest_key_us(db, e.path) for e in snapshot.entities if e.kind != "subscription"), default=0
+        )
+        snapshot.keys_of = self._keys_of
         # a key accepted again after it left the window has two rows until pruning: the newest counts
         for entity, key, t0 in db.execute(
             "SELECT entity, key, MAX(first_accepted_us) AS t0 FROM dedup_key GROUP BY entity, key ORDER BY t0"
+            if not snapshot.dedup_images
+            else "SELECT entity, key, MAX(first_accepted_us) AS t0 FROM dedup_key"
+            f" WHERE entity NOT IN ({', '.join('?' * len(snapshot.dedup_images))}) GROUP BY entity, key ORDER BY t0",
+            list(snapshot.dedup_images),
         ):
             snapshot.dedup_keys.append(PutDedupKey(entity, key, t0))
         for path, sid, state in db.execute("SELECT path, session_id, state FROM session_state"):
@@ -214,6 +227,16 @@ class SqliteStore:
         for path, rules in db.execute("SELECT path, rules FROM subscription_rules"):
             snapshot.rules[path] = json.loads(rules)
         return snapshot
+
+    def _keys_of(self, entity: str) -> list[PutDedupKey]:
+        """One entity's keys from the rows (its image did not load), in ``first_accepted_us`` order."""
+        with self._lock:
+            return [PutDedupKey(entity, key, t0) for key, t0 in self._db.execute(layout.SELECT_KEYS_OF, (entity,))]
+
+    def keep_dedup_images(self, indexes: Callable[[], Iterable[tuple[str, dedup_images.Dumpable]]]) -> None:
+        """At ``close``, once every unit is committed, write images of ``indexes()`` for the next start, unless a
+        write failed since this call (memory may then hold what the store does not); see ``dedup_images``."""
+        self._keep_images = (indexes, self.failures)
 
     def submit(self, unit: Sequence[Op]) -> Future[None]:
         future: Future[None] = Future()
@@ -502,9 +525,26 @@ class SqliteStore:
             self._queue.put(_STOP)
             self._writer.join()
         with self._lock:
+            self._save_images()
             self._db.close()
             if self._reader is not None:
                 self._reader.close()
+
+    def _save_images(self) -> None:
+        keep, self._keep_images = self._keep_images, None
+        try:
+            if keep is None:
+                return
+            if keep[1] == self.failures and self._writer_clean():
+                dedup_images.save(self._db, self.image_path, keep[0]())
+            else:
+                dedup_images.discard(self.image_path)
+        except (OSError, sqlite3.Error) as exc:  # the next start rebuilds the indexes from the rows
+            _LOG.warning("could not write the dedup index images to %s: %s", self.image_path, _reason(exc))
+
+    def _writer_clean(self) -> bool:
+        """Whether every unit submitted was committed (the writer stopped with an empty queue)."""
+        return self._queue.empty() and not self._writer.is_alive()
 
 
 def _open_error(path: Path, exc: BaseException) -> StoreError:

@@ -1,0 +1,182 @@
+"""Dedup index images: written at a clean shutdown, read in bulk at the next start, never trusted blindly.
+
+The ``dedup_key`` rows stay the truth: an image serves only the start right after the clean shutdown
+that wrote it; a crash after that start, a damaged or missing image, or a write that failed before the
+shutdown all make the next start rebuild the index from the rows, with the same verdicts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from oncebus.broker import ManualClock, Message, Namespace
+from oncebus.store.sqlite import SqliteStore
+from oncebus.store.sqlite_layout import SCHEMA_VERSION
+
+T0 = 1_700_000_000_000_000
+KEYS = 5_000  # more than one block of the index's log (4096 entries)
+
+
+async def _open(path: Path, clock: ManualClock) -> tuple[SqliteStore, Namespace, bool]:
+    store = SqliteStore(path)
+    had_token = store._db.execute("SELECT count(*) FROM dedup_snapshot").fetchone()[0] == 1
+    return store, await Namespace.open(store, clock), had_token
+
+
+async def _stop(store: SqliteStore, ns: Namespace) -> None:
+    await ns.close()
+    store.close()
+
+
+def _crash(store: SqliteStore) -> None:
+    """Stop without the namespace's close: what a killed process leaves (every acknowledged unit committed)."""
+    store._keep_images = None
+    store.close()
+
+
+async def _duplicates(ns: Namespace, entity: str, ids: list[str]) -> list[bool]:
+    outcomes = await ns.send(entity, [Message(b"x", message_id=i) for i in ids])
+    return [o.duplicate for o in outcomes]
+
+
+async def _fill(ns: Namespace, clock: ManualClock) -> None:
+    await ns.create_queue("q", requires_duplicate_detection=True, duplicate_detection_history_time_window="PT1H")
+    await ns.create_queue("off", requires_duplicate_detection=False)
+    for start in range(0, KEYS, 500):
+        await ns.send("q", [Message(b"x", message_id=f"k{i}") for i in range(start, start + 500)])
+        clock.advance(1)
+
+
+def test_a_clean_restart_reads_the_image_and_judges_as_before(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    clock = ManualClock(T0)
+
+    async def go() -> None:
+        store, ns, _ = await _open(path, clock)
+        await _fill(ns, clock)
+        before = ns.stats("q").keys_held
+        await _stop(store, ns)
+        assert store.image_path.exists()
+
+        store, ns, had_token = await _open(path, clock)
+        assert had_token and store._db.execute("SELECT count(*) FROM dedup_snapshot").fetchone()[0] == 0
+        assert ns.stats("q").keys_held == before == KEYS
+        assert await _duplicates(ns, "q", ["k0", "k4999", "new"]) == [True, True, False]
+        assert not (await _duplicates(ns, "off", ["k0"]))[0]
+        # the window still counts from each key's first acceptance: k0..k499 were accepted at T0
+        clock.advance(3600 - 10)
+        assert await _duplicates(ns, "q", ["k1", "k600"]) == [False, True]
+        await _stop(store, ns)
+
+    asyncio.run(go())
+
+
+def test_the_image_serves_one_start_only_a_crash_after_it_rebuilds_from_the_rows(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    clock = ManualClock(T0)
+
+    async def go() -> None:
+        store, ns, _ = await _open(path, clock)
+        await _fill(ns, clock)
+        await _stop(store, ns)
+        store, ns, had_token = await _open(path, clock)
+        assert had_token
+        assert await _duplicates(ns, "q", ["after-image"]) == [False]
+        await ns.delete_queue("q")  # and made again: none of the image's keys may come back
+        await ns.create_queue("q", requires_duplicate_detection=True, duplicate_detection_history_time_window="PT1H")
+        assert await _duplicates(ns, "q", ["again"]) == [False]
+        _crash(store)
+
+        store, ns, had_token = await _open(path, clock)
+        assert not had_token
+        assert await _duplicates(ns, "q", ["again", "k0", "after-image"]) == [True, False, False]
+        await _stop(store, ns)
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "missing"])
+def test_a_damaged_or_missing_image_is_not_trusted(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "oncebus.db"
+    clock = ManualClock(T0)
+
+    async def go() -> None:
+        store, ns, _ = await _open(path, clock)
+        await _fill(ns, clock)
+        await _stop(store, ns)
+        image = store.image_path
+        data = bytearray(image.read_bytes())
+        if damage == "flipped":
+            data[len(data) // 3] ^= 0x40  # inside the log's blocks: only the checksum can tell
+            image.write_bytes(bytes(data))
+        elif damage == "truncated":
+            image.write_bytes(bytes(data[: len(data) - 100]))
+        else:
+            image.unlink()
+        with caplog.at_level(logging.WARNING, logger="oncebus.broker"):
+            store, ns, had_token = await _open(path, clock)
+        assert had_token
+        assert ns.stats("q").keys_held == KEYS
+        assert await _duplicates(ns, "q", ["k0", "k2500", "k4999", "new"]) == [True, True, True, False]
+        await _stop(store, ns)
+
+    asyncio.run(go())
+    if damage == "flipped":
+        assert "could not be used (the image fails its checksum)" in caplog.text
+
+
+def test_no_image_is_kept_when_a_write_failed_before_the_shutdown(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    clock = ManualClock(T0)
+
+    async def go() -> None:
+        store, ns, _ = await _open(path, clock)
+        await _fill(ns, clock)
+        await ns.close()
+        store.failures += 1  # a unit committed after the namespace closed failed: memory may hold more
+        store.close()
+        assert store._db_identity is not None and not store.image_path.exists()
+        store, ns, had_token = await _open(path, clock)
+        assert not had_token
+        assert await _duplicates(ns, "q", ["k0", "new"]) == [True, False]
+        await _stop(store, ns)
+
+    asyncio.run(go())
+
+
+def test_a_schema_3_directory_opens_and_keeps_its_keys(tmp_path: Path) -> None:
+    """Schema 3 is schema 4 without the ``dedup_snapshot`` table (and never an image)."""
+    path = tmp_path / "oncebus.db"
+    clock = ManualClock(T0)
+
+    async def write() -> None:
+        store, ns, _ = await _open(path, clock)
+        await _fill(ns, clock)
+        _crash(store)
+
+    asyncio.run(write())
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE dedup_snapshot")
+    db.execute("PRAGMA user_version = 3")
+    db.commit()
+    db.close()
+
+    async def read() -> None:
+        store, ns, had_token = await _open(path, clock)
+        assert not had_token
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert ns.stats("q").keys_held == KEYS
+        assert await _duplicates(ns, "q", ["k0", "k4999", "new"]) == [True, True, False]
+        await _stop(store, ns)
+        store, ns, had_token = await _open(path, clock)  # and from now on with images
+        assert had_token and await _duplicates(ns, "q", ["new"]) == [True]
+        await _stop(store, ns)
+
+    asyncio.run(read())

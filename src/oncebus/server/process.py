@@ -101,7 +101,9 @@ async def run(
     store = SqliteStore(datadir.store_path)
     send_log = SendLogWriter(options.send_log) if options.send_log else None
     clock = FileClock(options.clock_file) if options.clock_file else SystemClock()
-    namespace = await Namespace.open(store, clock, send_log=send_log, reencode=reencode)  # rule actions' copies
+    namespace = await Namespace.open(  # reencode: rule actions' copies; the stored messages load while it serves
+        store, clock, send_log=send_log, reencode=reencode, backlog_in_background=True
+    )
     if topology is not None:
         from oncebus.server.topology import apply_topology
 

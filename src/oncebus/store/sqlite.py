@@ -181,16 +181,38 @@ class SqliteStore:
         return self._reader
 
     def _message_rows(self) -> Iterator[MessageRow]:
-        """Every stored message's in-memory part, by path and sequence number, read lazily (never its content)."""
+        """Every stored message's in-memory part, by path and sequence number, read lazily (never its content),
+        as the store is now: a read transaction (begun here, with the first rows) on a connection of its own,
+        so the broker may restore them while it serves and commits more (``read_messages`` sees those)."""
+        db = None
         try:
-            cursor = self._read_connection().execute(layout.SELECT_ROWS)
-            while rows := cursor.fetchmany(4096):
-                yield from rows
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA query_only=ON")
+            cursor = db.execute(layout.SELECT_ROWS)
+            first = cursor.fetchmany(4096)
         except sqlite3.Error as exc:
-            raise StoreError(
-                f"{self.path} could not be read ({_reason(exc)}): the file is damaged; restore it from a "
-                "backup, or move it (and its -wal file) away to start with an empty store"
-            ) from None
+            if db is not None:
+                db.close()
+            raise self._damaged(exc) from None
+        return self._more_rows(db, cursor, first)
+
+    def _more_rows(
+        self, db: sqlite3.Connection, cursor: sqlite3.Cursor, rows: list[MessageRow]
+    ) -> Iterator[MessageRow]:
+        try:
+            while rows:
+                yield from rows
+                rows = cursor.fetchmany(4096)
+        except sqlite3.Error as exc:
+            raise self._damaged(exc) from None
+        finally:
+            db.close()
+
+    def _damaged(self, exc: BaseException) -> StoreError:
+        return StoreError(
+            f"{self.path} could not be read ({_reason(exc)}): the file is damaged; restore it from a "
+            "backup, or move it (and its -wal file) away to start with an empty store"
+        )
 
     def read_messages(self, path: str, sequence_numbers: Sequence[int]) -> dict[int, StoredMessage]:
         """The content of committed messages (those found), on the caller's thread (a read connection of its own)."""

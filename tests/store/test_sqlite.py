@@ -10,7 +10,7 @@ import pytest
 from oncebus.broker import ManualClock, Message, Namespace
 from oncebus.core.errors import StoreWriteError
 from oncebus.core.messages import StoredMessage
-from oncebus.store.base import PutDedupKey, PutMessage
+from oncebus.store.base import PutDedupKey, PutEntity, PutMessage
 from oncebus.store.memory import MemoryStore
 from oncebus.store.sqlite import SqliteStore
 
@@ -26,13 +26,17 @@ def _message(seq: int, path: str | None = "q") -> StoredMessage:
     )
 
 
+_Q = PutEntity("q", "queue", {"requires_duplicate_detection": True})  # keys are loaded for such entities only
+
+
 def test_wal_mode_and_group_commit(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "db")
+    store.submit([_Q]).result()
     assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     futures = [store.submit([PutMessage(_message(i)), PutDedupKey("q", str(i), i)]) for i in range(2000)]
     wait(futures)
     assert all(f.exception() is None for f in futures)
-    assert store.units == 2000
+    assert store.units == 2001
     assert store.commits < 2000  # queued units shared transactions
     store.close()
     snapshot = SqliteStore(tmp_path / "db").load()
@@ -41,7 +45,7 @@ def test_wal_mode_and_group_commit(tmp_path: Path) -> None:
 
 def test_a_failing_unit_stores_nothing_and_the_next_unit_is_tried_afresh(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "db")
-    store.submit([PutMessage(_message(1))]).result()
+    store.submit([_Q, PutMessage(_message(1))]).result()
     bad = store.submit([PutDedupKey("q", "k", 5), PutMessage(_message(2, path=None))])
     with pytest.raises(StoreWriteError, match="NOT NULL constraint failed"):
         bad.result()

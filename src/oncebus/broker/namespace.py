@@ -319,7 +319,6 @@ class Namespace:
         return receivable
 
     async def create_entity(self, kind: EntityKind, name: str, **properties: Any) -> QueueProperties | TopicProperties:
-        await self._backlog_restored()
         self._check_alive()
         props, ops = self._registry.create(kind, name, properties)
         self._touch(name.lower())
@@ -327,7 +326,6 @@ class Namespace:
         return cast(QueueProperties | TopicProperties, props)
 
     async def update_entity(self, kind: EntityKind, name: str, **changes: Any) -> QueueProperties | TopicProperties:
-        await self._backlog_restored()
         self._check_alive()
         props, ops = self._registry.update(kind, name, changes, self._now())
         self._touch(name.lower())
@@ -386,7 +384,6 @@ class Namespace:
         **properties: Any,
     ) -> SubscriptionProperties:
         """A new subscription with the ``$Default`` rule, or ``default_rule`` instead, or exactly ``rules``."""
-        await self._backlog_restored()
         self._check_alive()
         first = [default_rule, *(rules or [])] if default_rule is not None else rules
         props, ops = self._registry.create_subscription(topic_name, name, properties, first, self._now())
@@ -395,7 +392,6 @@ class Namespace:
         return props
 
     async def update_subscription(self, topic_name: str, name: str, **changes: Any) -> SubscriptionProperties:
-        await self._backlog_restored()
         self._check_alive()
         props, ops = self._registry.update_subscription(topic_name, name, changes)
         self._touch_subscription(topic_name, name)

@@ -233,15 +233,14 @@ class SqliteStore:
             (layout.newest_key_us(db, e.path) for e in snapshot.entities if e.kind != "subscription"), default=0
         )
         snapshot.keys_of = self._keys_of
-        # a key accepted again after it left the window has two rows until pruning: the newest counts
-        for entity, key, t0 in db.execute(
-            "SELECT entity, key, MAX(first_accepted_us) AS t0 FROM dedup_key GROUP BY entity, key ORDER BY t0"
-            if not snapshot.dedup_images
-            else "SELECT entity, key, MAX(first_accepted_us) AS t0 FROM dedup_key"
-            f" WHERE entity NOT IN ({', '.join('?' * len(snapshot.dedup_images))}) GROUP BY entity, key ORDER BY t0",
-            list(snapshot.dedup_images),
-        ):
-            snapshot.dedup_keys.append(PutDedupKey(entity, key, t0))
+        # an entity without an image: its keys from the rows (each entity's range of the primary key)
+        for record in snapshot.entities:
+            if (
+                record.kind != "subscription"
+                and record.properties.get("requires_duplicate_detection")
+                and record.path not in snapshot.dedup_images
+            ):
+                snapshot.dedup_keys += self._rows_of(record.path)
         for path, sid, state in db.execute("SELECT path, session_id, state FROM session_state"):
             snapshot.session_states.append(PutSessionState(path, sid, bytes(state)))
         for entity, next_seq, counters in db.execute("SELECT entity, next_sequence_number, counters FROM counters"):
@@ -253,7 +252,11 @@ class SqliteStore:
     def _keys_of(self, entity: str) -> list[PutDedupKey]:
         """One entity's keys from the rows (its image did not load), in ``first_accepted_us`` order."""
         with self._lock:
-            return [PutDedupKey(entity, key, t0) for key, t0 in self._db.execute(layout.SELECT_KEYS_OF, (entity,))]
+            return self._rows_of(entity)
+
+    def _rows_of(self, entity: str) -> list[PutDedupKey]:
+        # a key accepted again after it left the window has two rows until pruning: the newest counts
+        return [PutDedupKey(entity, key, t0) for key, t0 in self._db.execute(layout.SELECT_KEYS_OF, (entity,))]
 
     def keep_dedup_images(self, indexes: Callable[[], Iterable[tuple[str, dedup_images.Dumpable]]]) -> None:
         """At ``close``, once every unit is committed, write images of ``indexes()`` for the next start, unless a

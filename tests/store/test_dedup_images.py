@@ -180,3 +180,26 @@ def test_a_schema_3_directory_opens_and_keeps_its_keys(tmp_path: Path) -> None:
         await _stop(store, ns)
 
     asyncio.run(read())
+
+
+def test_a_key_accepted_again_is_rebuilt_from_its_latest_row(tmp_path: Path) -> None:
+    """A key resent after it left the window has two rows until pruning; rebuilt from the rows (in the primary
+    key's order, no sort), the later acceptance is the one held, also when a longer window covers both."""
+    path = tmp_path / "oncebus.db"
+    clock = ManualClock(T0)
+
+    async def go() -> None:
+        store, ns, _ = await _open(path, clock)
+        await ns.create_queue("q", requires_duplicate_detection=True, duplicate_detection_history_time_window="PT1M")
+        assert await _duplicates(ns, "q", ["k"]) == [False]
+        clock.advance(61)
+        assert await _duplicates(ns, "q", ["k"]) == [False]  # accepted again: a second row, at T0 + 61 s
+        await ns.update_queue("q", duplicate_detection_history_time_window="PT1H")
+        _crash(store)
+        store, ns, had_token = await _open(path, clock)
+        assert not had_token and ns.stats("q").keys_held == 1
+        clock.advance(3600 - 61 + 30)  # the first row's window has passed, the second's not
+        assert await _duplicates(ns, "q", ["k"]) == [True]
+        await _stop(store, ns)
+
+    asyncio.run(go())

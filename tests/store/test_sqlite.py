@@ -40,7 +40,7 @@ def test_wal_mode_and_group_commit(tmp_path: Path) -> None:
     assert store.commits < 2000  # queued units shared transactions
     store.close()
     snapshot = SqliteStore(tmp_path / "db").load()
-    assert len(list(snapshot.messages)) == 2000 and len(snapshot.dedup_keys) == 2000
+    assert len(list(snapshot.messages)) == 2000 and len(list(snapshot.dedup_keys)) == 2000
 
 
 def test_a_failing_unit_stores_nothing_and_the_next_unit_is_tried_afresh(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ RESTORE_STEP = 20_000  # stored messages restored between two turns of the loop 
 
 def newest_time_us(snapshot: Snapshot) -> int:
     """The latest time the store has seen (the broker's clock never goes back before it)."""
-    return max(snapshot.newest_key_us, max((k.first_accepted_us for k in snapshot.dedup_keys), default=0))
+    return snapshot.newest_key_us
 
 
 def restore(registry: Registry, snapshot: Snapshot, now_us: int, *, messages: bool = True) -> None:

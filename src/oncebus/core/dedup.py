@@ -412,10 +412,14 @@ class DedupIndex:
         self._next_expiry_us = 0
 
     def restore(self, key: str, first_accepted_us: int) -> None:
-        """Rebuild from durable history; call in ``first_accepted_us`` order."""
+        """Rebuild from durable history; call in ``first_accepted_us`` order. A key accepted again after it
+        left the window has a row per acceptance until pruning: the later one replaces the earlier."""
         hi, lo = self._digest(key)
-        if self._held.find(hi, lo)[0] >= 0:
-            return
+        slot, t0 = self._held.find(hi, lo)
+        if slot >= 0:
+            if t0 >= first_accepted_us:
+                return
+            self._held.remove(slot)
         self._now_us = max(self._now_us, first_accepted_us)
         self._held.append(hi, lo, first_accepted_us)
         self._next_expiry_us = 0

@@ -155,7 +155,9 @@ class Snapshot:
     entities: list[PutEntity] = field(default_factory=list)
     messages: Iterable[MessageRow] = ()  # by path, then sequence number; read once (may be a cursor)
     # the keys of each queue or topic with duplicate detection and no image, each entity's by first_accepted_us
-    dedup_keys: list[PutDedupKey] = field(default_factory=list)
+    # (read once: may be a cursor); a key with several rows (accepted again after it left the window) may come
+    # once per row, the latest last
+    dedup_keys: Iterable[PutDedupKey] = field(default_factory=list)
     session_states: list[PutSessionState] = field(default_factory=list)
     counters: dict[str, AddCounters] = field(default_factory=dict)  # totals
     rules: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # subscription path -> its rules

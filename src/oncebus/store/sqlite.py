@@ -234,13 +234,15 @@ class SqliteStore:
         )
         snapshot.keys_of = self._keys_of
         # an entity without an image: its keys from the rows (each entity's range of the primary key)
-        for record in snapshot.entities:
-            if (
-                record.kind != "subscription"
+        snapshot.dedup_keys = self._key_rows(
+            [
+                record.path
+                for record in snapshot.entities
+                if record.kind != "subscription"
                 and record.properties.get("requires_duplicate_detection")
                 and record.path not in snapshot.dedup_images
-            ):
-                snapshot.dedup_keys += self._rows_of(record.path)
+            ]
+        )
         for path, sid, state in db.execute("SELECT path, session_id, state FROM session_state"):
             snapshot.session_states.append(PutSessionState(path, sid, bytes(state)))
         for entity, next_seq, counters in db.execute("SELECT entity, next_sequence_number, counters FROM counters"):
@@ -249,14 +251,35 @@ class SqliteStore:
             snapshot.rules[path] = json.loads(rules)
         return snapshot
 
-    def _keys_of(self, entity: str) -> list[PutDedupKey]:
+    def _keys_of(self, entity: str) -> Iterator[PutDedupKey]:
         """One entity's keys from the rows (its image did not load), in ``first_accepted_us`` order."""
-        with self._lock:
-            return self._rows_of(entity)
+        return self._key_rows([entity])
 
-    def _rows_of(self, entity: str) -> list[PutDedupKey]:
-        # a key accepted again after it left the window has two rows until pruning: the newest counts
-        return [PutDedupKey(entity, key, t0) for key, t0 in self._db.execute(layout.SELECT_KEYS_OF, (entity,))]
+    def _key_rows(self, entities: list[str]) -> Iterator[PutDedupKey]:
+        """The keys of ``entities`` as the store is now (a read transaction of its own, begun here), streamed."""
+        db = None
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA query_only=ON")
+            db.execute("BEGIN")
+            db.execute("SELECT count(*) FROM entity").fetchone()  # the read transaction starts here
+        except sqlite3.Error as exc:
+            if db is not None:
+                db.close()
+            raise self._damaged(exc) from None
+        return self._more_keys(db, entities)
+
+    def _more_keys(self, db: sqlite3.Connection, entities: list[str]) -> Iterator[PutDedupKey]:
+        try:
+            for entity in entities:
+                cursor = db.execute(layout.SELECT_KEYS_OF, (entity,))
+                while rows := cursor.fetchmany(4096):
+                    for key, t0 in rows:
+                        yield PutDedupKey(entity, key, t0)
+        except sqlite3.Error as exc:
+            raise self._damaged(exc) from None
+        finally:
+            db.close()
 
     def keep_dedup_images(self, indexes: Callable[[], Iterable[tuple[str, dedup_images.Dumpable]]]) -> None:
         """At ``close``, once every unit is committed, write images of ``indexes()`` for the next start, unless a

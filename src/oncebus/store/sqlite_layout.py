@@ -103,7 +103,8 @@ INSERT_MESSAGE = (
 )
 INSERT_DATA = "INSERT INTO message_data (id, meta, body, body_offset, body_length, wire) VALUES (?, ?, ?, ?, ?, ?)"
 INSERT_KEY = "INSERT OR REPLACE INTO dedup_key (entity, first_accepted_us, key) VALUES (?, ?, ?)"
-SELECT_KEYS_OF = "SELECT key, MAX(first_accepted_us) AS t0 FROM dedup_key WHERE entity = ? GROUP BY key ORDER BY t0"
+# the primary key's order (no sort): a key accepted again has a later row, which replaces the earlier one
+SELECT_KEYS_OF = "SELECT key, first_accepted_us FROM dedup_key WHERE entity = ? ORDER BY first_accepted_us"
 DELETE_MESSAGE = "DELETE FROM message WHERE path = ? AND sequence_number = ?"
 SELECT_ROWS = (
     "SELECT path, sequence_number, state, delivery_count, enqueued_time_us, expires_at_us, size, session_id"

@@ -117,10 +117,14 @@ def restart(workdir: Path, label: str, messages: int, keys: int) -> tuple[subpro
     ready_rss = rss_mb(process.pid)
     receive_one(connection_string)
     loaded = time.perf_counter() - started
+    again = time.perf_counter()
+    send_one(connection_string, str(uuid.uuid4()))
+    again = time.perf_counter() - again
     print(
         f"{label} with {messages:,} messages waiting and {keys:,} keys held: ready after {ready:.2f} s, first send "
         f"accepted after {first:.2f} s (SDK connect included; server RSS then {ready_rss:.0f} MB), backlog in "
-        f"memory after {loaded:.2f} s; server RSS {rss_mb(process.pid):.0f} MB"
+        f"memory after {loaded:.2f} s; server RSS {rss_mb(process.pid):.0f} MB; a send on a new SDK connection "
+        f"then takes {again:.2f} s"
     )
     return process, connection_string
 

@@ -167,8 +167,11 @@ class Namespace:
             self._backlog_loaded.set()
             self._notify()
 
-    async def _backlog_restored(self) -> None:
+    async def backlog_restored(self) -> None:
         """Wait until the stored messages are all in memory (see ``open``)."""
+        await self._backlog_restored()
+
+    async def _backlog_restored(self) -> None:
         if not self._backlog_loaded.is_set():
             await self._backlog_loaded.wait()
         if self._backlog_error is not None:

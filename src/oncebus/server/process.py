@@ -128,6 +128,7 @@ async def run(
     }
     front: Front | None = None
     timers: asyncio.Task[None] | None = None
+    settled: asyncio.Task[None] | None = None
     loop = asyncio.get_running_loop()
     stop = stop if stop is not None else asyncio.Event()
     try:
@@ -147,6 +148,7 @@ async def run(
             raise ServeError(f"cannot listen: {exc}") from exc
         info.update(front.info())
         timers = asyncio.create_task(namespace.run_timers(0.05 if options.clock_file else 0.5))
+        settled = asyncio.create_task(_tune_gc_when_loaded(namespace))
         datadir.write_server_info(info)
         if install_signal_handlers:
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -169,6 +171,8 @@ async def run(
     finally:
         if timers is not None:
             timers.cancel()
+        if settled is not None:
+            settled.cancel()
         if install_signal_handlers:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
@@ -182,3 +186,10 @@ async def run(
             send_log.close()
         datadir.unlock()
     return 0
+
+
+async def _tune_gc_when_loaded(namespace: Namespace) -> None:
+    """Once the stored messages are in memory (restored after ready), the collector leaves them alone too."""
+    with contextlib.suppress(OncebusError):
+        await namespace.backlog_restored()
+    tune_gc()

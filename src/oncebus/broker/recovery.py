@@ -15,7 +15,7 @@ from oncebus.store.base import MessageRow, PutDedupKey, Snapshot
 from oncebus.store.dedup_images import DedupImage
 
 _LOG = logging.getLogger("oncebus.broker")
-RESTORE_STEP = 20_000  # stored messages restored between two turns of the loop (about 20 ms)
+RESTORE_STEP = 5_000  # stored messages restored between two turns of the loop (about 10 ms)
 
 
 def newest_time_us(snapshot: Snapshot) -> int:

@@ -28,7 +28,7 @@ from oncebus.server.certs import ensure_certificates
 from oncebus.server.control import ControlServer
 from oncebus.server.datadir import DataDir
 from oncebus.server.front import Front, open_front
-from oncebus.server.runtime import tune_gc
+from oncebus.server.runtime import freeze_again, tune_gc
 from oncebus.store.sendlog import SendLogWriter
 from oncebus.store.sqlite import SqliteStore
 
@@ -192,4 +192,4 @@ async def _tune_gc_when_loaded(namespace: Namespace) -> None:
     """Once the stored messages are in memory (restored after ready), the collector leaves them alone too."""
     with contextlib.suppress(OncebusError):
         await namespace.backlog_restored()
-    tune_gc()
+    freeze_again()

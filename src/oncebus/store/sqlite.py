@@ -84,7 +84,8 @@ class SqliteStore:
         self.path = Path(path)
         self.wal_path = self.path.with_name(self.path.name + "-wal")
         self.image_path = dedup_images.image_path(self.path)
-        self._keep_images: tuple[Callable[[], Iterable[tuple[str, dedup_images.Dumpable]]], int] | None = None
+        self._keep_images: Callable[[], Iterable[tuple[str, dedup_images.Dumpable]]] | None = None
+        self._failures_at_load = 0  # a write failed since the broker last loaded: its memory may hold more
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = self._connect()
@@ -161,6 +162,7 @@ class SqliteStore:
 
     def load(self) -> Snapshot:
         with self._lock:
+            self._failures_at_load = self.failures
             try:
                 return self._load()
             except (sqlite3.Error, ValueError, TypeError, KeyError) as exc:
@@ -283,8 +285,9 @@ class SqliteStore:
 
     def keep_dedup_images(self, indexes: Callable[[], Iterable[tuple[str, dedup_images.Dumpable]]]) -> None:
         """At ``close``, once every unit is committed, write images of ``indexes()`` for the next start, unless a
-        write failed since this call (memory may then hold what the store does not); see ``dedup_images``."""
-        self._keep_images = (indexes, self.failures)
+        write failed since the last ``load`` (the broker's memory may then hold a key the store does not, even if
+        it has not heard of the failure yet); see ``dedup_images``."""
+        self._keep_images = indexes
 
     def submit(self, unit: Sequence[Op]) -> Future[None]:
         future: Future[None] = Future()
@@ -583,8 +586,8 @@ class SqliteStore:
         try:
             if keep is None:
                 return
-            if keep[1] == self.failures and self._writer_clean():
-                dedup_images.save(self._db, self.image_path, keep[0]())
+            if self.failures == self._failures_at_load and self._writer_clean():
+                dedup_images.save(self._db, self.image_path, keep())
             else:
                 dedup_images.discard(self.image_path)
         except (OSError, sqlite3.Error) as exc:  # the next start rebuilds the indexes from the rows

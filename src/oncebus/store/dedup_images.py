@@ -80,21 +80,25 @@ def save(db: sqlite3.Connection, path: Path, indexes: Iterable[tuple[str, Dumpab
     token = secrets.token_bytes(16)
     entries = list(indexes)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as file:
-        file.write(_HEADER.pack(MAGIC, FORMAT, token, len(entries)))
-        for name, index in entries:
-            encoded = name.encode()
-            file.write(_ENTRY.pack(len(encoded)) + encoded)
-            at = file.tell()
-            file.write(_IMAGE.pack(0, 0))
-            counting = _Counting(file)  # type: ignore[arg-type]
-            index.dump(counting)  # type: ignore[arg-type]
-            end = file.tell()
-            file.seek(at)
-            file.write(_IMAGE.pack(counting.length, counting.crc))
-            file.seek(end)
-        file.flush()
-        os.fsync(file.fileno())
+    try:
+        with open(tmp, "wb") as file:
+            file.write(_HEADER.pack(MAGIC, FORMAT, token, len(entries)))
+            for name, index in entries:
+                encoded = name.encode()
+                file.write(_ENTRY.pack(len(encoded)) + encoded)
+                at = file.tell()
+                file.write(_IMAGE.pack(0, 0))
+                counting = _Counting(file)  # type: ignore[arg-type]
+                index.dump(counting)  # type: ignore[arg-type]
+                end = file.tell()
+                file.seek(at)
+                file.write(_IMAGE.pack(counting.length, counting.crc))
+                file.seek(end)
+            file.flush()
+            os.fsync(file.fileno())
+    except BaseException:
+        discard(tmp)  # a full disk: nothing half-written is left behind
+        raise
     os.replace(tmp, path)
     directory = os.open(path.parent, os.O_RDONLY)
     try:

@@ -209,3 +209,28 @@ def test_a_key_accepted_again_is_rebuilt_from_its_latest_row(tmp_path: Path) -> 
         await _stop(store, ns)
 
     asyncio.run(go())
+
+
+def test_an_image_that_cannot_be_written_leaves_no_token_and_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "oncebus.db"
+    clock = ManualClock(T0)
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    async def go() -> None:
+        store, ns, _ = await _open(path, clock)
+        await _fill(ns, clock)
+        await ns.close()
+        with monkeypatch.context() as patch, caplog.at_level(logging.WARNING, logger="oncebus.store"):
+            patch.setattr("oncebus.store.dedup_images.os.fsync", full)
+            store.close()
+        assert "could not write the dedup index images" in caplog.text
+        assert sorted(p.name for p in tmp_path.iterdir() if "dedup" in p.name) == []
+        store, ns, had_token = await _open(path, clock)
+        assert not had_token and await _duplicates(ns, "q", ["k0", "new"]) == [True, False]
+        await _stop(store, ns)
+
+    asyncio.run(go())

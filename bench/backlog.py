@@ -1,25 +1,33 @@
 """A backlog: ``oncebus serve`` with many 1 KiB messages waiting in one queue. One run, printed (never asserted).
 
 1. Fill the queue through the SDK (``--senders`` processes, batches of 100) and report the server's RSS.
-2. Restart the server (SIGINT, start again on the same data directory): time until it prints ``ready``,
-   until the first send is accepted, and its RSS then (message contents stay on disk: RSS should not
-   grow with the backlog).
-3. Receive + complete ``--receive`` messages from the backlog (PEEK_LOCK, ``--receivers`` processes) and
+2. With ``--keys N``: stop the server and add N dedup keys of the queue straight into the store's
+   ``dedup_key`` table (as N sends would have left them, first accepted over the last minute; the SDK would
+   take hours for 10 M), then start it as after a crash (no index image: every key is rebuilt from the
+   rows) and report the time to ``ready``, the time until the whole backlog is in memory, and the RSS.
+3. Restart the server cleanly (SIGINT, start again on the same data directory): time until it prints
+   ``ready``, until the first send is accepted (a new key judged against every held key), until the
+   backlog is in memory (the first receive), and its RSS then.
+4. Receive + complete ``--receive`` messages from the backlog (PEEK_LOCK, ``--receivers`` processes) and
    report the rate, the server's CPU per message and its RSS after.
 
-    python bench/backlog.py                       # 200,000 messages (a few minutes)
-    python bench/backlog.py --messages 1000000    # the issue's size
+    python bench/backlog.py                                       # 200,000 messages (a few minutes)
+    python bench/backlog.py --messages 1000000 --keys 10000000    # the issue's sizes
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -33,7 +41,6 @@ from amqp_send import (
     run_workers,
     sdk_receiver,
     sdk_sender,
-    start_oncebus,
 )
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
@@ -43,6 +50,83 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def start_oncebus(workdir: Path) -> tuple[subprocess.Popen[str], str]:
+    """``amqp_send.start_oncebus`` with a window of an hour on 'receive' (the keys added stay held)."""
+    queue = {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT1H"}
+    config = {"UserConfig": {"Namespaces": [{"Name": "bench", "Queues": [{"Name": "receive", "Properties": queue}]}]}}
+    config_file = workdir / "config.json"
+    config_file.write_text(json.dumps(config))
+    command = [sys.executable, "-c", "import sys; from oncebus.cli import main; sys.exit(main())"]
+    command += ["--data-dir", str(workdir / "data"), "serve", "--port", "0", "--config", str(config_file)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert process.stdout is not None
+    connection_string = ""
+    for line in process.stdout:
+        if line.startswith("connection string: "):
+            connection_string = line.split(": ", 1)[1].strip()
+        if line.strip() == "ready":
+            break
+    if not connection_string:
+        process.kill()
+        raise SystemExit("oncebus serve did not start")
+    threading.Thread(target=lambda: collections.deque(process.stdout or (), maxlen=0), daemon=True).start()
+    return process, connection_string
+
+
+def add_keys(db_path: Path, count: int) -> float:
+    """``count`` keys of 'receive' written straight into the store, first accepted over the last minute; seconds."""
+    started = time.perf_counter()
+    db = sqlite3.connect(db_path)
+    now = time.time_ns() // 1000
+    db.execute("BEGIN")
+    step = 200_000
+    for start in range(0, count, step):
+        rows = [
+            ("receive", now - 60_000_000 + i * 60_000_000 // count, f"bench-key-{i}")
+            for i in range(start, min(count, start + step))
+        ]
+        db.executemany("INSERT INTO dedup_key (entity, first_accepted_us, key) VALUES (?, ?, ?)", rows)
+    db.execute("DELETE FROM dedup_snapshot")  # the index image written at the last stop does not hold them
+    db.execute("COMMIT")
+    db.close()
+    return time.perf_counter() - started
+
+
+def send_one(connection_string: str, message_id: str) -> None:
+    with ServiceBusClient.from_connection_string(connection_string) as client:
+        with client.get_queue_sender("receive") as sender:
+            sender.send_messages(ServiceBusMessage(b"first", message_id=message_id))
+
+
+def receive_one(connection_string: str) -> None:
+    """Returns once the server has the backlog in memory (receives wait for it); the message goes back."""
+    with ServiceBusClient.from_connection_string(connection_string) as client:
+        with client.get_queue_receiver("receive", max_wait_time=120) as receiver:
+            for message in receiver.receive_messages(max_message_count=1, max_wait_time=120):
+                receiver.abandon_message(message)
+
+
+def restart(workdir: Path, label: str, messages: int, keys: int) -> tuple[subprocess.Popen[str], str]:
+    started = time.perf_counter()
+    process, connection_string = start_oncebus(workdir)
+    ready = time.perf_counter() - started
+    send_one(connection_string, str(uuid.uuid4()))
+    first = time.perf_counter() - started
+    ready_rss = rss_mb(process.pid)
+    receive_one(connection_string)
+    loaded = time.perf_counter() - started
+    again = time.perf_counter()
+    send_one(connection_string, str(uuid.uuid4()))
+    again = time.perf_counter() - again
+    print(
+        f"{label} with {messages:,} messages waiting and {keys:,} keys held: ready after {ready:.2f} s, first send "
+        f"accepted after {first:.2f} s (SDK connect included; server RSS then {ready_rss:.0f} MB), backlog in "
+        f"memory after {loaded:.2f} s; server RSS {rss_mb(process.pid):.0f} MB; a send on a new SDK connection "
+        f"then takes {again:.2f} s"
+    )
+    return process, connection_string
 
 
 def stop(process: subprocess.Popen[str]) -> None:
@@ -59,6 +143,7 @@ def main() -> None:
     parser.add_argument("--senders", type=int, default=2, help="sender processes filling the queue (default 2)")
     parser.add_argument("--receive", type=int, default=20_000, help="messages received from the backlog")
     parser.add_argument("--receivers", type=int, default=4, help="receiver processes (default 4)")
+    parser.add_argument("--keys", type=int, default=0, help="dedup keys added to the store before restarting")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="oncebus-backlog-"))
     print(f"{args.messages:,} messages of 1 KiB into queue 'receive' (dedup on); data in {workdir}")
@@ -74,21 +159,21 @@ def main() -> None:
         )
     finally:
         stop(process)
+    keys = args.messages  # each message sent left its key
+    if args.keys:
+        seconds = add_keys(workdir / "data" / "oncebus.db", args.keys)
+        keys += args.keys
+        print(f"added {args.keys:,} dedup keys straight into the store in {seconds:.0f} s (not through the SDK)")
     size = sum(f.stat().st_size for f in (workdir / "data").glob("oncebus.db*"))
     print(f"store on disk: {size / 2**20:.0f} MB")
+    if args.keys:
+        process, _ = restart(workdir, "start after a crash (keys rebuilt from the rows)", args.messages, keys)
+        stop(process)
+        image = workdir / "data" / "oncebus.db.dedup"
+        print(f"dedup index image written at the stop: {image.stat().st_size / 2**20:.0f} MB")
 
-    started = time.perf_counter()
-    process, connection_string = start_oncebus(workdir)
-    ready = time.perf_counter() - started
+    process, connection_string = restart(workdir, "clean restart", args.messages, keys)
     try:
-        with ServiceBusClient.from_connection_string(connection_string) as client:
-            with client.get_queue_sender("dedup-off") as sender:
-                sender.send_messages(ServiceBusMessage(b"first", message_id=str(uuid.uuid4())))
-        first = time.perf_counter() - started
-        print(
-            f"restart with {args.messages:,} waiting: ready after {ready:.2f} s, first send accepted after "
-            f"{first:.2f} s (SDK connect included); server RSS {rss_mb(process.pid):.0f} MB"
-        )
         count = min(args.receive, args.messages)
         per = (count + args.receivers - 1) // args.receivers
         received = run_workers(sdk_receiver, [(connection_string, "receive", per)] * args.receivers, process.pid)

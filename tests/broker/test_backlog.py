@@ -160,3 +160,101 @@ def test_available_order_survives_out_of_order_arrivals_and_a_sequence_number_ad
         order.append(entry.sequence_number)
     assert order == [1, 3, 4, 2, 5]
     assert receivable.size_bytes == 5 and receivable.counts()["active"] == 5
+
+
+def test_a_backlog_restored_in_the_background_is_delivered_in_order_exactly_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve`` opens with the stored messages restored on the loop after ``open`` returns: sends are judged
+    exactly at once (the dedup keys are loaded first), receives wait for the backlog, and the messages sent
+    meanwhile come after it, each once."""
+    from oncebus.broker import recovery
+    from oncebus.core.errors import ServerBusyError
+
+    monkeypatch.setattr(recovery, "RESTORE_STEP", 100)  # many steps, so sends and receives come between them
+    path = tmp_path / "oncebus.db"
+    clock = ManualClock(T0)
+    stored = 2_000
+
+    async def before() -> None:
+        store, ns = await _open(path, clock, DEFAULT_CACHE_BYTES)
+        await ns.create_queue("q", requires_duplicate_detection=True)
+        await ns.create_queue("s", requires_session=True)
+        await ns.create_topic("t")
+        await ns.create_subscription("t", "a")
+        for start in range(0, stored, 250):
+            await ns.send("q", [_message(i) for i in range(start, start + 250)])
+            await ns.send("t", [_message(i) for i in range(start, start + 250)])
+            clock.advance(1)
+        await ns.send("s", [Message(b"x", message_id=f"s{i}", session_id=f"k{i % 3}") for i in range(300)])
+        (deferred,) = await ns.receive("q")  # m0, deferred: kept aside, by sequence number only
+        await ns.defer("q", deferred.lock_token)
+        await ns.close()
+        store.close()
+
+    async def after() -> None:
+        clock.advance(1)
+        store = SqliteStore(path)
+        ns = await Namespace.open(store, clock, backlog_in_background=True)
+        assert not ns._backlog_loaded.is_set()
+        with pytest.raises(ServerBusyError, match="loading the stored messages"):
+            ns.peek_messages("q")
+        first = asyncio.ensure_future(ns.receive("q", 1))  # waits for the backlog
+        outcomes = await ns.send("q", [_message(1), _message(stored - 1), Message(b"n", message_id="new0")])
+        assert [o.duplicate for o in outcomes] == [True, True, False]
+        for i in range(1, 50):
+            await ns.send("q", Message(b"n", message_id=f"new{i}"))
+            await ns.send("t", Message(b"n", message_id=f"new{i}"))
+        (head,) = await first
+        assert ns._backlog_loaded.is_set() and head.message_id == "m1"
+        await ns.complete("q", head.lock_token)
+        ids = ["m1"]
+        while got := await ns.receive("q", 300):
+            for m in got:
+                await ns.complete("q", m.lock_token)
+            ids += [m.message_id for m in got]
+        assert ids == [f"m{i}" for i in range(1, stored)] + [f"new{i}" for i in range(50)]
+        assert len(ns.peek_messages("q", 10)) == 1  # m0, deferred
+        sub = []
+        while got := await ns.receive("t/Subscriptions/a", 500, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE):
+            sub += [m.message_id for m in got]
+        assert sub == [f"m{i}" for i in range(stored)] + [f"new{i}" for i in range(1, 50)]
+        for key in ("k0", "k1", "k2"):
+            session = await ns.accept_session("s", key)
+            got = await ns.receive("s", 300, session=session, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+            assert [m.message_id for m in got] == [f"s{i}" for i in range(300) if i % 3 == int(key[1])]
+            await ns.close_session(session)
+        await ns.close()
+        store.close()
+
+    asyncio.run(before())
+    asyncio.run(after())
+
+
+def test_a_backlog_restored_in_steps_goes_before_what_arrived_meanwhile() -> None:
+    """``begin_restore``/``end_restore``: stored rows come in steps while new messages are added; the stored
+    ones (usual or not) are delivered first, in (enqueued time, sequence number) order, and counted once."""
+    from oncebus.broker.receivable import Receivable, ReceivableSettings
+    from oncebus.core.messages import MessageState, StoredMessage
+
+    def row(
+        seq: int, enqueued: int, expires: int | None = None
+    ) -> tuple[str, int, int, int, int, int | None, int, None]:
+        return ("q", seq, int(MessageState.ACTIVE), 0, enqueued, expires, 1, None)
+
+    def record(seq: int, enqueued: int) -> StoredMessage:
+        return StoredMessage("q", seq, f"m{seq}", b"x", enqueued, None)
+
+    receivable = Receivable("q", ReceivableSettings(5_000_000, 10, False, False, 1 << 30))
+    receivable.begin_restore()
+    receivable.restore([row(1, 10), row(2, 11)], 0)
+    receivable.add_records([record(100, 50), record(101, 51)], 0)  # sent while the backlog loads
+    receivable.restore([row(3, 12, expires=10**9), row(4, 13), row(5, 9)], 0)  # 5: out of order, 3: expires
+    receivable.add_records([record(102, 52)], 0)
+    receivable.end_restore()
+    receivable.add_records([record(103, 53)], 0)
+    assert receivable.counts()["active"] == 9 and receivable.size_bytes == 9
+    order = []
+    while (entry := receivable.take()) is not None:
+        order.append(entry.sequence_number)
+    assert order == [5, 1, 2, 3, 4, 100, 101, 102, 103]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from concurrent.futures import wait
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 from oncebus.broker import ManualClock, Message, Namespace
 from oncebus.core.errors import StoreWriteError
 from oncebus.core.messages import StoredMessage
-from oncebus.store.base import PutDedupKey, PutMessage
+from oncebus.store.base import PutDedupKey, PutEntity, PutMessage
 from oncebus.store.memory import MemoryStore
 from oncebus.store.sqlite import SqliteStore
 
@@ -25,22 +26,26 @@ def _message(seq: int, path: str | None = "q") -> StoredMessage:
     )
 
 
+_Q = PutEntity("q", "queue", {"requires_duplicate_detection": True})  # keys are loaded for such entities only
+
+
 def test_wal_mode_and_group_commit(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "db")
+    store.submit([_Q]).result()
     assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     futures = [store.submit([PutMessage(_message(i)), PutDedupKey("q", str(i), i)]) for i in range(2000)]
     wait(futures)
     assert all(f.exception() is None for f in futures)
-    assert store.units == 2000
+    assert store.units == 2001
     assert store.commits < 2000  # queued units shared transactions
     store.close()
     snapshot = SqliteStore(tmp_path / "db").load()
-    assert len(list(snapshot.messages)) == 2000 and len(snapshot.dedup_keys) == 2000
+    assert len(list(snapshot.messages)) == 2000 and len(list(snapshot.dedup_keys)) == 2000
 
 
 def test_a_failing_unit_stores_nothing_and_the_next_unit_is_tried_afresh(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "db")
-    store.submit([PutMessage(_message(1))]).result()
+    store.submit([_Q, PutMessage(_message(1))]).result()
     bad = store.submit([PutDedupKey("q", "k", 5), PutMessage(_message(2, path=None))])
     with pytest.raises(StoreWriteError, match="NOT NULL constraint failed"):
         bad.result()
@@ -110,8 +115,9 @@ def test_history_is_pruned_and_rebuilt_within_the_window(tmp_path: Path) -> None
         ns.tick()  # prunes keys older than the window
         await ns.close()
         store.close()
-        rows = SqliteStore(tmp_path / "db").load().dedup_keys
-        assert [k.key for k in rows] == ["fresh"]
+        db = sqlite3.connect(tmp_path / "db")
+        assert [key for (key,) in db.execute("SELECT key FROM dedup_key")] == ["fresh"]
+        db.close()
         store2 = SqliteStore(tmp_path / "db")
         ns2 = await Namespace.open(store2, clock)
         assert ns2.stats("q").keys_held == 1

@@ -31,7 +31,7 @@ from oncebus.broker.counters import NamespaceObserver
 from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path, subscription_path
 from oncebus.broker.receivable import Entry, Receivable, SessionLock
-from oncebus.broker.recovery import newest_time_us, restore
+from oncebus.broker.recovery import newest_time_us, restore, restore_messages_in_steps
 from oncebus.broker.registry import Entity, EntityKind, Registry
 from oncebus.broker.routing import Reencode, Router
 from oncebus.broker.rulebook import Rules
@@ -46,8 +46,10 @@ from oncebus.core.errors import (
     MessageLockLostError,
     MessageNotFoundError,
     OperationTimeoutError,
+    ServerBusyError,
     SessionCannotBeLockedError,
     SessionLockLostError,
+    StoreError,
     StoreWriteError,
 )
 from oncebus.core.keys import validate_ids
@@ -62,6 +64,7 @@ from oncebus.core.rules import RuleProperties
 from oncebus.core.timeutil import clamp_us, datetime_to_us, us_to_datetime
 from oncebus.store.base import (
     DeleteEntity,
+    MessageRow,
     MoveMessage,
     Op,
     PruneDedupKeys,
@@ -106,6 +109,10 @@ class Namespace:
         self._rules = Rules(self._registry, self._journal, self._now, self._touch_subscription)
         self.observer = NamespaceObserver()  # metrics, dashboard history, per-minute duplicate log
         self.observer.attach_store(store)
+        self._backlog: asyncio.Task[None] | None = None  # the stored messages, restored after open returned
+        self._backlog_loaded = asyncio.Event()
+        self._backlog_loaded.set()
+        self._backlog_error: BaseException | None = None
 
     # ------------------------------------------------------------------------------ lifecycle
     @classmethod
@@ -116,28 +123,80 @@ class Namespace:
         *,
         send_log: SendLog | None = None,
         reencode: Reencode | None = None,
+        backlog_in_background: bool = False,
     ) -> Namespace:
         """``reencode``: how a copy changed by a rule action gets its AMQP encoding (the AMQP adapter's);
-        without it such a copy's encoding is dropped and rebuilt from its fields when delivered."""
+        without it such a copy's encoding is dropped and rebuilt from its fields when delivered.
+
+        ``backlog_in_background``: return once entities and dedup keys are loaded (sends are judged exactly
+        from then on) and restore the stored messages in steps on the loop; until that is done, what reads or
+        removes stored messages (receiving, peeking, sessions, entity changes, the timers) waits for it."""
         namespace = cls(store, clock, send_log=send_log, reencode=reencode)
-        namespace._load()
+        namespace._load(background=backlog_in_background)
         return namespace
 
-    def _load(self) -> None:
+    def _load(self, *, background: bool = False) -> None:
+        if self._backlog is not None:  # a reload after a failed write: everything again, at once
+            self._backlog.cancel()
+            self._backlog = None
         snapshot = self.store.load()
         self._entities.clear()
         self._contents.clear()
         self._floor_us = max(self._floor_us, newest_time_us(snapshot))
-        restore(self._registry, snapshot, self._now())
+        restore(self._registry, snapshot, self._now(), messages=not background)
         self._activity.since_us = self._now()
+        self._backlog_error = None
+        if background:
+            self._backlog_loaded.clear()
+            self._backlog = asyncio.get_running_loop().create_task(self._restore_backlog(snapshot.messages))
+        else:
+            self._backlog_loaded.set()
+
+    async def _restore_backlog(self, rows: Iterable[MessageRow]) -> None:
+        try:
+            for _ in restore_messages_in_steps(self._registry, rows, self._now):
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._backlog_error = exc
+            _LOG.error("the stored messages could not be loaded: %s", exc)
+        finally:
+            if self._backlog is asyncio.current_task():
+                self._backlog = None
+            self._backlog_loaded.set()
+            self._notify()
+
+    async def backlog_restored(self) -> None:
+        """Wait until the stored messages are all in memory (see ``open``)."""
+        await self._backlog_restored()
+
+    async def _backlog_restored(self) -> None:
+        if not self._backlog_loaded.is_set():
+            await self._backlog_loaded.wait()
+        if self._backlog_error is not None:
+            raise StoreError(f"the stored messages could not be loaded: {self._backlog_error}")
+
+    def _require_backlog(self) -> None:
+        """``_backlog_restored`` for what cannot wait: refused, to be tried again, while the backlog loads."""
+        if not self._backlog_loaded.is_set():
+            raise ServerBusyError("oncebus is loading the stored messages after a restart; try again shortly")
+        if self._backlog_error is not None:
+            raise StoreError(f"the stored messages could not be loaded: {self._backlog_error}")
 
     async def close(self) -> None:
         """Persist the counts not stored yet; the store stays open (its owner closes it)."""
         self._journal.cancel()
+        if self._backlog is not None:
+            self._backlog.cancel()
         if self._journal.failure is None:
             ops: list[Op] = [op for e in self._entities.values() if (op := e.counters_op({})) is not None]
             if ops:
                 await self._write(ops)
+        keep = getattr(self.store, "keep_dedup_images", None)
+        if keep is not None and self._journal.failure is None:  # memory holds exactly what the store does
+            entities = self._entities
+            keep(lambda: [(path, e.detector) for path, e in entities.items() if e.detector.enabled])
 
     @property
     def send_log(self) -> SendLog | None:
@@ -204,8 +263,8 @@ class Namespace:
     def tick(self) -> None:
         """Apply everything due now (scheduled enqueues, lock and message expiry, history pruning,
         forwarding, idle entities: see ``upkeep``)."""
-        if self._journal.failure is not None:
-            return  # memory is reloaded from the store before anything is due again
+        if self._journal.failure is not None or not self._backlog_loaded.is_set():
+            return  # memory is reloaded from the store before anything is due again (or still loading)
         now = self._now()
         ops: list[Op] = []
         ops += delete_idle(self._registry, self._activity, now)
@@ -277,6 +336,7 @@ class Namespace:
         return cast(QueueProperties | TopicProperties, props)
 
     async def delete_entity(self, kind: EntityKind, name: str) -> None:
+        await self._backlog_restored()
         self._check_alive()
         ops = self._registry.delete(kind, name)
         self._notify()
@@ -346,6 +406,7 @@ class Namespace:
         self._touch(subscription_path(topic_name.lower(), name))
 
     async def delete_subscription(self, topic_name: str, name: str) -> None:
+        await self._backlog_restored()
         self._check_alive()
         ops = self._registry.delete_subscription(topic_name, name)
         self._notify()
@@ -401,6 +462,7 @@ class Namespace:
 
     async def cancel_scheduled_messages(self, entity_name: str, sequence_numbers: Iterable[int]) -> None:
         """Cancel scheduled messages; their dedup keys stay in the history."""
+        await self._backlog_restored()
         await self._sender.cancel_scheduled(entity_name, sequence_numbers)
 
     # ------------------------------------------------------------------------------ receiving
@@ -417,6 +479,7 @@ class Namespace:
 
         ``max_wait_time=None`` waits until a message arrives.
         """
+        await self._backlog_restored()
         if max_message_count < 1:
             raise InvalidArgumentError(f"max_message_count must be at least 1, not {max_message_count}")
         loop = asyncio.get_running_loop()
@@ -609,6 +672,7 @@ class Namespace:
         receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
         session: SessionLock | None = None,
     ) -> list[ReceivedMessage]:
+        await self._backlog_restored()
         receivable = self.receivable(path)
         session_id = self._check_session(receivable, session, path)
         found = []
@@ -636,6 +700,7 @@ class Namespace:
         session_id: str | None = None,
     ) -> list[ReceivedMessage]:
         """Messages from ``sequence_number`` on, in order, whatever their state; nothing is locked."""
+        self._require_backlog()
         receivable = self.receivable(path)
         chosen = sorted(
             seq
@@ -650,6 +715,7 @@ class Namespace:
         self, path: str, session_id: str | None = None, *, max_wait_time: float | None = 0.0
     ) -> SessionLock:
         """Lock a named session, or the next session with available messages."""
+        await self._backlog_restored()
         loop = asyncio.get_running_loop()
         deadline = None if max_wait_time is None else loop.time() + max_wait_time
         while True:
@@ -714,6 +780,7 @@ class Namespace:
         await self._write([PutSessionState(receivable.path, session.session_id, state)])
 
     def list_sessions(self, path: str) -> list[str]:
+        self._require_backlog()
         return self.receivable(path).session_ids()
 
     # ------------------------------------------------------------------------------ statistics
@@ -725,6 +792,7 @@ class Namespace:
     async def reset(self) -> None:
         """Delete every entity with its messages, sessions, counters and dedup history, in one commit, and
         let the time start again from the clock's reading (``oncebus.testing``'s fresh namespace per test)."""
+        await self._backlog_restored()
         self._check_alive()
         paths = list(self._entities)
         self._entities.clear()

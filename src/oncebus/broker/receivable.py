@@ -93,14 +93,18 @@ class _Ready:
     commits) go to a heap. Entries no longer available are skipped when they reach the front.
     """
 
-    __slots__ = ("heap", "run")
+    __slots__ = ("heap", "heap_only", "run")
 
     def __init__(self) -> None:
         self.run: deque[Entry] = deque()
         self.heap: list[tuple[int, int, int, Entry]] = []  # (enqueued, sequence number, tie-break, entry)
+        self.heap_only = False  # while a backlog is restored before the run (Receivable.begin_restore)
 
     def push(self, entry: Entry) -> None:
         run = self.run
+        if self.heap_only:
+            heapq.heappush(self.heap, (entry.enqueued_time_us, entry.sequence_number, next(_TIE), entry))
+            return
         if run:
             last = run[-1]
             if (last.enqueued_time_us, last.sequence_number) > (entry.enqueued_time_us, entry.sequence_number):
@@ -180,6 +184,7 @@ class Receivable:
         self.session_states: dict[str, bytes] = {}
         self.counters = counters if counters is not None else ReceivableCounters()  # shared with the dead-letter queue
         self._state_counts = [0] * len(MessageState)  # messages by state, kept as they change (counts() is O(1))
+        self._restoring: deque[Entry] | None = None  # the stored backlog's run, while restored in steps
         self.dead_letter_queue: Receivable | None = (
             None
             if dead_letter
@@ -231,6 +236,20 @@ class Receivable:
         self._state_counts[_ACTIVE] += added
         self.size_bytes += total
 
+    def begin_restore(self) -> None:
+        """Restore the stored backlog in several ``restore`` calls while new messages arrive (start-up in the
+        background): the backlog's usual entries gather in a run of their own, spliced before the messages
+        added meanwhile (all newer) by ``end_restore``; any other available entry goes to the heap meanwhile."""
+        self._restoring = deque()
+        self._available.heap_only = True
+
+    def end_restore(self) -> None:
+        restored, self._restoring = self._restoring, None
+        self._available.heap_only = False
+        if restored:
+            restored.extend(self._available.run)
+            self._available.run = restored
+
     def restore(self, rows: Iterable[MessageRow], now_us: int) -> None:
         """An entry for each stored message of this receivable (start-up), rows in sequence order.
 
@@ -239,7 +258,7 @@ class Receivable:
         messages = self.messages
         counts = self._state_counts
         in_order = not (self.settings.requires_session and not self.is_dead_letter)
-        run = self._available.run
+        run = self._available.run if self._restoring is None else self._restoring
         usual = int(_DEAD_LETTERED if self.is_dead_letter else _ACTIVE)
         usual_state = MessageState(usual)
         last_enqueued, last_seq = (run[-1].enqueued_time_us, run[-1].sequence_number) if run else (-1, -1)

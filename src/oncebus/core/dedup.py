@@ -4,7 +4,7 @@ A send at time ``t`` whose key was first accepted at ``t0`` is a duplicate
 when ``t < t0 + W`` (``W`` the entity's current history window). Duplicates
 never refresh ``t0``. See ``shared/design/semantics.md``.
 
-The index keeps, per held key, a 128-bit digest (keyed SipHash, see ``key_digest``) and ``t0`` (microseconds) in
+The index keeps, per held key, a 128-bit digest (keyed BLAKE2b, see ``keyed_digest``) and ``t0`` (microseconds) in
 an append-only, time-ordered log of fixed-size blocks, and an open-addressing
 hash table of 32-bit references into that log (the shape of nats-server's
 ``ddmap`` + ``ddarr``). A check is O(1) whatever the window; expiry pops the
@@ -17,12 +17,24 @@ same shape, so a resend that arrives just after the window is counted as a
 
 from __future__ import annotations
 
+import struct
+import zlib
 from array import array
+from collections.abc import Callable
 from datetime import timedelta
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from oncebus.core.durations import to_micros
-from oncebus.core.keys import MessageId, dedup_key, effective_partition_key, id_text, key_digest, key_text
+from oncebus.core.keys import (
+    DIGEST_SECRET,
+    MessageId,
+    dedup_key,
+    effective_partition_key,
+    id_text,
+    key_digest,
+    key_text,
+    keyed_digest,
+)
 
 _BLOCK_BITS = 12
 _BLOCK = 1 << _BLOCK_BITS  # entries per log block
@@ -30,6 +42,34 @@ _BLOCK_MASK = _BLOCK - 1
 _REF_MOD = 0xFFFFFFFF  # a slot holds seq % _REF_MOD + 1 (0 means empty)
 _DEAD = 0xFFFFFFFFFFFFFFFF  # time marker of a removed log entry
 _MIN_SLOTS = 1024
+_LOG_HEADER = struct.Struct("<6Q")  # head, tail, block base, live, blocks, slots
+_INDEX_HEADER = struct.Struct("<Q16s")  # the index's clock (now_us), its digests' secret
+_EMPTY_BLOCK = bytes(24 * _BLOCK)
+
+
+class ImageError(ValueError):
+    """A dedup index image that cannot be trusted (short, inconsistent or failing its checksum)."""
+
+
+class _Image:
+    """Reads an image from a binary file into buffers, with a running CRC-32 of what was read."""
+
+    def __init__(self, file: BinaryIO, length: int) -> None:
+        self.file = file
+        self.left = length
+        self.crc = 0
+
+    def into(self, buffer: array[int]) -> None:
+        view = memoryview(buffer).cast("B")
+        if view.nbytes > self.left or self.file.readinto(view) != view.nbytes:
+            raise ImageError("the image is shorter than its contents")
+        self.left -= view.nbytes
+        self.crc = zlib.crc32(view, self.crc)
+
+    def struct(self, shape: struct.Struct) -> tuple[int, ...]:
+        buffer = array("B", bytes(shape.size))
+        self.into(buffer)
+        return shape.unpack(buffer.tobytes())
 
 
 class _DigestLog:
@@ -184,6 +224,39 @@ class _DigestLog:
         blocks = sum(1 for b in self._blocks if b is not None)
         return blocks * 24 * _BLOCK + len(self._slots) * 4 + 8 * len(self._blocks)
 
+    def dump(self, write: Callable[[memoryview], object]) -> None:
+        """Write the log's blocks and table as they are in memory (``load`` reads them back in bulk)."""
+        blocks = [b for b in self._blocks[self._first_block :] if b is not None]
+        base = self._block_base + self._first_block * _BLOCK
+        header = _LOG_HEADER.pack(self._head, self._tail, base, self._live, len(blocks), len(self._slots))
+        write(memoryview(header))
+        for block in blocks:
+            write(memoryview(block).cast("B"))
+        write(memoryview(self._slots).cast("B"))
+
+    @classmethod
+    def load(cls, image: _Image) -> _DigestLog:
+        head, tail, base, live, blocks, slots = image.struct(_LOG_HEADER)
+        if not (
+            base <= head <= tail <= base + blocks * _BLOCK
+            and head - base < _BLOCK
+            and live <= tail - head
+            and slots >= _MIN_SLOTS
+            and slots & (slots - 1) == 0
+            and live * 2 <= slots
+        ):
+            raise ImageError("the image's log header is inconsistent")
+        log = cls()
+        log._block_base, log._head, log._tail, log._live = base, head, tail, live
+        for _ in range(blocks):
+            block = array("Q", _EMPTY_BLOCK)
+            image.into(block)
+            log._blocks.append(block)
+        log._slots = array("I", [0]) * slots
+        log._mask = slots - 1
+        image.into(log._slots)
+        return log
+
 
 def is_duplicate(t_us: int, first_accepted_us: int | None, window_us: int) -> bool:
     """The rule for one send: a duplicate when its key was first accepted at ``t0`` and ``t < t0 + W``."""
@@ -231,6 +304,8 @@ class DedupIndex:
         self._expired_capacity = recently_expired_capacity
         self._now_us = 0
         self._next_expiry_us = 0  # nothing can expire before this time (0: check)
+        self._secret = DIGEST_SECRET
+        self._digest = key_digest
 
     @property
     def window(self) -> timedelta:
@@ -302,7 +377,7 @@ class DedupIndex:
     def judge(self, key: str, now_us: int) -> Verdict:
         """Apply the rule to one send: a new key is recorded with ``t0 = now``."""
         self._tick(now_us)
-        hi, lo = key_digest(key)
+        hi, lo = self._digest(key)
         slot, t0 = self._held.find(hi, lo)
         if slot >= 0:
             return Verdict(True, t0)
@@ -315,11 +390,36 @@ class DedupIndex:
         self._held.append(hi, lo, now_us)
         return _NEW
 
+    def dump(self, file: BinaryIO) -> None:
+        """An image of the index (held and recently expired keys) for ``load_image``; the window is not in it."""
+        file.write(_INDEX_HEADER.pack(self._now_us, self._secret))
+        self._held.dump(file.write)
+        self._expired.dump(file.write)
+
+    def load_image(self, file: BinaryIO, length: int, crc: int) -> None:
+        """Replace what the index holds with an image ``dump`` wrote (``length`` bytes from ``file``'s position,
+        CRC-32 ``crc``), read in bulk; ``ImageError`` (the index unchanged) when it does not check out."""
+        image = _Image(file, length)
+        now_us, secret = image.struct(_INDEX_HEADER)
+        held = _DigestLog.load(image)
+        expired = _DigestLog.load(image)
+        if image.left or image.crc != crc:
+            raise ImageError("the image fails its checksum")
+        self._held, self._expired = held, expired
+        if secret != self._secret:
+            self._secret, self._digest = secret, keyed_digest(secret)
+        self._now_us = max(self._now_us, now_us)
+        self._next_expiry_us = 0
+
     def restore(self, key: str, first_accepted_us: int) -> None:
-        """Rebuild from durable history; call in ``first_accepted_us`` order."""
-        hi, lo = key_digest(key)
-        if self._held.find(hi, lo)[0] >= 0:
-            return
+        """Rebuild from durable history; call in ``first_accepted_us`` order. A key accepted again after it
+        left the window has a row per acceptance until pruning: the later one replaces the earlier."""
+        hi, lo = self._digest(key)
+        slot, t0 = self._held.find(hi, lo)
+        if slot >= 0:
+            if t0 >= first_accepted_us:
+                return
+            self._held.remove(slot)
         self._now_us = max(self._now_us, first_accepted_us)
         self._held.append(hi, lo, first_accepted_us)
         self._next_expiry_us = 0
@@ -375,6 +475,15 @@ class DuplicateDetector:
             return False
         self.index.restore(key, first_accepted_us)
         return True
+
+    def dump(self, file: BinaryIO) -> None:
+        """An image of the held keys (see ``DedupIndex.dump``)."""
+        self.index.dump(file)
+
+    def load_image(self, file: BinaryIO, length: int, crc: int) -> None:
+        """Hold the keys of an image ``dump`` wrote (see ``DedupIndex.load_image``); keys that left the
+        window since go at the next check."""
+        self.index.load_image(file, length, crc)
 
     def expire(self, now_us: int) -> int:
         """Let the keys whose window has passed go; returns how many went."""

@@ -23,7 +23,10 @@ id                         text in the key
 
 from __future__ import annotations
 
+import hashlib
+import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from oncebus.core.errors import InvalidArgumentError
@@ -92,16 +95,28 @@ def key_text(message_id: MessageId, partition_key: MessageId | None) -> str:
     return f"{len(pk)}:{pk}{id_text(message_id)}"
 
 
-def key_digest(text: str) -> tuple[int, int]:
-    """A 128-bit digest of a key's text for the in-memory index: two keyed 64-bit SipHash values.
+def keyed_digest(secret: bytes) -> Callable[[str], tuple[int, int]]:
+    """A 128-bit digest of a key's text for the in-memory index, as two 64-bit halves: BLAKE2b keyed with
+    ``secret`` (16 bytes), so nobody who does not know it can choose ids that collide in the index's table.
 
-    Python's string hash is SipHash with a random per-process key, computed once per string;
-    the second half hashes the text with a separator appended, so the halves are independent.
-    Digests are never stored (the store keeps the key text and the index is rebuilt from it),
-    so their changing from one process to the next does not matter. A false duplicate needs
-    two keys colliding on all 128 bits: about 1 in 10^24 for ten million keys held.
+    The same secret gives the same digests in every process: an index written to disk at shutdown
+    (``DedupIndex.dump``) keeps its secret and is read back as it is. A false duplicate needs two keys
+    colliding on all 128 bits: about 1 in 10^24 for ten million keys held.
     """
-    return hash(text) & _MASK64, hash(text + "\x1f") & _MASK64
+    copy = hashlib.blake2b(digest_size=16, key=secret).copy
+    from_bytes = int.from_bytes
+
+    def digest(text: str) -> tuple[int, int]:
+        h = copy()
+        h.update(text.encode("utf-8", "surrogatepass"))
+        value = from_bytes(h.digest(), "little")
+        return value >> 64, value & _MASK64
+
+    return digest
+
+
+DIGEST_SECRET = os.urandom(16)  # this process's, for indexes not read from disk
+key_digest = keyed_digest(DIGEST_SECRET)
 
 
 def normalize_message_id(value: object, *, name: str = "message_id") -> MessageId:

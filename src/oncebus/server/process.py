@@ -28,7 +28,7 @@ from oncebus.server.certs import ensure_certificates
 from oncebus.server.control import ControlServer
 from oncebus.server.datadir import DataDir
 from oncebus.server.front import Front, open_front
-from oncebus.server.runtime import tune_gc
+from oncebus.server.runtime import freeze_again, tune_gc
 from oncebus.store.sendlog import SendLogWriter
 from oncebus.store.sqlite import SqliteStore
 
@@ -101,7 +101,9 @@ async def run(
     store = SqliteStore(datadir.store_path)
     send_log = SendLogWriter(options.send_log) if options.send_log else None
     clock = FileClock(options.clock_file) if options.clock_file else SystemClock()
-    namespace = await Namespace.open(store, clock, send_log=send_log, reencode=reencode)  # rule actions' copies
+    namespace = await Namespace.open(  # reencode: rule actions' copies; the stored messages load while it serves
+        store, clock, send_log=send_log, reencode=reencode, backlog_in_background=True
+    )
     if topology is not None:
         from oncebus.server.topology import apply_topology
 
@@ -126,6 +128,7 @@ async def run(
     }
     front: Front | None = None
     timers: asyncio.Task[None] | None = None
+    settled: asyncio.Task[None] | None = None
     loop = asyncio.get_running_loop()
     stop = stop if stop is not None else asyncio.Event()
     try:
@@ -145,6 +148,7 @@ async def run(
             raise ServeError(f"cannot listen: {exc}") from exc
         info.update(front.info())
         timers = asyncio.create_task(namespace.run_timers(0.05 if options.clock_file else 0.5))
+        settled = asyncio.create_task(_tune_gc_when_loaded(namespace))
         datadir.write_server_info(info)
         if install_signal_handlers:
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -167,6 +171,8 @@ async def run(
     finally:
         if timers is not None:
             timers.cancel()
+        if settled is not None:
+            settled.cancel()
         if install_signal_handlers:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
@@ -180,3 +186,10 @@ async def run(
             send_log.close()
         datadir.unlock()
     return 0
+
+
+async def _tune_gc_when_loaded(namespace: Namespace) -> None:
+    """Once the stored messages are in memory (restored after ready), the collector leaves them alone too."""
+    with contextlib.suppress(OncebusError):
+        await namespace.backlog_restored()
+    freeze_again()

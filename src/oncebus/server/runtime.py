@@ -14,3 +14,10 @@ GC_THRESHOLDS = (50_000, 20, 100)
 def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
     gc.freeze()  # what was loaded at start is not scanned again
+
+
+def freeze_again() -> None:
+    """After the stored messages were restored (after ready): they are not scanned again either, unless the
+    collector is no longer tuned (a test process running serve in a thread puts its own settings back)."""
+    if gc.get_threshold() == GC_THRESHOLDS:
+        gc.freeze()

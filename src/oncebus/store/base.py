@@ -17,12 +17,13 @@ it is too.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from oncebus.core.messages import StoredMessage
+from oncebus.store.dedup_images import DedupImage
 
 DLQ_SUFFIX = "/$deadletterqueue"
 SETTLEMENT_SYNC_SECONDS = 0.1  # a settlement confirmed before its sync is synced within this (while the store runs)
@@ -163,10 +164,18 @@ class Snapshot:
 
     entities: list[PutEntity] = field(default_factory=list)
     messages: Iterable[MessageRow] = ()  # by path, then sequence number; read once (may be a cursor)
-    dedup_keys: list[PutDedupKey] = field(default_factory=list)  # ordered by first_accepted_us
+    # the keys of each queue or topic with duplicate detection and no image, each entity's by first_accepted_us
+    # (read once: may be a cursor); a key with several rows (accepted again after it left the window) may come
+    # once per row, the latest last
+    dedup_keys: Iterable[PutDedupKey] = field(default_factory=list)
     session_states: list[PutSessionState] = field(default_factory=list)
     counters: dict[str, AddCounters] = field(default_factory=dict)  # totals
     rules: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # subscription path -> its rules
+    # entity -> an image of its dedup index to load in bulk (its keys are then not in dedup_keys); see
+    # store/dedup_images.py. An entity whose image fails to load rebuilds from ``keys_of(entity)``.
+    dedup_images: dict[str, DedupImage] = field(default_factory=dict)
+    newest_key_us: int = 0  # the newest first_accepted_us of any key held (images included)
+    keys_of: Callable[[str], Iterable[PutDedupKey]] = lambda entity: ()
 
 
 class Store(Protocol):

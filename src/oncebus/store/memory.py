@@ -59,6 +59,7 @@ class MemoryStore:
                 entities=list(self.entities.values()),
                 messages=[_row(m) for _, m in sorted(self.messages.items())],
                 dedup_keys=[PutDedupKey(e, k, t) for (e, k), t in keys],
+                newest_key_us=max(self.dedup.values(), default=0),
                 session_states=[PutSessionState(p, s, st) for (p, s), st in self.sessions.items()],
                 counters={
                     e: AddCounters(e, c.next_sequence_number, dict(c.counters)) for e, c in self.counters.items()

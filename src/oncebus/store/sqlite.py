@@ -39,12 +39,13 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
 from oncebus.core.errors import StoreError, StoreWriteError
 from oncebus.core.messages import StoredMessage
+from oncebus.store import dedup_images
 from oncebus.store import sqlite_layout as layout
 from oncebus.store.base import (
     SETTLEMENT_SYNC_SECONDS,
@@ -95,6 +96,9 @@ class SqliteStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.wal_path = self.path.with_name(self.path.name + "-wal")
+        self.image_path = dedup_images.image_path(self.path)
+        self._keep_images: Callable[[], Iterable[tuple[str, dedup_images.Dumpable]]] | None = None
+        self._failures_at_load = 0  # a write failed since the broker last loaded: its memory may hold more
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = self._connect()
@@ -181,6 +185,7 @@ class SqliteStore:
 
     def load(self) -> Snapshot:
         with self._lock:
+            self._failures_at_load = self.failures
             try:
                 return self._load()
             except (sqlite3.Error, ValueError, TypeError, KeyError) as exc:
@@ -201,16 +206,38 @@ class SqliteStore:
         return self._reader
 
     def _message_rows(self) -> Iterator[MessageRow]:
-        """Every stored message's in-memory part, by path and sequence number, read lazily (never its content)."""
+        """Every stored message's in-memory part, by path and sequence number, read lazily (never its content),
+        as the store is now: a read transaction (begun here, with the first rows) on a connection of its own,
+        so the broker may restore them while it serves and commits more (``read_messages`` sees those)."""
+        db = None
         try:
-            cursor = self._read_connection().execute(layout.SELECT_ROWS)
-            while rows := cursor.fetchmany(4096):
-                yield from rows
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA query_only=ON")
+            cursor = db.execute(layout.SELECT_ROWS)
+            first = cursor.fetchmany(4096)
         except sqlite3.Error as exc:
-            raise StoreError(
-                f"{self.path} could not be read ({_reason(exc)}): the file is damaged; restore it from a "
-                "backup, or move it (and its -wal file) away to start with an empty store"
-            ) from None
+            if db is not None:
+                db.close()
+            raise self._damaged(exc) from None
+        return self._more_rows(db, cursor, first)
+
+    def _more_rows(
+        self, db: sqlite3.Connection, cursor: sqlite3.Cursor, rows: list[MessageRow]
+    ) -> Iterator[MessageRow]:
+        try:
+            while rows:
+                yield from rows
+                rows = cursor.fetchmany(4096)
+        except sqlite3.Error as exc:
+            raise self._damaged(exc) from None
+        finally:
+            db.close()
+
+    def _damaged(self, exc: BaseException) -> StoreError:
+        return StoreError(
+            f"{self.path} could not be read ({_reason(exc)}): the file is damaged; restore it from a "
+            "backup, or move it (and its -wal file) away to start with an empty store"
+        )
 
     def read_messages(self, path: str, sequence_numbers: Sequence[int]) -> dict[int, StoredMessage]:
         """The content of committed messages (those found), on the caller's thread (a read connection of its own)."""
@@ -225,11 +252,22 @@ class SqliteStore:
         for path, kind, props in db.execute("SELECT path, kind, properties FROM entity"):
             snapshot.entities.append(PutEntity(path, kind, json.loads(props)))
         snapshot.messages = self._message_rows()
-        # a key accepted again after it left the window has two rows until pruning: the newest counts
-        for entity, key, t0 in db.execute(
-            "SELECT entity, key, MAX(first_accepted_us) AS t0 FROM dedup_key GROUP BY entity, key ORDER BY t0"
-        ):
-            snapshot.dedup_keys.append(PutDedupKey(entity, key, t0))
+        images = dedup_images.take(db, self.image_path)  # good for this start only: its token is gone now
+        snapshot.dedup_images = {e.path: images[e.path] for e in snapshot.entities if e.path in images}
+        snapshot.newest_key_us = max(
+            (layout.newest_key_us(db, e.path) for e in snapshot.entities if e.kind != "subscription"), default=0
+        )
+        snapshot.keys_of = self._keys_of
+        # an entity without an image: its keys from the rows (each entity's range of the primary key)
+        snapshot.dedup_keys = self._key_rows(
+            [
+                record.path
+                for record in snapshot.entities
+                if record.kind != "subscription"
+                and record.properties.get("requires_duplicate_detection")
+                and record.path not in snapshot.dedup_images
+            ]
+        )
         for path, sid, state in db.execute("SELECT path, session_id, state FROM session_state"):
             snapshot.session_states.append(PutSessionState(path, sid, bytes(state)))
         for entity, next_seq, counters in db.execute("SELECT entity, next_sequence_number, counters FROM counters"):
@@ -237,6 +275,42 @@ class SqliteStore:
         for path, rules in db.execute("SELECT path, rules FROM subscription_rules"):
             snapshot.rules[path] = json.loads(rules)
         return snapshot
+
+    def _keys_of(self, entity: str) -> Iterator[PutDedupKey]:
+        """One entity's keys from the rows (its image did not load), in ``first_accepted_us`` order."""
+        return self._key_rows([entity])
+
+    def _key_rows(self, entities: list[str]) -> Iterator[PutDedupKey]:
+        """The keys of ``entities`` as the store is now (a read transaction of its own, begun here), streamed."""
+        db = None
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA query_only=ON")
+            db.execute("BEGIN")
+            db.execute("SELECT count(*) FROM entity").fetchone()  # the read transaction starts here
+        except sqlite3.Error as exc:
+            if db is not None:
+                db.close()
+            raise self._damaged(exc) from None
+        return self._more_keys(db, entities)
+
+    def _more_keys(self, db: sqlite3.Connection, entities: list[str]) -> Iterator[PutDedupKey]:
+        try:
+            for entity in entities:
+                cursor = db.execute(layout.SELECT_KEYS_OF, (entity,))
+                while rows := cursor.fetchmany(4096):
+                    for key, t0 in rows:
+                        yield PutDedupKey(entity, key, t0)
+        except sqlite3.Error as exc:
+            raise self._damaged(exc) from None
+        finally:
+            db.close()
+
+    def keep_dedup_images(self, indexes: Callable[[], Iterable[tuple[str, dedup_images.Dumpable]]]) -> None:
+        """At ``close``, once every unit is committed, write images of ``indexes()`` for the next start, unless a
+        write failed since the last ``load`` (the broker's memory may then hold a key the store does not, even if
+        it has not heard of the failure yet); see ``dedup_images``."""
+        self._keep_images = indexes
 
     def submit(self, unit: Sequence[Op], *, durable: bool = True) -> Future[None]:
         future: Future[None] = Future()
@@ -631,9 +705,26 @@ class SqliteStore:
                     self._sync()
                 except OSError as exc:
                     _LOG.warning("could not sync %s on close: %s", self.wal_path, exc)
+            self._save_images()
             self._db.close()
             if self._reader is not None:
                 self._reader.close()
+
+    def _save_images(self) -> None:
+        keep, self._keep_images = self._keep_images, None
+        try:
+            if keep is None:
+                return
+            if self.failures == self._failures_at_load and self._writer_clean():
+                dedup_images.save(self._db, self.image_path, keep())
+            else:
+                dedup_images.discard(self.image_path)
+        except (OSError, sqlite3.Error) as exc:  # the next start rebuilds the indexes from the rows
+            _LOG.warning("could not write the dedup index images to %s: %s", self.image_path, _reason(exc))
+
+    def _writer_clean(self) -> bool:
+        """Whether every unit submitted was committed (the writer stopped with an empty queue)."""
+        return self._queue.empty() and not self._writer.is_alive()
 
 
 def _open_error(path: Path, exc: BaseException) -> StoreError:

@@ -11,7 +11,10 @@ Schema versions (``PRAGMA user_version``):
   start (state, times, size, session id; small rows, read fast), ``message_data`` its
   content (the wire encoding, and the body only where it is not a slice of the encoding,
   plus the other fields as JSON), read when the message is delivered. A message deleted
-  from ``message`` takes its content with it (trigger).
+  from ``message`` takes its content with it (trigger);
+- 4: table ``dedup_snapshot``: the token of the dedup index images written at the last clean shutdown
+  (see ``oncebus.store.dedup_images``); an older file gets the empty table (no images: keys are
+  rebuilt from ``dedup_key`` once).
 
 An older file is migrated in place in one transaction (all or nothing); a newer one is refused.
 """
@@ -27,7 +30,7 @@ from oncebus.core.keys import migrate_key_text_v0
 from oncebus.core.messages import StoredMessage
 from oncebus.core.rules import default_rule
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entity (
@@ -57,6 +60,10 @@ CREATE TABLE IF NOT EXISTS counters (
 CREATE TABLE IF NOT EXISTS subscription_rules (
     path TEXT PRIMARY KEY,
     rules TEXT NOT NULL
+);
+-- schema 4: at most one row, the token of the dedup images file valid for the next start only
+CREATE TABLE IF NOT EXISTS dedup_snapshot (
+    token BLOB NOT NULL
 );
 """
 
@@ -96,6 +103,8 @@ INSERT_MESSAGE = (
 )
 INSERT_DATA = "INSERT INTO message_data (id, meta, body, body_offset, body_length, wire) VALUES (?, ?, ?, ?, ?, ?)"
 INSERT_KEY = "INSERT OR REPLACE INTO dedup_key (entity, first_accepted_us, key) VALUES (?, ?, ?)"
+# the primary key's order (no sort): a key accepted again has a later row, which replaces the earlier one
+SELECT_KEYS_OF = "SELECT key, first_accepted_us FROM dedup_key WHERE entity = ? ORDER BY first_accepted_us"
 DELETE_MESSAGE = "DELETE FROM message WHERE path = ? AND sequence_number = ?"
 SELECT_ROWS = (
     "SELECT path, sequence_number, state, delivery_count, enqueued_time_us, expires_at_us, size, session_id"
@@ -142,6 +151,12 @@ def message_rows(m: StoredMessage, data_id: int) -> tuple[tuple[object, ...], tu
         m.dead_letter_source,
     )
     return light, (data_id, m.meta_json(), body, offset, length, wire)
+
+
+def newest_key_us(db: sqlite3.Connection, entity: str) -> int:
+    """The newest ``first_accepted_us`` of an entity's keys (0 without keys), from the primary key's order."""
+    row = db.execute("SELECT MAX(first_accepted_us) FROM dedup_key WHERE entity = ?", (entity,)).fetchone()
+    return row[0] or 0
 
 
 def read_content(db: sqlite3.Connection, path: str, sequence_numbers: Sequence[int]) -> dict[int, StoredMessage]:
@@ -201,6 +216,8 @@ def migrate(db: sqlite3.Connection, version: int) -> None:
         _rules_v1_to_v2(db)
     if version < 3:
         _messages_v2_to_v3(db)
+    if version < 4:  # an older release never wrote images: the new table starts empty
+        db.execute("CREATE TABLE IF NOT EXISTS dedup_snapshot (token BLOB NOT NULL)")
 
 
 def _keys_v0_to_v1(db: sqlite3.Connection) -> None:

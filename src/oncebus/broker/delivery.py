@@ -1,0 +1,393 @@
+"""Receiving, settling and sessions: the part of :class:`~oncebus.broker.namespace.Namespace` that hands
+messages out and takes their outcomes back (a mixin: the namespace's state is its own).
+
+A message is taken from its receivable under a lock (peek-lock) or removed
+(receive-and-delete); its content is read through the content cache; an
+outcome (complete, abandon, defer, dead-letter) is one unit in the journal,
+applied in memory once committed. Sessions lock a session id of a receivable
+for one receiver at a time and keep its state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from oncebus.broker.clock import Clock
+from oncebus.broker.contents import ContentCache
+from oncebus.broker.journal import Journal
+from oncebus.broker.receivable import Entry, Receivable, SessionLock
+from oncebus.broker.registry import Entity, EntityKind, Registry
+from oncebus.broker.signals import ChangeSignal
+from oncebus.broker.upkeep import pump_forwarding
+from oncebus.core.errors import (
+    InvalidArgumentError,
+    MessageLockLostError,
+    MessageNotFoundError,
+    OperationTimeoutError,
+    SessionCannotBeLockedError,
+    SessionLockLostError,
+)
+from oncebus.core.keys import validate_ids
+from oncebus.core.messages import (
+    MessageState,
+    ReceivedMessage,
+    ServiceBusReceiveMode,
+    StoredMessage,
+)
+from oncebus.core.timeutil import clamp_us, us_to_datetime
+from oncebus.store.base import (
+    Op,
+    PutSessionState,
+    Store,
+    UpdateMessage,
+)
+
+_LOG = logging.getLogger("oncebus.broker")
+
+
+class Delivery:
+    """Receiving, settling and sessions, mixed into ``Namespace``."""
+
+    clock: Clock
+    store: Store
+    _registry: Registry
+    _journal: Journal
+    _contents: ContentCache
+    _changes: ChangeSignal
+
+    if TYPE_CHECKING:  # the namespace's own, used here
+
+        def _now(self) -> int: ...
+        def _check_alive(self) -> None: ...
+        def _require_backlog(self) -> None: ...
+        def _notify(self) -> None: ...
+        async def _wait(self, deadline: float | None) -> bool: ...
+        async def _write(self, ops: Sequence[Op]) -> None: ...
+        def _write_later(self, ops: Sequence[Op]) -> None: ...
+        def _note_moves(self, ops: Sequence[Op]) -> Callable[[], None] | None: ...
+        def _entity(self, name: str, kind: EntityKind | None = None) -> Entity: ...
+        def _touch(self, path: str) -> None: ...
+        def receivable(self, path: str) -> Receivable: ...
+
+    # ------------------------------------------------------------------------------ receiving
+    async def receive(
+        self,
+        path: str,
+        max_message_count: int = 1,
+        *,
+        receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
+        max_wait_time: float | None = 0.0,
+        session: SessionLock | None = None,
+    ) -> list[ReceivedMessage]:
+        """Receive up to ``max_message_count`` messages, waiting up to ``max_wait_time`` s for the first.
+
+        ``max_wait_time=None`` waits until a message arrives.
+        """
+        await self._backlog_restored()
+        if max_message_count < 1:
+            raise InvalidArgumentError(f"max_message_count must be at least 1, not {max_message_count}")
+        loop = asyncio.get_running_loop()
+        deadline = None if max_wait_time is None else loop.time() + max_wait_time
+        while True:
+            receivable = self.receivable(path)
+            session_id = self._check_session(receivable, session, path)
+            got: list[Entry] = []
+            while len(got) < max_message_count:
+                message = receivable.take(session_id)
+                if message is None:
+                    break
+                got.append(message)
+            if got:
+                return await self._deliver(receivable, got, receive_mode, session)
+            if not await self._wait(deadline):
+                return []
+
+    def _check_session(self, receivable: Receivable, session: SessionLock | None, path: str) -> str | None:
+        if receivable.settings.requires_session and not receivable.is_dead_letter:
+            if session is None:
+                raise InvalidArgumentError(
+                    f"It is not possible for an entity that requires sessions to create a non-sessionful "
+                    f"message receiver: {path!r} requires sessions; accept a session first"
+                )
+            self._session_lock(receivable, session)
+            return session.session_id
+        if session is not None:
+            raise InvalidArgumentError(f"{path!r} does not require sessions; receive without a session")
+        return None
+
+    def _session_lock(self, receivable: Receivable, session: SessionLock) -> SessionLock:
+        current = receivable.sessions.get(session.session_id)
+        if current is None or current.lock_token != session.lock_token:
+            raise SessionLockLostError(
+                f"the lock on session {session.session_id!r} of {receivable.path!r} was lost "
+                "(it expired or was closed); accept the session again"
+            )
+        return current
+
+    def _contents_of(self, receivable: Receivable, entries: list[Entry]) -> list[tuple[Entry, StoredMessage]]:
+        """Each entry with its content (read from the cache or the store), its state as held now."""
+        records = self._contents.read(receivable.path, [e.sequence_number for e in entries])
+        out = []
+        for entry in entries:
+            record = records.get(entry.sequence_number)
+            if record is None:  # memory and store disagree: the store is what was acknowledged
+                _LOG.error("message %d of %s is not in the store; dropped", entry.sequence_number, receivable.path)
+                receivable.remove(entry)
+                continue
+            record.state = entry.state
+            record.delivery_count = entry.delivery_count
+            record.enqueued_time_us = entry.enqueued_time_us
+            record.expires_at_us = entry.expires_at_us
+            record.lock_token = entry.lock_token
+            record.locked_until_us = entry.locked_until_us
+            out.append((entry, record))
+        return out
+
+    async def _deliver(
+        self,
+        receivable: Receivable,
+        entries: list[Entry],
+        mode: ServiceBusReceiveMode,
+        session: SessionLock | None,
+    ) -> list[ReceivedMessage]:
+        now = self._now()
+        receivable.counters.received += len(entries)
+        if mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
+            ops: list[Op] = []
+            for entry in entries:
+                entry.delivery_count += 1
+            delivered = self._contents_of(receivable, entries)
+            for entry, _ in delivered:
+                ops += receivable.remove(entry)
+                self._contents.discard(receivable.path, entry.sequence_number)
+            await self._write(ops)
+            return [ReceivedMessage.of(record) for _, record in delivered]
+        for entry in entries:
+            entry.delivery_count += 1
+            receivable.lock(entry, now, session)
+        return [ReceivedMessage.of(record) for _, record in self._contents_of(receivable, entries)]
+
+    def _locked(self, path: str, lock_token: uuid.UUID | str) -> tuple[Receivable, Entry]:
+        receivable = self.receivable(path)
+        token = lock_token if isinstance(lock_token, uuid.UUID) else uuid.UUID(str(lock_token))
+        seq = receivable.locks.get(token)
+        if seq is None:
+            why = receivable.lost_tokens.get(token)
+            if why == "session":
+                raise SessionLockLostError(
+                    "The session lock has expired on the MessageSession. Accept a new MessageSession."
+                )
+            raise MessageLockLostError(
+                f"The lock supplied is invalid. Either the lock expired, or the message has already been "
+                f"removed from the queue ({receivable.path}, lock token {token})"
+            )
+        message = receivable.messages[seq]
+        if receivable.settings.requires_session and message.session_id in receivable.sessions:
+            session = receivable.sessions[message.session_id or ""]
+            if token not in session.locked_messages:
+                raise SessionLockLostError("the session lock that delivered this message was lost")
+        return receivable, message
+
+    async def complete(self, path: str, lock_token: uuid.UUID | str) -> None:
+        await self._settle(self._completion(path, lock_token))
+
+    def complete_soon(self, path: str, lock_token: uuid.UUID, done: Callable[[BaseException | None], None]) -> None:
+        """``complete`` without a coroutine (the receive link's path): raises what it raises at once, else
+        ``done(error)`` runs on the loop when the completion is committed (``None``) or failed."""
+        self._check_alive()
+        self._journal.settle(self._completion(path, lock_token), done)
+
+    def _completion(self, path: str, lock_token: uuid.UUID | str) -> list[Op]:
+        receivable, message = self._locked(path, lock_token)
+        ops = receivable.remove(message)
+        self._contents.discard(receivable.path, message.sequence_number)
+        receivable.counters.completed += 1
+        self._drop_session_token(receivable, message)
+        return ops
+
+    async def abandon(
+        self, path: str, lock_token: uuid.UUID | str, properties_to_modify: dict[str, Any] | None = None
+    ) -> None:
+        receivable, message = self._locked(path, lock_token)
+        if properties_to_modify:
+            self._contents.discard(receivable.path, message.sequence_number)  # read again, modified
+        self._drop_session_token(receivable, message)
+        receivable.counters.abandoned += 1
+        seq = message.sequence_number
+        # its delivery count (and modified properties) first: they go along if it moves to the dead letters
+        ops: list[Op] = [
+            UpdateMessage(receivable.path, seq, int(message.state), message.delivery_count, properties_to_modify)
+        ]
+        ops += receivable.unlock(message, self._now())
+        self._notify()
+        await self._settle(ops)
+
+    async def defer(self, path: str, lock_token: uuid.UUID | str) -> None:
+        receivable, message = self._locked(path, lock_token)
+        self._drop_session_token(receivable, message)
+        receivable.set_state(message, MessageState.DEFERRED)
+        receivable.counters.deferred += 1
+        receivable.unlock(message, self._now())
+        update = UpdateMessage(receivable.path, message.sequence_number, int(message.state), message.delivery_count)
+        await self._settle([update])
+
+    async def dead_letter(
+        self,
+        path: str,
+        lock_token: uuid.UUID | str,
+        reason: str | None = None,
+        error_description: str | None = None,
+    ) -> None:
+        receivable, message = self._locked(path, lock_token)
+        if receivable.is_dead_letter:
+            raise InvalidArgumentError("a message in a dead-letter queue cannot be dead-lettered again")
+        self._drop_session_token(receivable, message)
+        ops = receivable.move_to_dead_letter(message, reason, error_description)
+        await self._settle(ops)
+        forwarded = pump_forwarding(self._registry, self._router, self._now(), self._contents)
+        self._write_later(forwarded)  # forwards dead letters now
+
+    async def _settle(self, ops: list[Op]) -> None:
+        """Settlements are confirmed once committed, before their fsync (docs/store.md): a completed message
+        never comes back after a crash of the process, and may after a power failure (at least once)."""
+        await self._journal.write(ops, self._note_moves(ops), durable=False)
+
+    def _drop_session_token(self, receivable: Receivable, message: Entry) -> None:
+        if message.session_id is not None and message.lock_token is not None:
+            session = receivable.sessions.get(message.session_id)
+            if session is not None:
+                session.locked_messages.discard(message.lock_token)
+
+    async def renew_lock(self, path: str, lock_token: uuid.UUID | str) -> datetime:
+        receivable, message = self._locked(path, lock_token)
+        if receivable.settings.requires_session and not receivable.is_dead_letter:
+            session = receivable.sessions[message.session_id or ""]
+            return us_to_datetime(session.locked_until_us)
+        message.locked_until_us = clamp_us(self._now() + receivable.settings.lock_duration_us)
+        receivable.push_lock_expiry(message)
+        assert message.locked_until_us is not None
+        return us_to_datetime(message.locked_until_us)
+
+    async def receive_deferred_messages(
+        self,
+        path: str,
+        sequence_numbers: Iterable[int],
+        *,
+        receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
+        session: SessionLock | None = None,
+    ) -> list[ReceivedMessage]:
+        await self._backlog_restored()
+        receivable = self.receivable(path)
+        session_id = self._check_session(receivable, session, path)
+        found = []
+        for seq in sequence_numbers:
+            message = receivable.messages.get(seq)
+            if (
+                message is None
+                or message.state != MessageState.DEFERRED
+                or message.lock_token is not None
+                or (session_id is not None and message.session_id != session_id)
+            ):
+                raise MessageNotFoundError(
+                    f"Failed to lock one or more specified messages. Either the message is not deferred or "
+                    f"already locked: no deferred message with sequence number {seq} in {receivable.path!r}"
+                )
+            found.append(message)
+        return await self._deliver(receivable, found, receive_mode, session)
+
+    def peek_messages(
+        self,
+        path: str,
+        max_message_count: int = 1,
+        *,
+        sequence_number: int = 0,
+        session_id: str | None = None,
+    ) -> list[ReceivedMessage]:
+        """Messages from ``sequence_number`` on, in order, whatever their state; nothing is locked."""
+        self._require_backlog()
+        receivable = self.receivable(path)
+        chosen = sorted(
+            seq
+            for seq, m in receivable.messages.items()
+            if seq >= sequence_number and (session_id is None or m.session_id == session_id)
+        )[:max_message_count]
+        entries = [receivable.messages[seq] for seq in chosen]
+        return [ReceivedMessage.of(record) for _, record in self._contents_of(receivable, entries)]
+
+    # ------------------------------------------------------------------------------ sessions
+    async def accept_session(
+        self, path: str, session_id: str | None = None, *, max_wait_time: float | None = 0.0
+    ) -> SessionLock:
+        """Lock a named session, or the next session with available messages."""
+        await self._backlog_restored()
+        loop = asyncio.get_running_loop()
+        deadline = None if max_wait_time is None else loop.time() + max_wait_time
+        while True:
+            receivable = self.receivable(path)
+            if not receivable.settings.requires_session or receivable.is_dead_letter:
+                raise InvalidArgumentError(f"{path!r} does not require sessions; receive without a session")
+            now = self._now()
+            if session_id is not None:
+                validate_ids(None, None, session_id)
+                if session_id in receivable.sessions:
+                    raise SessionCannotBeLockedError(
+                        f"The requested session '{session_id}' cannot be accepted. It may be locked by another "
+                        "receiver."
+                    )
+                return self._lock_session(receivable, session_id, now)
+            candidate = receivable.next_available_session()
+            if candidate is not None:
+                return self._lock_session(receivable, candidate, now)
+            if not await self._wait(deadline):
+                raise OperationTimeoutError(f"no unlocked session with messages in {path!r} became available")
+
+    def _lock_session(self, receivable: Receivable, session_id: str, now: int) -> SessionLock:
+        lock = SessionLock(
+            receivable.path, session_id, uuid.uuid4(), clamp_us(now + receivable.settings.lock_duration_us)
+        )
+        receivable.sessions[session_id] = lock
+        return lock
+
+    async def renew_session_lock(self, session: SessionLock) -> datetime:
+        receivable = self.receivable(session.path)
+        current = self._session_lock(receivable, session)
+        current.locked_until_us = clamp_us(self._now() + receivable.settings.lock_duration_us)
+        for token in current.locked_messages:
+            seq = receivable.locks.get(token)
+            if seq is not None:
+                receivable.messages[seq].locked_until_us = current.locked_until_us
+        session.locked_until_us = current.locked_until_us
+        return us_to_datetime(current.locked_until_us)
+
+    async def close_session(self, session: SessionLock) -> None:
+        """Release a session lock; messages still locked under it become available again."""
+        receivable = self._registry.receivable_by_path(session.path)
+        if receivable is None:
+            return
+        current = receivable.sessions.get(session.session_id)
+        if current is not None and current.lock_token == session.lock_token:
+            self._write_later(receivable.release_session(session.session_id, self._now(), reason="session"))
+            self._notify()
+
+    async def get_session_state(self, session: SessionLock) -> bytes | None:
+        receivable = self.receivable(session.path)
+        self._session_lock(receivable, session)
+        return receivable.session_states.get(session.session_id)
+
+    async def set_session_state(self, session: SessionLock, state: bytes | None) -> None:
+        receivable = self.receivable(session.path)
+        self._session_lock(receivable, session)
+        if state is None:
+            receivable.session_states.pop(session.session_id, None)
+        else:
+            receivable.session_states[session.session_id] = bytes(state)
+        await self._write([PutSessionState(receivable.path, session.session_id, state)])
+
+    def list_sessions(self, path: str) -> list[str]:
+        self._require_backlog()
+        return self.receivable(path).session_ids()

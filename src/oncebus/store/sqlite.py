@@ -50,21 +50,17 @@ from oncebus.store import sqlite_layout as layout
 from oncebus.store.base import (
     SETTLEMENT_SYNC_SECONDS,
     AddCounters,
-    DeleteEntity,
     DeleteMessage,
     MessageRow,
     MoveMessage,
     Op,
-    PruneDedupKeys,
     PutDedupKey,
     PutEntity,
-    PutMessage,
-    PutRules,
     PutSessionState,
     Snapshot,
     UpdateMessage,
-    owned_ranges,
 )
+from oncebus.store.sqlite_apply import OpWriter
 from oncebus.store.sqlite_layout import SCHEMA_VERSION
 
 _LOG = logging.getLogger("oncebus.store")
@@ -129,7 +125,7 @@ class SqliteStore:
         self._submit_lock = threading.Lock()
         self._submitted = 0  # units queued so far (under _submit_lock)
         self._finished = 0  # units of those the writer has committed or failed (under _lock)
-        self._next_data_id = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM message_data").fetchone()[0]
+        self._ops = OpWriter(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM message_data").fetchone()[0])
         self._reader: sqlite3.Connection | None = None  # the caller's thread reads message content on its own
         self._reader_generation = -1
         # called on the writer thread after each commit with (seconds, units): metrics, see broker/counters.py
@@ -482,7 +478,7 @@ class SqliteStore:
             self._synchronous = synchronous
         db.execute("BEGIN IMMEDIATE")
         try:
-            self._apply_all(ops)
+            self._ops.apply_all(self._db, ops)
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:  # SQLite has already rolled back after some errors (disk full)
@@ -554,146 +550,6 @@ class SqliteStore:
             "database: everything committed is kept",
             self.path,
         )
-
-    def _apply_all(self, ops: list[Op]) -> None:
-        """Apply a group's operations with the same effect as one by one, in fewer statements.
-
-        Dedup keys and counters commute with message writes, so when the group
-        touches no entity definitions or history pruning they are written last,
-        and runs of message writes (and of message deletions) go through ``executemany``.
-        """
-        if any(isinstance(op, PutEntity | DeleteEntity | PruneDedupKeys | PutSessionState | PutRules) for op in ops):
-            for op in ops:
-                self._apply(op)
-            return
-        db = self._db
-        lights: list[tuple[object, ...]] = []
-        datas: list[tuple[object, ...]] = []
-        deletes: list[tuple[str, int]] = []
-        keys: list[tuple[str, int, str]] = []
-        counters: dict[str, AddCounters] = {}
-        message_rows = layout.message_rows
-        for op in ops:
-            if isinstance(op, PutMessage):
-                if deletes:
-                    self._flush(deletes, lights, datas)
-                self._next_data_id += 1
-                light, data = message_rows(op.message, self._next_data_id)
-                lights.append(light)
-                datas.append(data)
-                if op.dedup_key is not None:
-                    entity, key, t0 = op.dedup_key
-                    keys.append((entity, t0, key))
-            elif isinstance(op, DeleteMessage):
-                if lights:
-                    self._flush(deletes, lights, datas)
-                deletes.append((op.path, op.sequence_number))
-            elif isinstance(op, PutDedupKey):
-                keys.append((op.entity, op.first_accepted_us, op.key))
-            elif isinstance(op, AddCounters):
-                merged = counters.get(op.entity)
-                if merged is None:
-                    counters[op.entity] = AddCounters(op.entity, op.next_sequence_number, dict(op.counters))
-                else:
-                    merged.next_sequence_number = max(merged.next_sequence_number, op.next_sequence_number)
-                    for name, delta in op.counters.items():
-                        merged.counters[name] = merged.counters.get(name, 0) + delta
-            else:
-                self._flush(deletes, lights, datas)
-                self._apply(op)
-        self._flush(deletes, lights, datas)
-        if keys:
-            db.executemany(layout.INSERT_KEY, keys)
-        for op in counters.values():
-            self._apply(op)
-
-    def _flush(
-        self, deletes: list[tuple[str, int]], lights: list[tuple[object, ...]], datas: list[tuple[object, ...]]
-    ) -> None:
-        if datas:
-            self._db.executemany(layout.INSERT_DATA, datas)
-            self._db.executemany(layout.INSERT_MESSAGE, lights)
-            datas.clear()
-            lights.clear()
-        if deletes:
-            self._db.executemany(layout.DELETE_MESSAGE, deletes)
-            deletes.clear()
-
-    def _apply(self, op: Op) -> None:
-        db = self._db
-        match op:
-            case PutEntity(path=path, kind=kind, properties=props):
-                db.execute(
-                    "INSERT OR REPLACE INTO entity (path, kind, properties) VALUES (?, ?, ?)",
-                    (path, kind, json.dumps(props)),
-                )
-            case DeleteEntity(path=path):
-                # exactly what belongs to the entity (base.owned_by): never another entity named path + "/..."
-                (own, dead_letter), (low, high) = owned_ranges(path)
-                for table in ("entity", "message", "session_state", "subscription_rules"):
-                    db.execute(
-                        f"DELETE FROM {table} WHERE path IN (?, ?) OR (path >= ? AND path < ?)",
-                        (own, dead_letter, low, high),
-                    )
-                db.execute("DELETE FROM counters WHERE entity = ?", (path,))
-                db.execute("DELETE FROM dedup_key WHERE entity = ?", (path,))
-            case PutMessage(message=m, dedup_key=dedup_key):
-                self._next_data_id += 1
-                light, data = layout.message_rows(m, self._next_data_id)
-                db.execute(layout.INSERT_DATA, data)
-                db.execute(layout.INSERT_MESSAGE, light)
-                if dedup_key is not None:
-                    db.execute(layout.INSERT_KEY, (dedup_key[0], dedup_key[2], dedup_key[1]))
-            case UpdateMessage(path=path, sequence_number=seq, state=state, delivery_count=count):
-                db.execute(
-                    "UPDATE message SET state = ?, delivery_count = ? WHERE path = ? AND sequence_number = ?",
-                    (state, count, path, seq),
-                )
-                if op.application_properties:
-                    layout.patch_properties(db, path, seq, op.application_properties)
-            case MoveMessage(path=path, sequence_number=seq, to_path=to_path, state=state):
-                db.execute(
-                    "UPDATE message SET path = ?, state = ?, dead_letter_reason = ?, dead_letter_error_description = ?,"
-                    " dead_letter_source = ? WHERE path = ? AND sequence_number = ?",
-                    (
-                        to_path,
-                        state,
-                        op.dead_letter_reason,
-                        op.dead_letter_error_description,
-                        op.dead_letter_source,
-                        path,
-                        seq,
-                    ),
-                )
-            case DeleteMessage(path=path, sequence_number=seq):
-                db.execute(layout.DELETE_MESSAGE, (path, seq))
-            case PutDedupKey(entity=entity, key=key, first_accepted_us=t0):
-                db.execute(layout.INSERT_KEY, (entity, t0, key))
-            case PruneDedupKeys(entity=entity, accepted_before_us=before):
-                db.execute("DELETE FROM dedup_key WHERE entity = ? AND first_accepted_us < ?", (entity, before))
-            case PutSessionState(path=path, session_id=sid, state=state):
-                if state is None:
-                    db.execute("DELETE FROM session_state WHERE path = ? AND session_id = ?", (path, sid))
-                else:
-                    db.execute(
-                        "INSERT OR REPLACE INTO session_state (path, session_id, state) VALUES (?, ?, ?)",
-                        (path, sid, state),
-                    )
-            case PutRules(path=path, rules=rules):
-                db.execute(
-                    "INSERT OR REPLACE INTO subscription_rules (path, rules) VALUES (?, ?)", (path, json.dumps(rules))
-                )
-            case AddCounters(entity=entity, next_sequence_number=next_seq, counters=deltas):
-                row = db.execute(
-                    "SELECT next_sequence_number, counters FROM counters WHERE entity = ?", (entity,)
-                ).fetchone()
-                totals: dict[str, int] = {} if row is None else json.loads(row[1])
-                for name, delta in deltas.items():
-                    totals[name] = totals.get(name, 0) + delta
-                db.execute(
-                    "INSERT OR REPLACE INTO counters (entity, next_sequence_number, counters) VALUES (?, ?, ?)",
-                    (entity, next_seq if row is None else max(row[0], next_seq), json.dumps(totals)),
-                )
 
     def close(self) -> None:
         if self._writer.is_alive():

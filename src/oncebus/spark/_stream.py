@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -47,7 +48,7 @@ from oncebus.core.entities import DEFAULT_DUPLICATE_WINDOW
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.spark import _chain, _plan, _state
 from oncebus.spark._datasource import ORDERED_BY
-from oncebus.spark._files import StateFiles, state_files
+from oncebus.spark._files import StateFiles, local_directory, state_files
 from oncebus.spark._settings import resolve_settings
 from oncebus.spark._ticks import TICKS, TickDataSource
 
@@ -66,13 +67,34 @@ KEY_SCHEMA = T.StructType(
 STATE_KEY_SCHEMA = T.StructType(
     [T.StructField(name, T.LongType(), False) for name in ("__oncebus_h1", "__oncebus_h2", "__oncebus_t")]
 )
-LAYOUT = 2
+LAYOUT = 3  # bucketed key files read and written by executor tasks (_buckets), on a local or shared path
+LAYOUT_JOINED = 2  # key folders joined as DataFrames: state paths reached through Hadoop only
 # up to this many live keys per row to decide, the keys are sorted with the rows instead of being
 # probed by a broadcast semi-join first (which costs one more scan of the input)
 SHUFFLE_KEYS_UP_TO = 0.25
 _MANIFESTS_KEPT = 100
 ForeachBatch = Callable[[DataFrame, int], None]
 Clock = Callable[[], int]
+
+
+@dataclass
+class Seen:
+    """What the first scan of a micro-batch found, and the per-phase clock of the batch."""
+
+    prepared: DataFrame
+    rows: int
+    late: int
+    max_time: int | None
+    watermark: int
+    arrivals: list[list[int]]
+    held_before: int
+    timings: dict[str, float]
+    clock: list[float]
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name] = round(now - self.clock[0], 3)
+        self.clock[0] = now
 
 
 def _wall_clock_us() -> int:
@@ -181,6 +203,10 @@ class _Engine:
         self._files: StateFiles | None = None
         self.shuffle_keys_up_to = SHUFFLE_KEYS_UP_TO
         self._prepared_schema: T.StructType | None = None
+        # a state path (and output path) of plain files: tasks keep the state themselves (layout 3)
+        self.bucketed = local_directory(state_path) is not None and (
+            output_path is None or local_directory(output_path) is not None
+        )
 
     # -- manifests -----------------------------------------------------------------------------
     def _fs(self, spark: SparkSession) -> StateFiles:
@@ -214,8 +240,8 @@ class _Engine:
         """(H1, H2, T_US[, W_US]) of the keys recorded in ``folders`` (this layout's and the first one's;
         the first layout kept no window: null there)."""
         files = self._fs(spark)
-        current = [files.path(f["path"]) for f in folders if f.get("layout") == LAYOUT]
-        first = [files.path(f["path"]) for f in folders if f.get("layout") != LAYOUT]
+        current = [files.path(f["path"]) for f in folders if f.get("layout") == LAYOUT_JOINED]
+        first = [files.path(f["path"]) for f in folders if f.get("layout") not in (LAYOUT_JOINED, LAYOUT)]
         parts: list[DataFrame] = []
         names = [*STATE_KEY_SCHEMA.names, _plan.W_US] if with_window else STATE_KEY_SCHEMA.names
         if current:
@@ -254,23 +280,36 @@ class _Engine:
         rest = [f for f in live if f not in merge]
         if not stats["rows"]:
             return rest
-        merged = {"path": path, "rows": int(stats["rows"]), "max_t0": int(stats["max_t0"]), "layout": LAYOUT}
+        merged = {"path": path, "rows": int(stats["rows"]), "max_t0": int(stats["max_t0"]), "layout": LAYOUT_JOINED}
         return [merged, *rest]
 
     def process(self, batch: DataFrame, batch_id: int, *, flush: bool = False) -> dict[str, Any]:
         started = time.perf_counter()
-        now_us = self.clock()
         spark = batch.sparkSession
-        files = self._fs(spark)
         previous = self.previous_manifest(spark, batch_id)
+        seen = self._observe(batch, batch_id, previous, flush, started)
+        if seen is None:
+            return previous  # an idle tick: nothing arrived and nothing is due; no state to change
+        if self.bucketed:
+            from oncebus.spark import _bucketed
+
+            manifest = _bucketed.decide(self, spark, previous, seen, batch_id)
+        else:
+            manifest = self._decide_joined(spark, previous, seen, batch_id)
+        manifest["flushed"] = flush
+        seen.timings["total"] = round(time.perf_counter() - started, 3)
+        self._fs(spark).write_text(f"batches/{batch_id:020d}.json", json.dumps(manifest, indent=1))
+        self._previous = (batch_id, manifest)
+        self._clean(self._fs(spark), previous, manifest, batch_id)
+        return manifest
+
+    def _observe(
+        self, batch: DataFrame, batch_id: int, previous: dict[str, Any], flush: bool, started: float
+    ) -> Seen | None:
+        """What arrived (row count, newest time, late rows: one scan) and the batch's watermark; None for
+        an idle tick."""
+        now_us = self.clock()
         timings: dict[str, float] = {}
-
-        def lap(name: str, since: list[float] = [started]) -> None:  # noqa: B006 - a running clock
-            now = time.perf_counter()
-            timings[name] = round(now - since[0], 3)
-            since[0] = now
-
-        # 1. what arrived: row count, newest time, rows later than the previous watermark (one scan)
         prepared_new = _plan.prepare(batch, self.columns, self.default, self.per_entity, self.on_invalid)
         self._prepared_schema = prepared_new.schema
         previous_wm = previous["watermark_us"]
@@ -294,15 +333,68 @@ class _Engine:
         )
         if flush:
             watermark, arrivals = 2**62, []
-        lap("read")
+        assert watermark is not None or batch_rows == 0
         held_before = int(previous.get("counts", {}).get("held", 0)) if previous["held"] else 0
         replay_possible = self._previous is None  # the first batch of a run may replay one that wrote output
         if batch_rows == 0 and not flush and not replay_possible and (watermark == previous_wm or not held_before):
-            return previous  # an idle tick: nothing arrived and nothing is due; no state to change
+            return None
+        timings["read"] = round(time.perf_counter() - started, 3)
+        return Seen(
+            prepared=prepared_new,
+            rows=batch_rows,
+            late=int(stats["late"] or 0),
+            max_time=max_time,
+            watermark=watermark if watermark is not None else (previous_wm if previous_wm is not None else -(2**62)),
+            arrivals=arrivals,
+            held_before=held_before,
+            timings=timings,
+            clock=[time.perf_counter()],
+        )
 
-        # 2. the pool (new rows and rows held before) and the prior t0 of the keys about to be decided
+    def _manifest(
+        self,
+        previous: dict[str, Any],
+        seen: Seen,
+        batch_id: int,
+        folders: list[dict[str, Any]],
+        held: str | None,
+        counts: dict[str, int],
+        layout: int,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        return {
+            "layout": layout,
+            "batch_id": batch_id,
+            "watermark_us": seen.watermark,
+            "max_time_us": seen.max_time,
+            "max_out_of_order_us": self.bound_us,
+            "key_folders": folders,
+            "keys_held": sum(f["rows"] for f in folders),
+            "held": held,
+            "arrivals": seen.arrivals,
+            "ordered": self.ordered,
+            **extra,
+            "counts": {
+                "batch_rows": seen.rows,
+                "late": seen.late,
+                "decided": seen.rows + seen.held_before - counts["held"],
+                "held": counts["held"],
+                "kept": counts["kept"],
+                "kept_recorded": counts["recorded"],
+            },
+            "seconds": seen.timings,
+        }
+
+    def _decide_joined(
+        self, spark: SparkSession, previous: dict[str, Any], seen: Seen, batch_id: int
+    ) -> dict[str, Any]:
+        """Layout 2, for state paths Spark reaches only through Hadoop (HDFS, S3A...): the state's keys
+        are joined as DataFrames and the result is written three ways."""
+        files = self._fs(spark)
+        prepared_new, watermark, previous_wm = seen.prepared, seen.watermark, previous["watermark_us"]
+        lap = seen.lap
         pool = prepared_new
-        if held_before:
+        if seen.held_before:
             held_schema = T.StructType([f for f in prepared_new.schema.fields])
             pool = pool.unionByName(spark.read.schema(held_schema).parquet(files.path(previous["held"])))
         live = [
@@ -311,7 +403,7 @@ class _Engine:
         live = self._compact(spark, live, previous_wm, batch_id)
         lap("compact")
         seeds = self._key_folders(spark, live)
-        pool_rows = batch_rows + held_before
+        pool_rows = seen.rows + seen.held_before
         keys_live = sum(int(f["rows"]) for f in live)
         if seeds is not None and keys_live > self.shuffle_keys_up_to * pool_rows:
             # many keys held: scan them against the broadcast digests of the pool (one more scan of the
@@ -323,7 +415,7 @@ class _Engine:
                 how="left_semi",
             )
 
-        # 3. one pass decides every key: kept rows (recording their key or not) and rows still held
+        # one pass decides every key: kept rows (recording their key or not) and rows still held
         result = _plan.decide(pool, self.columns, seeds, watermark)
         result = result.persist(StorageLevel.MEMORY_AND_DISK)
         role = F.col(_plan.ROLE)
@@ -357,44 +449,19 @@ class _Engine:
         result.unpersist()
         recorded, held_rows = int(counts["recorded"] or 0), int(counts["held"] or 0)
 
-        # 4. the manifest names what the next batch reads; then what no batch will read again goes
+        # the manifest names what the next batch reads; then what no batch will read again goes
         folders = list(live)
         if recorded:
-            folders.append(
-                {
-                    "path": keys_path,
-                    "rows": recorded,
-                    "max_t0": int(counts["max_t0"]),
-                    "layout": LAYOUT,
-                }
-            )
-        manifest = {
-            "layout": LAYOUT,
-            "batch_id": batch_id,
-            "watermark_us": watermark,
-            "max_time_us": max_time,
-            "max_out_of_order_us": self.bound_us,
-            "key_folders": folders,
-            "keys_held": sum(f["rows"] for f in folders),
-            "held": held_path if held_rows else None,
-            "arrivals": arrivals,
-            "ordered": self.ordered,
-            "flushed": flush,
-            "counts": {
-                "batch_rows": batch_rows,
-                "late": int(stats["late"] or 0),
-                "decided": pool_rows - held_rows,
-                "held": held_rows,
-                "kept": int(counts["kept"] or 0),
-                "kept_recorded": recorded,
-            },
-            "seconds": timings,
-        }
-        timings["total"] = round(time.perf_counter() - started, 3)
-        files.write_text(f"batches/{batch_id:020d}.json", json.dumps(manifest, indent=1))
-        self._previous = (batch_id, manifest)
-        self._clean(files, previous, manifest, batch_id)
-        return manifest
+            folders.append({"path": keys_path, "rows": recorded, "max_t0": int(counts["max_t0"]), "layout": 2})
+        return self._manifest(
+            previous,
+            seen,
+            batch_id,
+            folders,
+            held_path if held_rows else None,
+            {"held": held_rows, "kept": int(counts["kept"] or 0), "recorded": recorded},
+            layout=2,
+        )
 
     def _clean(self, files: StateFiles, previous: dict[str, Any], manifest: dict[str, Any], batch_id: int) -> None:
         """Delete the folders neither this manifest nor the previous one lists (a replay of this batch
@@ -405,7 +472,13 @@ class _Engine:
             if name.startswith("c=") and name not in listed:
                 files.delete(name)
             elif name.startswith("b=") and int(name[2:]) < batch_id:
-                inside = [f"{name}/{part}" for part in files.list_names(name) if part.startswith(_plan.ROLE)]
+                if name in listed:  # layout 3: the batch's key files are listed, its held rows maybe not
+                    for part in ("held", "out"):
+                        if f"{name}/{part}" not in listed:
+                            files.delete(f"{name}/{part}")
+                    continue
+                parts = files.list_names(name)
+                inside = [f"{name}/{part}" for part in parts if part.startswith(_plan.ROLE) or part in ("held", "out")]
                 if not any(path in listed for path in inside):
                     files.delete(name)
                 else:

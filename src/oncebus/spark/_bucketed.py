@@ -1,0 +1,176 @@
+"""One micro-batch of ``deduplicate_stream`` on the bucketed state (layout 3; tasks in ``_buckets``).
+
+After the first scan (``_Engine._observe``: row count, newest time, watermark), one
+Spark job decides the batch: the new rows and the rows held before are spread by
+key digest over the state's buckets, sorted, and each bucket's task looks up its
+keys, applies the rule and writes keys, held rows and kept rows itself, returning
+a row of counts. No join, no cache, no second pass over the result.
+
+Old key folders are merged now and then by a job of one task per bucket
+(``CompactBuckets``). The state of an earlier layout (layout 1 ``keys/b=N``,
+layout 2 ``b=N/__oncebus_role=1``) is moved into buckets once, by the first batch
+that meets it (``WriteBucket``); its held rows are read like this layout's.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from oncebus.spark import _buckets, _plan, _state
+from oncebus.spark._files import local_directory
+
+if TYPE_CHECKING:
+    from oncebus.spark._stream import Seen, _Engine
+
+LAYOUT = 3
+STATS_SCHEMA = T.StructType([T.StructField(name, T.LongType(), True) for name in _buckets.STATS_FIELDS])
+
+
+def _collect(df: DataFrame) -> list[dict[str, int]]:
+    return [{k: (int(v) if v is not None else None) for k, v in row.asDict().items()} for row in df.collect()]
+
+
+def _folder_entry(path: str, stats: list[dict[str, int]]) -> dict[str, Any] | None:
+    rows = sum(s["recorded"] for s in stats)
+    if not rows:
+        return None
+    max_t0 = max(s["max_t0"] for s in stats if s["max_t0"] is not None)
+    return {"path": path, "rows": rows, "max_t0": max_t0, "layout": LAYOUT}
+
+
+def _migrate(
+    engine: _Engine, spark: SparkSession, old: list[dict[str, Any]], watermark: int | None, buckets: int, batch_id: int
+) -> dict[str, Any] | None:
+    """Move the key folders of an earlier layout into buckets (``c=N``), dropping keys past their window."""
+    files = engine._fs(spark)
+    keys = engine._key_folders(spark, old, with_window=True)
+    if keys is None:
+        return None
+    columns = (_plan.H1, _plan.H2, _plan.T_US, _plan.W_US)
+    alive = _state.compact(keys, columns, watermark, engine.max_window_us)
+    path = f"c={batch_id}"
+    files.delete(path)
+    spread = alive.repartition(buckets, F.col(_plan.H1)).sortWithinPartitions(_plan.H1, _plan.H2, _plan.T_US)
+    task = _buckets.WriteBucket(root=str(local_directory(files.root)), folder=path)
+    return _folder_entry(path, _collect(spread.mapInArrow(task, STATS_SCHEMA)))
+
+
+def _compact(
+    engine: _Engine, spark: SparkSession, live: list[dict[str, Any]], watermark: int | None, buckets: int, batch_id: int
+) -> list[dict[str, Any]]:
+    """Merge small old key folders into one (``c=N``), a task per bucket, dropping keys past their window."""
+    merge = _state.plan_compaction(live)
+    if not merge:
+        return live
+    files = engine._fs(spark)
+    path = f"c={batch_id}"
+    files.delete(path)
+    task = _buckets.CompactBuckets(
+        root=str(local_directory(files.root)),
+        folders=tuple(f["path"] for f in merge),
+        folder=path,
+        watermark=watermark,
+    )
+    stats = _collect(spark.range(0, buckets, 1, buckets).mapInArrow(task, STATS_SCHEMA))
+    merged = _folder_entry(path, stats)
+    rest = [f for f in live if f not in merge]
+    return [merged, *rest] if merged else rest
+
+
+def decide(
+    engine: _Engine, spark: SparkSession, previous: dict[str, Any], seen: Seen, batch_id: int
+) -> dict[str, Any]:
+    files = engine._fs(spark)
+    root = local_directory(files.root)
+    assert root is not None
+    previous_wm = previous["watermark_us"]
+    buckets = int(previous.get("buckets") or spark.conf.get("spark.sql.shuffle.partitions") or 2)
+
+    # the live key folders: whole folders past their window dropped; an earlier layout's moved into buckets;
+    # small ones merged
+    live = [
+        f for f in previous["key_folders"] if previous_wm is None or f["max_t0"] + engine.max_window_us > previous_wm
+    ]
+    earlier = [f for f in live if f.get("layout") != LAYOUT]
+    if earlier:
+        moved = _migrate(engine, spark, earlier, previous_wm, buckets, batch_id)
+        live = [f for f in live if f.get("layout") == LAYOUT] + ([moved] if moved else [])
+    else:
+        live = _compact(engine, spark, live, previous_wm, buckets, batch_id)
+    seen.lap("compact")
+
+    pool = seen.prepared
+    if seen.held_before:
+        held_schema = T.StructType(list(seen.prepared.schema.fields))
+        pool = pool.unionByName(spark.read.schema(held_schema).parquet(files.path(previous["held"])))
+    folder = f"b={batch_id}"
+    files.delete(folder)  # a replay starts clean
+    if engine.output_path is not None:
+        output = local_directory(engine.output_path)
+        assert output is not None
+        output_folder = output / f"batch_id={batch_id}"
+    else:
+        output_folder = root / folder / "out"
+    _clear(output_folder)
+    held_folder = None if engine.ordered else f"{folder}/held"
+    task = _buckets.BatchTask(
+        root=str(root),
+        batch_id=batch_id,
+        buckets=buckets,
+        watermark=seen.watermark,
+        previous_watermark=previous_wm,
+        key_folders=tuple(f["path"] for f in live),
+        keys_folder=folder,
+        held_folder=held_folder,
+        output_folder=str(output_folder),
+        user_columns=tuple(engine.columns.user),
+    )
+    bucket = F.pmod(F.hash(F.col(_plan.H1)), F.lit(buckets))  # Spark's partition of repartition(buckets, H1)
+    spread = (
+        pool.select(*[F.col(name) for name in pool.columns], bucket.alias(_buckets.BUCKET))
+        .repartition(buckets, F.col(_plan.H1))
+        .sortWithinPartitions(_plan.H1, _plan.H2, _plan.T_US, *engine.columns.order)
+    )
+    stats = _collect(spread.mapInArrow(task, STATS_SCHEMA))
+    (output_folder / "_SUCCESS").touch()
+    seen.lap("decide")
+    if engine.foreach_batch is not None:
+        user_schema = T.StructType([seen.prepared.schema[name] for name in engine.columns.user])
+        engine.foreach_batch(spark.read.schema(user_schema).parquet(str(output_folder)), batch_id)
+    seen.lap("output")
+
+    held_rows = sum(s["held"] for s in stats)
+    folders = list(live)
+    entry = _folder_entry(folder, stats)
+    if entry:
+        folders.append(entry)
+    counts = {"held": held_rows, "kept": sum(s["kept"] for s in stats), "recorded": entry["rows"] if entry else 0}
+    return engine._manifest(
+        previous,
+        seen,
+        batch_id,
+        folders,
+        held_folder if held_rows else None,
+        counts,
+        layout=LAYOUT,
+        buckets=buckets,
+    )
+
+
+def _clear(folder: Path) -> None:
+    """An empty folder (a replay of the batch starts clean)."""
+    if folder.exists():
+        for child in folder.iterdir():
+            if child.is_dir():
+                import shutil
+
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                os.unlink(child)
+    folder.mkdir(parents=True, exist_ok=True)

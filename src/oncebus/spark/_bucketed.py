@@ -84,13 +84,44 @@ def _compact(
 
 
 def decide(
-    engine: _Engine, spark: SparkSession, previous: dict[str, Any], seen: Seen, batch_id: int
-) -> dict[str, Any]:
+    engine: _Engine, batch: DataFrame, previous: dict[str, Any], batch_id: int, flush: bool, started: float
+) -> tuple[Seen, dict[str, Any]] | None:
+    """Decide micro-batch ``batch_id``: (what was seen, the manifest to write), or None for an idle tick."""
+    from oncebus.spark._stream import Seen, next_watermark
+
+    spark = batch.sparkSession
+    now_us = engine.clock()
     files = engine._fs(spark)
     root = local_directory(files.root)
     assert root is not None
     previous_wm = previous["watermark_us"]
     buckets = int(previous.get("buckets") or spark.conf.get("spark.sql.shuffle.partitions") or 2)
+    held_before = engine.held_before(previous)
+    # the lowest watermark, from what earlier batches saw; each bucket's task raises it by what it sees
+    floor, arrivals = next_watermark(
+        previous_us=previous_wm,
+        max_time_us=previous["max_time_us"],
+        bound_us=engine.bound_us,
+        ordered=engine.ordered,
+        idle_release=engine.idle_release,
+        arrivals=previous.get("arrivals", []),
+        now_us=now_us,
+    )
+    arrivals = [a for a in arrivals if a[0] != now_us]  # this batch's arrival is added once its newest time is known
+    decide_all = flush or engine.ordered  # an ordered input is decided as it comes: nothing is held
+    prepared = _plan.prepare(batch, engine.columns, engine.default, engine.per_entity, engine.on_invalid)
+    timings: dict[str, float] = {}
+    seen = Seen(
+        prepared=prepared,
+        rows=0,
+        late=0,
+        max_time=previous["max_time_us"],
+        watermark=None,
+        arrivals=arrivals,
+        held_before=held_before,
+        timings=timings,
+        clock=[started],
+    )
 
     # the live key folders: whole folders past their window dropped; an earlier layout's moved into buckets;
     # small ones merged
@@ -105,9 +136,9 @@ def decide(
         live = _compact(engine, spark, live, previous_wm, buckets, batch_id)
     seen.lap("compact")
 
-    pool = seen.prepared
-    if seen.held_before:
-        held_schema = T.StructType(list(seen.prepared.schema.fields))
+    pool = prepared
+    if held_before:
+        held_schema = T.StructType(list(prepared.schema.fields))
         pool = pool.unionByName(spark.read.schema(held_schema).parquet(files.path(previous["held"])))
     folder = f"b={batch_id}"
     files.delete(folder)  # a replay starts clean
@@ -123,7 +154,8 @@ def decide(
         root=str(root),
         batch_id=batch_id,
         buckets=buckets,
-        watermark=seen.watermark,
+        watermark=_buckets.DECIDE_ALL if decide_all else (floor if floor is not None else -_buckets.DECIDE_ALL),
+        bound_us=engine.bound_us,
         previous_watermark=previous_wm,
         key_folders=tuple(f["path"] for f in live),
         keys_folder=folder,
@@ -137,11 +169,31 @@ def decide(
         .repartition(buckets, F.col(_plan.H1))
         .sortWithinPartitions(_plan.H1, _plan.H2, _plan.T_US, *engine.columns.order)
     )
-    stats = _collect(spread.mapInArrow(task, STATS_SCHEMA))
-    (output_folder / "_SUCCESS").touch()
+    stats = [s for s in _collect(spread.mapInArrow(task, STATS_SCHEMA)) if s["rows"]]
     seen.lap("decide")
+
+    seen.rows = sum(s["rows"] for s in stats) - held_before
+    seen.late = sum(s["late"] for s in stats)
+    newest = [s["max_t"] for s in stats if s["max_t"] is not None]
+    seen.max_time = max([t for t in (previous["max_time_us"], *newest) if t is not None], default=None)
+    if flush:
+        watermark: int | None = _buckets.DECIDE_ALL
+        seen.arrivals = []
+    elif engine.ordered:
+        watermark = max([w for w in (floor, None if seen.max_time is None else seen.max_time + 1) if w is not None])
+    else:  # every row below the lowest of the buckets' watermarks has been decided
+        watermark = min([s["watermark"] for s in stats], default=floor)
+        if not engine.ordered and newest and (watermark is None or max(newest) >= watermark):
+            seen.arrivals.append([now_us, max(newest)])
+    if seen.rows == 0 and engine.idle(previous, watermark, flush):
+        _clear(output_folder)
+        output_folder.rmdir()
+        files.delete(folder)
+        return None
+    seen.watermark = watermark
+    (output_folder / "_SUCCESS").touch()
     if engine.foreach_batch is not None:
-        user_schema = T.StructType([seen.prepared.schema[name] for name in engine.columns.user])
+        user_schema = T.StructType([prepared.schema[name] for name in engine.columns.user])
         engine.foreach_batch(spark.read.schema(user_schema).parquet(str(output_folder)), batch_id)
     seen.lap("output")
 
@@ -151,7 +203,7 @@ def decide(
     if entry:
         folders.append(entry)
     counts = {"held": held_rows, "kept": sum(s["kept"] for s in stats), "recorded": entry["rows"] if entry else 0}
-    return engine._manifest(
+    manifest = engine._manifest(
         previous,
         seen,
         batch_id,
@@ -161,6 +213,7 @@ def decide(
         layout=LAYOUT,
         buckets=buckets,
     )
+    return seen, manifest
 
 
 def _clear(folder: Path) -> None:

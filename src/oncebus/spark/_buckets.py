@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
@@ -39,7 +40,8 @@ H1, H2, T, W = _chain.H1, _chain.H2, _chain.T, _chain.W
 BUCKET = "__oncebus_bucket"
 NONE = np.iinfo(np.int64).min
 KEY_SCHEMA = pa.schema([(H1, pa.int64()), (H2, pa.int64()), (T, pa.int64()), (W, pa.int64())])
-STATS_FIELDS = ("bucket", "rows", "late", "recorded", "max_t0", "held", "kept")
+STATS_FIELDS = ("bucket", "rows", "late", "recorded", "max_t0", "held", "kept", "max_t", "watermark")
+DECIDE_ALL = 2**62
 TaskFn = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
 
@@ -129,7 +131,8 @@ class BatchTask:
     root: str
     batch_id: int
     buckets: int
-    watermark: int
+    watermark: int  # the lowest watermark (from what earlier batches saw); DECIDE_ALL decides every row
+    bound_us: int
     previous_watermark: int | None
     key_folders: tuple[str, ...]
     keys_folder: str
@@ -154,10 +157,16 @@ class BatchTask:
                 writers[name] = (pq.ParquetWriter(str(temporary), table.schema), temporary, target)
             writers[name][0].write_batch(table)
 
+        # every row this bucket sees is seen before any is decided: each new row is at most the bound older
+        # than the newest row seen before it, so rows below (newest here - bound) are safe to decide now,
+        # whatever the other buckets hold
+        parts = [batch for batch in batches if batch.num_rows]
+        max_t = max((pc.max(b.column(b.schema.names.index(T))).as_py() for b in parts), default=None)
+        watermark = self.watermark
+        if max_t is not None and watermark < DECIDE_ALL:
+            watermark = max(watermark, max_t - self.bound_us)
         try:
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
+            for batch in parts:
                 names = batch.schema.names
                 h1, h2, t, w, b = (
                     batch.column(names.index(c)).to_numpy(zero_copy_only=False) for c in (H1, H2, T, W, BUCKET)
@@ -172,7 +181,7 @@ class BatchTask:
                 rows += batch.num_rows
                 if self.previous_watermark is not None:
                     late += int((t < self.previous_watermark).sum())
-                held = t >= self.watermark
+                held = t >= watermark
                 keep, carry = _chain.keep_mask(
                     h1, h2, t, w, np.zeros(len(t), dtype=bool), carry, held, prior=lookup.prior(h1, h2)
                 )
@@ -202,11 +211,21 @@ class BatchTask:
             k1, k2, kt, kw = (np.concatenate(part) for part in zip(*keys, strict=True))
             write_keys(root / key_file(self.keys_folder, bucket), k1, k2, kt, kw)
             recorded_count, max_t0 = len(k1), int(kt.max())
-        yield _stats(bucket, rows, late, recorded_count, max_t0, held_rows, kept_rows)
+        yield _stats(bucket, rows, late, recorded_count, max_t0, held_rows, kept_rows, max_t, watermark)
 
 
-def _stats(bucket: int, rows: int, late: int, recorded: int, max_t0: int, held: int, kept: int) -> pa.RecordBatch:
-    values = (bucket, rows, late, recorded, None if max_t0 == NONE else max_t0, held, kept)
+def _stats(
+    bucket: int,
+    rows: int,
+    late: int,
+    recorded: int,
+    max_t0: int,
+    held: int,
+    kept: int,
+    max_t: int | None = None,
+    watermark: int | None = None,
+) -> pa.RecordBatch:
+    values = (bucket, rows, late, recorded, None if max_t0 == NONE else max_t0, held, kept, max_t, watermark)
     return pa.RecordBatch.from_arrays([pa.array([v], pa.int64()) for v in values], names=list(STATS_FIELDS))
 
 

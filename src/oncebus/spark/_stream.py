@@ -85,7 +85,7 @@ class Seen:
     rows: int
     late: int
     max_time: int | None
-    watermark: int
+    watermark: int | None
     arrivals: list[list[int]]
     held_before: int
     timings: dict[str, float]
@@ -287,15 +287,16 @@ class _Engine:
         started = time.perf_counter()
         spark = batch.sparkSession
         previous = self.previous_manifest(spark, batch_id)
-        seen = self._observe(batch, batch_id, previous, flush, started)
-        if seen is None:
-            return previous  # an idle tick: nothing arrived and nothing is due; no state to change
         if self.bucketed:
             from oncebus.spark import _bucketed
 
-            manifest = _bucketed.decide(self, spark, previous, seen, batch_id)
+            decided = _bucketed.decide(self, batch, previous, batch_id, flush, started)
         else:
-            manifest = self._decide_joined(spark, previous, seen, batch_id)
+            seen = self._observe(batch, batch_id, previous, flush, started)
+            decided = None if seen is None else (seen, self._decide_joined(spark, previous, seen, batch_id))
+        if decided is None:
+            return previous  # an idle tick: nothing arrived and nothing is due; no state to change
+        seen, manifest = decided
         manifest["flushed"] = flush
         seen.timings["total"] = round(time.perf_counter() - started, 3)
         self._fs(spark).write_text(f"batches/{batch_id:020d}.json", json.dumps(manifest, indent=1))
@@ -334,9 +335,8 @@ class _Engine:
         if flush:
             watermark, arrivals = 2**62, []
         assert watermark is not None or batch_rows == 0
-        held_before = int(previous.get("counts", {}).get("held", 0)) if previous["held"] else 0
-        replay_possible = self._previous is None  # the first batch of a run may replay one that wrote output
-        if batch_rows == 0 and not flush and not replay_possible and (watermark == previous_wm or not held_before):
+        held_before = self.held_before(previous)
+        if batch_rows == 0 and self.idle(previous, watermark, flush):
             return None
         timings["read"] = round(time.perf_counter() - started, 3)
         return Seen(
@@ -350,6 +350,16 @@ class _Engine:
             timings=timings,
             clock=[time.perf_counter()],
         )
+
+    @staticmethod
+    def held_before(previous: dict[str, Any]) -> int:
+        return int(previous.get("counts", {}).get("held", 0)) if previous["held"] else 0
+
+    def idle(self, previous: dict[str, Any], watermark: int | None, flush: bool) -> bool:
+        """Whether a batch without new rows changes nothing (an idle tick): nothing held became due."""
+        replay_possible = self._previous is None  # the first batch of a run may replay one that wrote output
+        held = self.held_before(previous)
+        return not flush and not replay_possible and (watermark == previous["watermark_us"] or not held)
 
     def _manifest(
         self,

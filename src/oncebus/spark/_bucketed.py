@@ -109,7 +109,7 @@ def decide(
     )
     arrivals = [a for a in arrivals if a[0] != now_us]  # this batch's arrival is added once its newest time is known
     decide_all = flush or engine.ordered  # an ordered input is decided as it comes: nothing is held
-    prepared = _plan.prepare(batch, engine.columns, engine.default, engine.per_entity, engine.on_invalid)
+    prepared = engine.prepare(batch)
     timings: dict[str, float] = {}
     seen = Seen(
         prepared=prepared,
@@ -138,8 +138,10 @@ def decide(
 
     pool = prepared
     if held_before:
-        held_schema = T.StructType(list(prepared.schema.fields))
-        pool = pool.unionByName(spark.read.schema(held_schema).parquet(files.path(previous["held"])))
+        if engine._prepared_schema is None:
+            engine._prepared_schema = prepared.schema
+        held = spark.read.schema(engine._prepared_schema).parquet(files.path(previous["held"]))
+        pool = pool.unionByName(held)
     folder = f"b={batch_id}"
     files.delete(folder)  # a replay starts clean
     if engine.output_path is not None:
@@ -165,7 +167,7 @@ def decide(
     )
     bucket = F.pmod(F.hash(F.col(_plan.H1)), F.lit(buckets))  # Spark's partition of repartition(buckets, H1)
     spread = (
-        pool.select(*[F.col(name) for name in pool.columns], bucket.alias(_buckets.BUCKET))
+        pool.select(F.col("*"), bucket.alias(_buckets.BUCKET))
         .repartition(buckets, F.col(_plan.H1))
         .sortWithinPartitions(_plan.H1, _plan.H2, _plan.T_US, *engine.columns.order)
     )
@@ -193,8 +195,7 @@ def decide(
     seen.watermark = watermark
     (output_folder / "_SUCCESS").touch()
     if engine.foreach_batch is not None:
-        user_schema = T.StructType([prepared.schema[name] for name in engine.columns.user])
-        engine.foreach_batch(spark.read.schema(user_schema).parquet(str(output_folder)), batch_id)
+        engine.foreach_batch(spark.read.schema(engine.user_schema).parquet(str(output_folder)), batch_id)
     seen.lap("output")
 
     held_rows = sum(s["held"] for s in stats)

@@ -203,10 +203,20 @@ class _Engine:
         self._files: StateFiles | None = None
         self.shuffle_keys_up_to = SHUFFLE_KEYS_UP_TO
         self._prepared_schema: T.StructType | None = None
+        self._prepare_plan: _plan.PreparePlan | None = None
         # a state path (and output path) of plain files: tasks keep the state themselves (layout 3)
         self.bucketed = local_directory(state_path) is not None and (
             output_path is None or local_directory(output_path) is not None
         )
+
+    def prepare(self, batch: DataFrame) -> DataFrame:
+        """``_plan.prepare`` with its expressions built once per query."""
+        if self._prepare_plan is None:
+            timestamp = isinstance(self.user_schema[self.columns.time].dataType, T.TimestampType)
+            self._prepare_plan = _plan.prepare_plan(
+                self.columns, self.default, self.per_entity, self.on_invalid, timestamp
+            )
+        return self._prepare_plan.apply(batch)
 
     # -- manifests -----------------------------------------------------------------------------
     def _fs(self, spark: SparkSession) -> StateFiles:
@@ -311,7 +321,7 @@ class _Engine:
         an idle tick."""
         now_us = self.clock()
         timings: dict[str, float] = {}
-        prepared_new = _plan.prepare(batch, self.columns, self.default, self.per_entity, self.on_invalid)
+        prepared_new = self.prepare(batch)
         self._prepared_schema = prepared_new.schema
         previous_wm = previous["watermark_us"]
         late = F.col(_plan.T_US) < F.lit(previous_wm) if previous_wm is not None else F.lit(False)

@@ -104,20 +104,23 @@ class Lookup:
         self.files = [k for k in (read_keys(root / key_file(f, bucket)) for f in folders) if k is not None]
 
     def prior(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
-        """The newest recorded t0 of each (h1, h2), NONE where the key was never recorded."""
+        """The newest recorded t0 of each (h1, h2), NONE where the key was never recorded. Fastest when
+        ``h1`` is sorted (one pass of binary searches per file, each starting where the last ended)."""
         out = np.full(len(h1), NONE, dtype=np.int64)
         for a1, a2, at, _ in self.files:
+            n = len(a1)
             left = np.searchsorted(a1, h1, "left")
-            right = np.searchsorted(a1, h1, "right")
-            count = right - left
-            one = np.flatnonzero(count == 1)
-            if len(one):
-                at_one = left[one]
-                match = a2[at_one] == h2[one]
-                hits = one[match]
-                np.maximum.at(out, hits, at[at_one[match]])
-            for i in np.flatnonzero(count > 1).tolist():  # h1 shared by several keys, or a key recorded twice
-                span = slice(int(left[i]), int(right[i]))
+            inside = left < n
+            at_left = np.minimum(left, n - 1)
+            hit = inside & (a1[at_left] == h1)
+            # the common case: one entry with this h1; else (h1 shared by several keys, or a key recorded
+            # twice) all entries with this h1 are looked at
+            shared = hit & (left + 1 < n) & (a1[np.minimum(left + 1, n - 1)] == h1)
+            simple = np.flatnonzero(hit & ~shared & (a2[at_left] == h2))
+            np.maximum.at(out, simple, at[at_left[simple]])
+            for i in np.flatnonzero(shared).tolist():
+                end = int(np.searchsorted(a1, h1[i], "right"))
+                span = slice(int(left[i]), end)
                 same = at[span][a2[span] == h2[i]]
                 if len(same):
                     out[i] = max(int(out[i]), int(same.max()))
@@ -143,7 +146,6 @@ class BatchTask:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         bucket = _partition_id()
         root = Path(self.root)
-        lookup: Lookup | None = None
         carry: _chain._Carry | None = None
         rows = late = held_rows = kept_rows = 0
         keys: list[tuple[np.ndarray, ...]] = []
@@ -162,11 +164,19 @@ class BatchTask:
         # whatever the other buckets hold
         parts = [batch for batch in batches if batch.num_rows]
         max_t = max((pc.max(b.column(b.schema.names.index(T))).as_py() for b in parts), default=None)
+        if parts:  # the prior t0 of every row, in one pass over each key file
+            lookup = Lookup(root, self.key_folders, bucket)
+            everything = [
+                np.concatenate([b.column(b.schema.names.index(c)).to_numpy(zero_copy_only=False) for b in parts])
+                for c in (H1, H2)
+            ]
+            priors = lookup.prior(everything[0], everything[1])
+            offsets = np.cumsum([0, *(b.num_rows for b in parts)])
         watermark = self.watermark
         if max_t is not None and watermark < DECIDE_ALL:
             watermark = max(watermark, max_t - self.bound_us)
         try:
-            for batch in parts:
+            for number, batch in enumerate(parts):
                 names = batch.schema.names
                 h1, h2, t, w, b = (
                     batch.column(names.index(c)).to_numpy(zero_copy_only=False) for c in (H1, H2, T, W, BUCKET)
@@ -176,14 +186,19 @@ class BatchTask:
                         f"oncebus.spark: rows of bucket {int(b[b != bucket][0])} reached the task of bucket {bucket}:"
                         " the shuffle must keep repartition(buckets, H1) as it is (no adaptive coalescing)"
                     )
-                if lookup is None:
-                    lookup = Lookup(root, self.key_folders, bucket)
                 rows += batch.num_rows
                 if self.previous_watermark is not None:
                     late += int((t < self.previous_watermark).sum())
                 held = t >= watermark
                 keep, carry = _chain.keep_mask(
-                    h1, h2, t, w, np.zeros(len(t), dtype=bool), carry, held, prior=lookup.prior(h1, h2)
+                    h1,
+                    h2,
+                    t,
+                    w,
+                    np.zeros(len(t), dtype=bool),
+                    carry,
+                    held,
+                    prior=priors[offsets[number] : offsets[number + 1]],
                 )
                 recorded = keep & (w >= 0)
                 if recorded.any():

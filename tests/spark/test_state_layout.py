@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from oncebus.spark import EntitySettings
-from oncebus.spark._stream import LAYOUT, _Engine
+from oncebus.spark._stream import LAYOUT, LAYOUT_JOINED, _Engine
 from oncebus.spark._trace import DEFAULT_ENTITIES
 from tests.spark.test_exactness import core_kept_seqs
 
@@ -24,8 +24,16 @@ SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("earlier", ["state-v1", "state-v2"])
-def test_earlier_layout_state_is_continued_exactly(spark: SparkSession, tmp_path: Path, earlier: str) -> None:
+@pytest.mark.parametrize(
+    ("earlier", "bucketed"),
+    [("state-v1", True), ("state-v2", True), ("state-v1", False)],
+    ids=["layout1-to-buckets", "layout2-to-buckets", "layout1-joined"],
+)
+def test_earlier_layout_state_is_continued_exactly(
+    spark: SparkSession, tmp_path: Path, earlier: str, bucketed: bool
+) -> None:
+    """Continued in buckets; or (a state path Spark reaches only through Hadoop, forced here on a local
+    path) with the keys joined as DataFrames, layout 2."""
     work = tmp_path / earlier
     shutil.copytree(DATA / earlier, work)
     before = json.loads((work / "state" / "batches" / "00000000000000000001.json").read_text())
@@ -52,11 +60,14 @@ def test_earlier_layout_state_is_continued_exactly(spark: SparkSession, tmp_path
         order_col="seq",
         on_invalid="drop",
     )
+    assert engine.bucketed
+    engine.bucketed = bucketed
+    layout = LAYOUT if bucketed else LAYOUT_JOINED
     for batch_id, (low, high) in enumerate([(3000, 4500), (4500, 6000)], start=2):
         manifest = engine.process(spark.read.parquet(trace_path).where(f"seq >= {low} and seq < {high}"), batch_id)
-        assert manifest["layout"] == LAYOUT
-        assert all(f["layout"] == LAYOUT for f in manifest["key_folders"])
-        if batch_id == 2:  # the earlier keys were moved into buckets, none dropped (the windows have not passed)
+        assert manifest["layout"] == layout
+        assert all(f["layout"] == layout for f in manifest["key_folders"]) or not bucketed
+        if batch_id == 2 and bucketed:  # the earlier keys moved into buckets, none dropped (windows not passed)
             assert manifest["key_folders"][0]["path"] == "c=2"
             assert manifest["key_folders"][0]["rows"] == sum(f["rows"] for f in before["key_folders"])
     engine.process(spark.read.parquet(trace_path).limit(0), 4, flush=True)
@@ -65,4 +76,5 @@ def test_earlier_layout_state_is_continued_exactly(spark: SparkSession, tmp_path
     assert set(got) == core_kept_seqs(pq.read_table(trace_path))
     assert not (work / "state" / "held").exists() or not list((work / "state" / "held").iterdir())
     assert not (work / "state" / "keys").exists() or not list((work / "state" / "keys").iterdir())
-    assert not list((work / "state").glob("*/__oncebus_role=*"))
+    if bucketed:
+        assert not list((work / "state").glob("*/__oncebus_role=*"))

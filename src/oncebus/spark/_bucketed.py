@@ -14,6 +14,7 @@ that meets it (``WriteBucket``); its held rows are read like this layout's.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,8 +137,11 @@ def decide(
         live = _compact(engine, spark, live, previous_wm, buckets, batch_id)
     seen.lap("compact")
 
+    # the tasks merge the rows held before and sort when the previous batch held rows in buckets and Arrow
+    # sorts the order columns as Spark does; else Spark brings the held rows and sorts
+    in_task = (previous.get("layout") == LAYOUT or not held_before) and _sorts_like_spark(engine)
     pool = prepared
-    if held_before:
+    if held_before and not in_task:
         if engine._prepared_schema is None:
             engine._prepared_schema = prepared.schema
         held = spark.read.schema(engine._prepared_schema).parquet(files.path(previous["held"]))
@@ -164,14 +168,19 @@ def decide(
         held_folder=held_folder,
         output_folder=str(output_folder),
         user_columns=tuple(engine.columns.user),
+        held_input=previous["held"] if held_before and in_task else None,
+        sort_keys=(_plan.H1, _plan.H2, _plan.T_US, *engine.columns.order) if in_task else (),
     )
     bucket = F.pmod(F.hash(F.col(_plan.H1)), F.lit(buckets))  # Spark's partition of repartition(buckets, H1)
-    spread = (
-        pool.select(F.col("*"), bucket.alias(_buckets.BUCKET))
-        .repartition(buckets, F.col(_plan.H1))
-        .sortWithinPartitions(_plan.H1, _plan.H2, _plan.T_US, *engine.columns.order)
-    )
-    stats = [s for s in _collect(spread.mapInArrow(task, STATS_SCHEMA)) if s["rows"]]
+    spread = pool.select(F.col("*"), bucket.alias(_buckets.BUCKET)).repartition(buckets, F.col(_plan.H1))
+    if not in_task:
+        spread = spread.sortWithinPartitions(_plan.H1, _plan.H2, _plan.T_US, *engine.columns.order)
+    reported = _collect(spread.mapInArrow(task, STATS_SCHEMA))
+    missing = set(previous.get("held_buckets", [])) - {s["bucket"] for s in reported} if in_task else set()
+    if missing:  # Spark ran no task for these buckets (a shuffle of nothing): decide their held rows alone
+        alone = dataclasses.replace(task, only_buckets=frozenset(missing))
+        reported += _collect(spark.range(0, buckets, 1, buckets).mapInArrow(alone, STATS_SCHEMA))
+    stats = [s for s in reported if s["rows"]]
     seen.lap("decide")
 
     seen.rows = sum(s["rows"] for s in stats) - held_before
@@ -213,8 +222,29 @@ def decide(
         counts,
         layout=LAYOUT,
         buckets=buckets,
+        held_buckets=sorted(s["bucket"] for s in stats if s["held"]),
     )
     return seen, manifest
+
+
+_ARROW_SORTS_LIKE_SPARK = (
+    T.ByteType,
+    T.ShortType,
+    T.IntegerType,
+    T.LongType,
+    T.StringType,
+    T.BinaryType,
+    T.BooleanType,
+    T.DateType,
+    T.TimestampType,
+    T.TimestampNTZType,
+)
+
+
+def _sorts_like_spark(engine: _Engine) -> bool:
+    """Whether Arrow orders the order columns as Spark does (not floats: NaN and -0.0; not nested types)."""
+    types = {f.name: f.dataType for f in engine.user_schema.fields}
+    return all(isinstance(types[name], _ARROW_SORTS_LIKE_SPARK) for name in engine.columns.order)
 
 
 def _clear(folder: Path) -> None:

@@ -142,9 +142,44 @@ class BatchTask:
     held_folder: str | None  # None: an ordered input holds nothing
     output_folder: str
     user_columns: tuple[str, ...]
+    # rows held by the previous batch in this bucket's file there, merged here (else Spark brought them)
+    held_input: str | None = None
+    # sort the rows here by these columns (else Spark sorted them)
+    sort_keys: tuple[str, ...] = ()
+    # decide only these buckets, from their held rows alone (a job over spark.range(buckets)), when Spark
+    # ran no task for them (it skips a shuffle of nothing)
+    only_buckets: frozenset[int] | None = None
+
+    def _rows(self, batches: Iterator[pa.RecordBatch], bucket: int, root: Path) -> list[pa.RecordBatch]:
+        """This bucket's rows (the new ones, and those held before), sorted by (H1, H2, T, order)."""
+        parts: list[pa.RecordBatch] = []
+        for batch in batches:
+            names = batch.schema.names
+            if not batch.num_rows or BUCKET not in names:  # no rows, or a bucket number from spark.range
+                continue
+            b = batch.column(names.index(BUCKET)).to_numpy(zero_copy_only=False)
+            if (b != bucket).any():
+                raise RuntimeError(
+                    f"oncebus.spark: rows of bucket {int(b[b != bucket][0])} reached the task of bucket {bucket}:"
+                    " the shuffle must keep repartition(buckets, H1) as it is (no adaptive coalescing)"
+                )
+            parts.append(batch.select([n for n in names if n != BUCKET]))
+        held = root / self.held_input / f"part-{bucket:05d}.parquet" if self.held_input else None
+        if held is not None and held.exists():
+            table = pq.read_table(held)
+            if parts:
+                table = table.select(parts[0].schema.names).cast(parts[0].schema)
+            parts.extend(table.to_batches())
+        if not self.sort_keys or not parts:
+            return parts
+        table = pa.Table.from_batches(parts)
+        order = pc.sort_indices(table, sort_keys=[(k, "ascending", "at_start") for k in self.sort_keys])
+        return table.take(order).combine_chunks().to_batches()
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         bucket = _partition_id()
+        if self.only_buckets is not None and bucket not in self.only_buckets:
+            return
         root = Path(self.root)
         carry: _chain._Carry | None = None
         rows = late = held_rows = kept_rows = 0
@@ -162,7 +197,7 @@ class BatchTask:
         # every row this bucket sees is seen before any is decided: each new row is at most the bound older
         # than the newest row seen before it, so rows below (newest here - bound) are safe to decide now,
         # whatever the other buckets hold
-        parts = [batch for batch in batches if batch.num_rows]
+        parts = self._rows(batches, bucket, root)
         max_t = max((pc.max(b.column(b.schema.names.index(T))).as_py() for b in parts), default=None)
         if parts:  # the prior t0 of every row, in one pass over each key file
             lookup = Lookup(root, self.key_folders, bucket)
@@ -178,14 +213,7 @@ class BatchTask:
         try:
             for number, batch in enumerate(parts):
                 names = batch.schema.names
-                h1, h2, t, w, b = (
-                    batch.column(names.index(c)).to_numpy(zero_copy_only=False) for c in (H1, H2, T, W, BUCKET)
-                )
-                if (b != bucket).any():
-                    raise RuntimeError(
-                        f"oncebus.spark: rows of bucket {int(b[b != bucket][0])} reached the task of bucket {bucket}:"
-                        " the shuffle must keep repartition(buckets, H1) as it is (no adaptive coalescing)"
-                    )
+                h1, h2, t, w = (batch.column(names.index(c)).to_numpy(zero_copy_only=False) for c in (H1, H2, T, W))
                 rows += batch.num_rows
                 if self.previous_watermark is not None:
                     late += int((t < self.previous_watermark).sum())
@@ -211,8 +239,7 @@ class BatchTask:
                     write("out", self.output_folder, user.filter(pa.array(keep)))
                 if held.any() and self.held_folder is not None:
                     held_rows += int(held.sum())
-                    prepared = batch.select([n for n in names if n != BUCKET])
-                    write("held", str(root / self.held_folder), prepared.filter(pa.array(held)))
+                    write("held", str(root / self.held_folder), batch.filter(pa.array(held)))
             for writer, temporary, target in writers.values():
                 writer.close()
                 os.replace(temporary, target)

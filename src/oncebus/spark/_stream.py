@@ -1,7 +1,6 @@
 """``deduplicate_stream``: the exact rule on a streaming DataFrame.
 
-Design (``shared/design/spark-notes.md``, "the fast exact streaming design"),
-one ``foreachBatch`` call per micro-batch, batch N:
+One ``foreachBatch`` call per micro-batch, batch N:
 
 1. Out-of-order buffer. The watermark (``next_watermark``) is the highest of
    the previous one, the newest time seen minus ``max_out_of_order``, the
@@ -10,22 +9,28 @@ one ``foreachBatch`` call per micro-batch, batch N:
    time seen. Rows below it are decided now; the rest are held and decided by
    a later batch, so two copies of a key that arrive out of order, within the
    bound, are still judged in time order.
-2. State: per batch a folder ``b=N`` with ``__oncebus_role=1`` (digest and
-   ``t0`` of every key the batch recorded) and ``__oncebus_role=3`` (the rows
-   still held). A key folder whose newest ``t0`` plus the largest window is
-   below the watermark is deleted whole.
-3. One pass decides the batch: the new rows, the held rows and the prior
-   ``t0`` of their keys (the live key folders, semi-joined against the
-   broadcast digests of the pool when they are many, else all of them) are
-   shuffled by digest, sorted, and run through the rule (``_chain.decider``)
-   on executors, which tags each row kept-and-recorded, kept, or held. That
-   result is cached and written three ways: keys, held rows, output.
-4. Then a manifest ``batches/N.json`` (watermark, live folders, counts,
+2. State, on a local path or a shared mount (layout 3, ``_bucketed`` and
+   ``_buckets``): the rows are spread over a fixed number of buckets by key
+   digest, and the task of each bucket keeps that bucket's state itself: the
+   keys each batch recorded (``b=N/keys-<bucket>.arrow``, merged into
+   ``c=N`` as they pile up) and the rows it still holds (``b=N/held``). One
+   Spark job decides a micro-batch: each task raises the watermark by what its
+   bucket saw (rows below the newest row there minus the bound are safe to
+   decide, whatever other buckets hold), looks its keys up by binary search in
+   its memory-mapped key files, applies the rule and writes keys, held rows
+   and kept rows; the manifest keeps the lowest watermark of the buckets.
+   On any other file system (HDFS, S3A...: Spark reaches it, Python tasks do
+   not) the state is layout 2: per batch ``b=N/__oncebus_role=1`` (keys) and
+   ``=3`` (held rows), joined as DataFrames after a first scan of the batch.
+   A key folder whose newest ``t0`` plus the largest window is below the
+   watermark is deleted whole.
+3. Then a manifest ``batches/N.json`` (watermark, live folders, counts,
    timings) is written atomically. Everything batch N writes is named by N
-   and overwritten on a replay, and batch N reads only what batch N-1's
-   manifest lists, so a batch Spark replays after a failure gives the same
-   result. The layout before issue 12 (``keys/b=N``, ``held/b=N``) is still
-   read and cleaned up as it expires.
+   (and bucket) and overwritten on a replay, and batch N reads only what
+   batch N-1's manifest lists, so a batch Spark replays after a failure (or a
+   task it retries) gives the same result. The layouts before (1:
+   ``keys/b=N``, ``held/b=N``; 2 on a local path) are moved into buckets by
+   the first batch that meets them.
 """
 
 from __future__ import annotations
@@ -572,10 +577,12 @@ def deduplicate_stream(
     when the query stops are decided by the next batch, or by
     :func:`flush_stream` when the input has ended for good.
 
-    The per-batch cost is a scan of the held keys (about rate x window keys;
-    at 50,000 sends/s and a 10-minute window, 30 million) plus the batch's
-    rows, so larger micro-batches (a trigger of 10-30 s) carry more rows per
-    scan. ``trigger`` takes the keyword arguments of
+    On a local or shared path each micro-batch is one Spark job: the held
+    keys (about rate x window; at 50,000 sends/s and a 10-minute window, 30
+    million) are looked up by binary search in memory-mapped files, not
+    scanned. On HDFS, S3A and the like the held keys are scanned every batch,
+    so larger micro-batches (a trigger of 10-30 s) carry more rows per scan
+    there. ``trigger`` takes the keyword arguments of
     ``DataStreamWriter.trigger``, e.g. ``{"processingTime": "20 seconds"}`` or
     ``{"availableNow": True}``. Small key folders are merged as they pile up
     (keys past their window dropped); :func:`oncebus.spark.state_report`

@@ -1,10 +1,10 @@
 """One micro-batch of ``deduplicate_stream`` on the bucketed state (layout 3; tasks in ``_buckets``).
 
-After the first scan (``_Engine._observe``: row count, newest time, watermark), one
-Spark job decides the batch: the new rows and the rows held before are spread by
-key digest over the state's buckets, sorted, and each bucket's task looks up its
-keys, applies the rule and writes keys, held rows and kept rows itself, returning
-a row of counts. No join, no cache, no second pass over the result.
+One Spark job decides the batch, with no first scan: the new rows are spread by
+key digest over the state's buckets; each bucket's task merges the rows it held
+before, sorts, raises the watermark by what it sees, looks its keys up, applies
+the rule and writes keys, held rows and kept rows itself, returning a row of
+counts. No join, no cache, no second pass over the result.
 
 Old key folders are merged now and then by a job of one task per bucket
 (``CompactBuckets``). The state of an earlier layout (layout 1 ``keys/b=N``,
@@ -23,13 +23,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from oncebus.spark import _buckets, _plan, _state
+from oncebus.spark import _buckets, _joined, _plan, _state
 from oncebus.spark._files import local_directory
 
 if TYPE_CHECKING:
     from oncebus.spark._stream import Seen, _Engine
 
-LAYOUT = 3
+LAYOUT = _joined.LAYOUT_BUCKETED
 STATS_SCHEMA = T.StructType([T.StructField(name, T.LongType(), True) for name in _buckets.STATS_FIELDS])
 
 
@@ -50,7 +50,7 @@ def _migrate(
 ) -> dict[str, Any] | None:
     """Move the key folders of an earlier layout into buckets (``c=N``), dropping keys past their window."""
     files = engine._fs(spark)
-    keys = engine._key_folders(spark, old, with_window=True)
+    keys = _joined.key_folders(engine, spark, old, with_window=True)
     if keys is None:
         return None
     columns = (_plan.H1, _plan.H2, _plan.T_US, _plan.W_US)

@@ -59,10 +59,13 @@ def keep_mask(
     seed: np.ndarray,
     carry: _Carry | None = None,
     held: np.ndarray | None = None,
+    prior: np.ndarray | None = None,
 ) -> tuple[np.ndarray, _Carry | None]:
     """Which rows are kept sends, and the state of the last key for the next batch.
 
-    ``held`` rows (not decided yet) take no part: never kept, never a duplicate, no effect on others."""
+    ``held`` rows (not decided yet) take no part: never kept, never a duplicate, no effect on others.
+    ``prior`` gives each row its key's first-accepted time from earlier batches (int64 minimum: none),
+    as seed rows do."""
     n = len(t)
     keep = np.zeros(n, dtype=bool)
     if n == 0:
@@ -85,6 +88,11 @@ def keep_mask(
         seeded = np.zeros(groups, dtype=bool)
         seeded[seed_gid] = True
         base = np.where(seeded & has, np.maximum(base, seed_t0), np.where(seeded, seed_t0, base))
+        has |= seeded
+    if prior is not None:
+        prior_t0 = prior[new]  # the same for every row of a key: its first row's
+        seeded = prior_t0 != np.iinfo(np.int64).min
+        base = np.where(seeded & has, np.maximum(base, prior_t0), np.where(seeded, prior_t0, base))
         has |= seeded
 
     bypass = w < 0

@@ -140,6 +140,31 @@ def prepare(
     W_US is the entity's window in microseconds, or -1 for a row that bypasses the rule (kept, recorded
     nowhere): no message_id (the broker would give it a fresh one) or duplicate detection disabled.
     """
+    timestamp = isinstance(df.schema[columns.time].dataType, T.TimestampType)
+    return prepare_plan(columns, default, per_entity, on_invalid, timestamp).apply(df)
+
+
+@dataclass(frozen=True)
+class PreparePlan:
+    """The expressions of ``prepare``, built once (each costs a call into the JVM in a classic session)
+    and applied to every micro-batch."""
+
+    first: tuple[Column, ...]
+    valid: Column
+    second: tuple[Column, ...]
+
+    def apply(self, df: DataFrame) -> DataFrame:
+        return df.select(*self.first).where(self.valid).select(*self.second)
+
+
+def prepare_plan(
+    columns: Columns,
+    default: EntitySettings,
+    per_entity: Mapping[str, EntitySettings],
+    on_invalid: OnInvalid,
+    timestamp: bool,
+) -> PreparePlan:
+    """``prepare``'s expressions for input whose time column is a timestamp (else long microseconds)."""
     if on_invalid not in ("drop", "raise"):
         raise InvalidArgumentError(f"on_invalid must be 'drop' or 'raise', not {on_invalid!r}")
     message_id = F.col(columns.message_id)
@@ -147,8 +172,8 @@ def prepare(
     session_id = _col(columns.session_id)
     window, partitioned, enabled = _settings_columns(columns, default, per_entity)
     time = F.col(columns.time)
-    t_us = F.unix_micros(time) if isinstance(df.schema[columns.time].dataType, T.TimestampType) else time
-    out = df.select(
+    t_us = F.unix_micros(time) if timestamp else time
+    first = (
         *[F.col(name) for name in columns.user],
         window.alias(W_US),
         partitioned.alias(PARTITIONED),
@@ -162,18 +187,19 @@ def prepare(
         reason = F.when(F.col(T_US).isNull(), F.lit(f"oncebus.spark: invalid row: {columns.time} is null")).otherwise(
             invalid_reason_column(message_id, partition_key, session_id)
         )
-        out = out.where(F.when(invalid, F.raise_error(reason)).otherwise(F.lit(True)))
+        valid = F.when(invalid, F.raise_error(reason)).otherwise(F.lit(True))
     else:
-        out = out.where(~invalid)
+        valid = ~invalid
     key_text = key_text_column(message_id, partition_key, session_id, F.col(PARTITIONED))
     h1, h2 = digest_columns(_col(columns.entity), key_text)
-    return out.select(
+    second = (
         *[F.col(name) for name in columns.user],
         h1.alias(H1),
         h2.alias(H2),
         F.col(T_US),
         F.when(message_id.isNull() | ~F.col(ENABLED), F.lit(-1).cast("long")).otherwise(F.col(W_US)).alias(W_US),
     )
+    return PreparePlan(first, valid, second)
 
 
 def _ordered_sends(prepared: DataFrame, columns: Columns, seeds: DataFrame | None, partitions: int | None) -> DataFrame:

@@ -1,0 +1,321 @@
+"""The bucketed state of ``deduplicate_stream`` (layout 3), read and written inside executor tasks.
+
+Rows are spread over ``buckets`` Spark partitions by ``repartition(buckets, H1)``
+(Spark's hash of the key digest), so every key always lands in the same bucket,
+and the task of partition ``s`` owns bucket ``s``: it alone reads and writes the
+keys of that bucket. Per micro-batch N, one task per bucket:
+
+* looks up the prior ``t0`` of its rows' keys in the bucket's key files of the
+  live folders (``<folder>/keys-<s>.arrow``: Arrow IPC, sorted by (h1, h2),
+  memory-mapped, binary search; no Spark join);
+* runs the rule (``_chain.keep_mask``) over its rows, sorted by Spark;
+* writes the keys it recorded (``b=N/keys-<s>.arrow``), the rows it holds
+  (``b=N/held/part-<s>.parquet``) and the rows it keeps (``part-<s>.parquet``
+  in the batch's output folder), each to a temporary name then renamed,
+  and returns one row of counts.
+
+Everything a task writes is named by (N, s) and is a function of the previous
+batch's state and this batch's rows: a retried or speculative attempt writes
+the same files again. Compaction (``compact_task``) and the move of a state of
+an earlier layout (``write_bucket``) are tasks of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from oncebus.spark import _chain
+
+H1, H2, T, W = _chain.H1, _chain.H2, _chain.T, _chain.W
+BUCKET = "__oncebus_bucket"
+NONE = np.iinfo(np.int64).min
+KEY_SCHEMA = pa.schema([(H1, pa.int64()), (H2, pa.int64()), (T, pa.int64()), (W, pa.int64())])
+STATS_FIELDS = ("bucket", "rows", "late", "recorded", "max_t0", "held", "kept", "max_t", "watermark")
+DECIDE_ALL = 2**62
+TaskFn = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+def key_file(folder: str, bucket: int) -> str:
+    return f"{folder}/keys-{bucket:05d}.arrow"
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("oncebus.spark: a bucket task runs only inside a Spark task")
+    return int(context.partitionId())
+
+
+def _replace(target: Path, write: Callable[[Path], None]) -> None:
+    """Write to a hidden temporary name in the target's folder, then rename over the target."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        write(temporary)
+        os.replace(temporary, target)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+
+
+def write_keys(path: Path, h1: np.ndarray, h2: np.ndarray, t: np.ndarray, w: np.ndarray) -> None:
+    batch = pa.RecordBatch.from_arrays([pa.array(a, pa.int64()) for a in (h1, h2, t, w)], schema=KEY_SCHEMA)
+
+    def write(temporary: Path) -> None:
+        with pa.OSFile(str(temporary), "wb") as sink, ipc.new_file(sink, KEY_SCHEMA) as writer:
+            writer.write_batch(batch)
+
+    _replace(path, write)
+
+
+def read_keys(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(h1, h2, t0, w) of a key file, memory-mapped (zero copy), or None when the bucket has none."""
+    if not path.exists():
+        return None
+    reader = ipc.open_file(pa.memory_map(str(path), "r"))
+    if reader.num_record_batches == 0:
+        return None
+    if reader.num_record_batches == 1:
+        batch = reader.get_batch(0)
+        columns = [batch.column(i) for i in range(4)]
+    else:
+        table = reader.read_all()
+        columns = [table.column(i).combine_chunks() for i in range(4)]
+    h1, h2, t, w = (c.to_numpy(zero_copy_only=False) for c in columns)
+    return h1, h2, t, w
+
+
+class Lookup:
+    """Prior first-accepted times of keys, from one bucket's key files (each sorted by (h1, h2))."""
+
+    def __init__(self, root: Path, folders: Sequence[str], bucket: int) -> None:
+        self.files = [k for k in (read_keys(root / key_file(f, bucket)) for f in folders) if k is not None]
+
+    def prior(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
+        """The newest recorded t0 of each (h1, h2), NONE where the key was never recorded. Fastest when
+        ``h1`` is sorted (one pass of binary searches per file, each starting where the last ended)."""
+        out = np.full(len(h1), NONE, dtype=np.int64)
+        for a1, a2, at, _ in self.files:
+            n = len(a1)
+            left = np.searchsorted(a1, h1, "left")
+            inside = left < n
+            at_left = np.minimum(left, n - 1)
+            hit = inside & (a1[at_left] == h1)
+            # the common case: one entry with this h1; else (h1 shared by several keys, or a key recorded
+            # twice) all entries with this h1 are looked at
+            shared = hit & (left + 1 < n) & (a1[np.minimum(left + 1, n - 1)] == h1)
+            simple = np.flatnonzero(hit & ~shared & (a2[at_left] == h2))
+            np.maximum.at(out, simple, at[at_left[simple]])
+            for i in np.flatnonzero(shared).tolist():
+                end = int(np.searchsorted(a1, h1[i], "right"))
+                span = slice(int(left[i]), end)
+                same = at[span][a2[span] == h2[i]]
+                if len(same):
+                    out[i] = max(int(out[i]), int(same.max()))
+        return out
+
+
+@dataclass(frozen=True)
+class BatchTask:
+    """What the task of every bucket needs to decide micro-batch ``batch_id`` (pickled to executors)."""
+
+    root: str
+    batch_id: int
+    buckets: int
+    watermark: int  # the lowest watermark (from what earlier batches saw); DECIDE_ALL decides every row
+    bound_us: int
+    previous_watermark: int | None
+    key_folders: tuple[str, ...]
+    keys_folder: str
+    held_folder: str | None  # None: an ordered input holds nothing
+    output_folder: str
+    user_columns: tuple[str, ...]
+    # rows held by the previous batch in this bucket's file there, merged here (else Spark brought them)
+    held_input: str | None = None
+    # sort the rows here by these columns (else Spark sorted them)
+    sort_keys: tuple[str, ...] = ()
+    # decide only these buckets, from their held rows alone (a job over spark.range(buckets)), when Spark
+    # ran no task for them (it skips a shuffle of nothing)
+    only_buckets: frozenset[int] | None = None
+
+    def _rows(self, batches: Iterator[pa.RecordBatch], bucket: int, root: Path) -> list[pa.RecordBatch]:
+        """This bucket's rows (the new ones, and those held before), sorted by (H1, H2, T, order)."""
+        parts: list[pa.RecordBatch] = []
+        for batch in batches:
+            names = batch.schema.names
+            if not batch.num_rows or BUCKET not in names:  # no rows, or a bucket number from spark.range
+                continue
+            b = batch.column(names.index(BUCKET)).to_numpy(zero_copy_only=False)
+            if (b != bucket).any():
+                raise RuntimeError(
+                    f"oncebus.spark: rows of bucket {int(b[b != bucket][0])} reached the task of bucket {bucket}:"
+                    " the shuffle must keep repartition(buckets, H1) as it is (no adaptive coalescing)"
+                )
+            parts.append(batch.select([n for n in names if n != BUCKET]))
+        held = root / self.held_input / f"part-{bucket:05d}.parquet" if self.held_input else None
+        if held is not None and held.exists():
+            table = pq.read_table(held)
+            if parts:
+                table = table.select(parts[0].schema.names).cast(parts[0].schema)
+            parts.extend(table.to_batches())
+        if not self.sort_keys or not parts:
+            return parts
+        table = pa.Table.from_batches(parts)
+        order = pc.sort_indices(table, sort_keys=[(k, "ascending", "at_start") for k in self.sort_keys])
+        return table.take(order).combine_chunks().to_batches()
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        bucket = _partition_id()
+        if self.only_buckets is not None and bucket not in self.only_buckets:
+            return
+        root = Path(self.root)
+        carry: _chain._Carry | None = None
+        rows = late = held_rows = kept_rows = 0
+        keys: list[tuple[np.ndarray, ...]] = []
+        writers: dict[str, tuple[pq.ParquetWriter, Path, Path]] = {}
+
+        def write(name: str, folder: str, table: pa.RecordBatch) -> None:
+            if name not in writers:
+                target = Path(folder) / f"part-{bucket:05d}.parquet"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                temporary = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+                writers[name] = (pq.ParquetWriter(str(temporary), table.schema), temporary, target)
+            writers[name][0].write_batch(table)
+
+        # every row this bucket sees is seen before any is decided: each new row is at most the bound older
+        # than the newest row seen before it, so rows below (newest here - bound) are safe to decide now,
+        # whatever the other buckets hold
+        parts = self._rows(batches, bucket, root)
+        max_t = max((pc.max(b.column(b.schema.names.index(T))).as_py() for b in parts), default=None)
+        if parts:  # the prior t0 of every row, in one pass over each key file
+            lookup = Lookup(root, self.key_folders, bucket)
+            everything = [
+                np.concatenate([b.column(b.schema.names.index(c)).to_numpy(zero_copy_only=False) for b in parts])
+                for c in (H1, H2)
+            ]
+            priors = lookup.prior(everything[0], everything[1])
+            offsets = np.cumsum([0, *(b.num_rows for b in parts)])
+        watermark = self.watermark
+        if max_t is not None and watermark < DECIDE_ALL:
+            watermark = max(watermark, max_t - self.bound_us)
+        try:
+            for number, batch in enumerate(parts):
+                names = batch.schema.names
+                h1, h2, t, w = (batch.column(names.index(c)).to_numpy(zero_copy_only=False) for c in (H1, H2, T, W))
+                rows += batch.num_rows
+                if self.previous_watermark is not None:
+                    late += int((t < self.previous_watermark).sum())
+                held = t >= watermark
+                keep, carry = _chain.keep_mask(
+                    h1,
+                    h2,
+                    t,
+                    w,
+                    np.zeros(len(t), dtype=bool),
+                    carry,
+                    held,
+                    prior=priors[offsets[number] : offsets[number + 1]],
+                )
+                recorded = keep & (w >= 0)
+                if recorded.any():
+                    keys.append((h1[recorded], h2[recorded], t[recorded], w[recorded]))
+                if keep.any():
+                    kept_rows += int(keep.sum())
+                    user = pa.RecordBatch.from_arrays(
+                        [batch.column(names.index(c)) for c in self.user_columns], names=list(self.user_columns)
+                    )
+                    write("out", self.output_folder, user.filter(pa.array(keep)))
+                if held.any() and self.held_folder is not None:
+                    held_rows += int(held.sum())
+                    write("held", str(root / self.held_folder), batch.filter(pa.array(held)))
+            for writer, temporary, target in writers.values():
+                writer.close()
+                os.replace(temporary, target)
+        finally:
+            for writer, temporary, _ in writers.values():
+                if temporary.exists():
+                    writer.close()
+                    temporary.unlink()
+        recorded_count, max_t0 = 0, NONE
+        if keys:
+            k1, k2, kt, kw = (np.concatenate(part) for part in zip(*keys, strict=True))
+            write_keys(root / key_file(self.keys_folder, bucket), k1, k2, kt, kw)
+            recorded_count, max_t0 = len(k1), int(kt.max())
+        yield _stats(bucket, rows, late, recorded_count, max_t0, held_rows, kept_rows, max_t, watermark)
+
+
+def _stats(
+    bucket: int,
+    rows: int,
+    late: int,
+    recorded: int,
+    max_t0: int,
+    held: int,
+    kept: int,
+    max_t: int | None = None,
+    watermark: int | None = None,
+) -> pa.RecordBatch:
+    values = (bucket, rows, late, recorded, None if max_t0 == NONE else max_t0, held, kept, max_t, watermark)
+    return pa.RecordBatch.from_arrays([pa.array([v], pa.int64()) for v in values], names=list(STATS_FIELDS))
+
+
+@dataclass(frozen=True)
+class WriteBucket:
+    """Write rows sorted by (H1, H2) (columns H1, H2, T, W) as the key file of this task's bucket: moves the
+    keys of a state of an earlier layout into buckets (after ``repartition(buckets, H1)``)."""
+
+    root: str
+    folder: str
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        bucket = _partition_id()
+        parts = [b for b in batches if b.num_rows]
+        if parts:
+            table = pa.Table.from_batches(parts).select([H1, H2, T, W])
+            h1, h2, t, w = (table.column(i).combine_chunks().to_numpy(zero_copy_only=False) for i in range(4))
+            write_keys(Path(self.root) / key_file(self.folder, bucket), h1, h2, t, w)
+            yield _stats(bucket, 0, 0, len(h1), int(t.max()), 0, 0)
+
+
+@dataclass(frozen=True)
+class CompactBuckets:
+    """Merge the key files of ``folders`` into ``folder``, bucket by bucket (input: the bucket numbers,
+    from ``spark.range(buckets)``), keeping the keys whose own window has not passed."""
+
+    root: str
+    folders: tuple[str, ...]
+    folder: str
+    watermark: int | None
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        root = Path(self.root)
+        for batch in batches:
+            for bucket in batch.column(0).to_pylist():
+                files = [k for k in (read_keys(root / key_file(f, bucket)) for f in self.folders) if k is not None]
+                if not files:
+                    continue
+                h1, h2, t, w = (np.concatenate(part) for part in zip(*files, strict=True))
+                if self.watermark is not None:
+                    alive = t + w > self.watermark
+                    h1, h2, t, w = h1[alive], h2[alive], t[alive], w[alive]
+                if not len(h1):
+                    continue
+                order = np.lexsort((t, h2, h1))
+                h1, h2, t, w = h1[order], h2[order], t[order], w[order]
+                last = np.ones(len(h1), dtype=bool)  # only the newest t0 of each key matters
+                last[:-1] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
+                h1, h2, t, w = h1[last], h2[last], t[last], w[last]
+                write_keys(root / key_file(self.folder, int(bucket)), h1, h2, t, w)
+                yield _stats(int(bucket), 0, 0, len(h1), int(t.max()), 0, 0)

@@ -1,0 +1,63 @@
+"""How tests/spark/data/state-v2 was made: the streaming state layout 2 (b=N/__oncebus_role=1|3, batches/).
+
+Run with the source tree of that release first on the path (PYTHONPATH=<old checkout>/src):
+    python tests/spark/data/make_state_v2.py OUT_DIR
+It decides the first 3,000 rows of a generated trace (seed 21) as batches 0 and 1, and keeps the trace,
+the state and the output; tests/spark/test_state_layout.py continues from there with this release.
+"""
+
+import os
+import shutil
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+
+import oncebus.spark._stream as st
+from oncebus.spark import EntitySettings
+from oncebus.spark._trace import DEFAULT_ENTITIES, generate_trace
+
+out = Path(sys.argv[1])
+shutil.rmtree(out, ignore_errors=True)
+out.mkdir(parents=True)
+spark = (
+    SparkSession.builder.master("local[2]")
+    .config("spark.ui.enabled", "false")
+    .config("spark.sql.shuffle.partitions", "2")
+    .config("spark.sql.session.timeZone", "UTC")
+    .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    .getOrCreate()
+)
+SETTINGS = {
+    e.name: EntitySettings(window=timedelta(microseconds=e.window_us), partitioned=e.partitioned)
+    for e in DEFAULT_ENTITIES
+}
+trace = generate_trace(6000, rate=500, max_out_of_order_us=2_000_000, seed=21)
+pq.write_table(trace, out / "trace.parquet")
+df = spark.read.parquet(str(out / "trace.parquet"))
+engine = st._Engine(
+    df,
+    window="PT10M",
+    partitioned=False,
+    state_path=str(out / "state"),
+    output_path=str(out / "out"),
+    foreach_batch=None,
+    max_out_of_order=timedelta(seconds=2),
+    message_id_col="message_id",
+    partition_key_col="partition_key",
+    session_id_col="session_id",
+    time_col="enqueued_time",
+    entity_col="entity",
+    entity_settings=SETTINGS,
+    order_col="seq",
+    on_invalid="drop",
+)
+for b in range(2):
+    part = spark.read.parquet(str(out / "trace.parquet")).where(f"seq >= {b * 1500} and seq < {(b + 1) * 1500}")
+    m = engine.process(part, b)
+    print(m["counts"])
+spark.stop()

@@ -134,4 +134,6 @@ class ContentCache:
                         record.dead_letter_error_description = move.dead_letter_error_description
                         record.dead_letter_source = move.dead_letter_source
                         found[seq] = record
+                    if seq not in found:  # the move was committed between the two reads: it is at the new place now
+                        found.update(self.store.read_messages(path, [seq]))
         return found

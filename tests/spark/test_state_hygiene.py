@@ -4,7 +4,6 @@ dropped, unlisted folders deleted; ``state_report`` tells size and age without c
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -12,15 +11,10 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from oncebus.spark import EntitySettings, _bucketed, _state, state_report
-from oncebus.spark._stream import _Engine
-from oncebus.spark._trace import DEFAULT_ENTITIES, generate_trace
+from oncebus.spark import _bucketed, _state, state_report
+from oncebus.spark._trace import generate_trace
 from tests.spark.test_exactness import core_kept_seqs
-
-SETTINGS = {
-    e.name: EntitySettings(window=timedelta(microseconds=e.window_us), partitioned=e.partitioned)
-    for e in DEFAULT_ENTITIES
-}
+from tests.spark.trace_engine import trace_engine
 
 
 def test_compaction_keeps_the_result_exact_and_the_state_small(
@@ -33,23 +27,7 @@ def test_compaction_keeps_the_result_exact_and_the_state_small(
     pq.write_table(trace, tmp_path / "trace.parquet")
     path = str(tmp_path / "trace.parquet")
     state = tmp_path / "state"
-    engine = _Engine(
-        spark.read.parquet(path),
-        window="PT10M",
-        partitioned=False,
-        state_path=str(state),
-        output_path=str(tmp_path / "out"),
-        foreach_batch=None,
-        max_out_of_order=timedelta(seconds=2),
-        message_id_col="message_id",
-        partition_key_col="partition_key",
-        session_id_col="session_id",
-        time_col="enqueued_time",
-        entity_col="entity",
-        entity_settings=SETTINGS,
-        order_col="seq",
-        on_invalid="drop",
-    )
+    engine = trace_engine(spark.read.parquet(path), tmp_path)
     step = 2_500
     folders_on_disk = []
     for batch_id in range(len(trace) // step):
@@ -82,23 +60,7 @@ def test_an_order_column_arrow_cannot_sort_like_spark_is_sorted_by_spark(spark: 
     pq.write_table(trace, tmp_path / "trace.parquet")
     path = str(tmp_path / "trace.parquet")
     frame = spark.read.parquet(path).withColumn("rank", F.col("seq").cast("double"))
-    engine = _Engine(
-        frame,
-        window="PT10M",
-        partitioned=False,
-        state_path=str(tmp_path / "state"),
-        output_path=str(tmp_path / "out"),
-        foreach_batch=None,
-        max_out_of_order=timedelta(seconds=2),
-        message_id_col="message_id",
-        partition_key_col="partition_key",
-        session_id_col="session_id",
-        time_col="enqueued_time",
-        entity_col="entity",
-        entity_settings=SETTINGS,
-        order_col="rank",
-        on_invalid="drop",
-    )
+    engine = trace_engine(frame, tmp_path, order_col="rank")
     assert engine.bucketed and not _bucketed._sorts_like_spark(engine)
     for batch_id in range(3):
         rows = frame.where(f"seq >= {batch_id * 3000} and seq < {(batch_id + 1) * 3000}")

@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import json
 import shutil
-from datetime import timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from oncebus.spark import EntitySettings
-from oncebus.spark._stream import LAYOUT, LAYOUT_JOINED, _Engine
-from oncebus.spark._trace import DEFAULT_ENTITIES
+from oncebus.spark._stream import LAYOUT, LAYOUT_JOINED
 from tests.spark.test_exactness import core_kept_seqs
+from tests.spark.trace_engine import trace_engine
 
 DATA = Path(__file__).parent / "data"
-SETTINGS = {
-    e.name: EntitySettings(window=timedelta(microseconds=e.window_us), partitioned=e.partitioned)
-    for e in DEFAULT_ENTITIES
-}
 
 
 @pytest.mark.parametrize(
@@ -43,23 +37,7 @@ def test_earlier_layout_state_is_continued_exactly(
         assert before["layout"] == 2 and before["key_folders"][0]["path"].endswith("__oncebus_role=1")
     trace_path = str(work / "trace.parquet")
     df = spark.read.parquet(trace_path)
-    engine = _Engine(
-        df,
-        window="PT10M",
-        partitioned=False,
-        state_path=str(work / "state"),
-        output_path=str(work / "out"),
-        foreach_batch=None,
-        max_out_of_order=timedelta(seconds=2),
-        message_id_col="message_id",
-        partition_key_col="partition_key",
-        session_id_col="session_id",
-        time_col="enqueued_time",
-        entity_col="entity",
-        entity_settings=SETTINGS,
-        order_col="seq",
-        on_invalid="drop",
-    )
+    engine = trace_engine(df, work)
     assert engine.bucketed
     engine.bucketed = bucketed
     layout = LAYOUT if bucketed else LAYOUT_JOINED

@@ -1,7 +1,8 @@
-"""How tests/spark/data/state-v2 was made: the streaming state layout 2 (b=N/__oncebus_role=1|3, batches/).
+"""How tests/spark/data/state-v1 and state-v2 were made: streaming state folders of earlier layouts.
 
-Run with the source tree of that release first on the path (PYTHONPATH=<old checkout>/src):
-    python tests/spark/data/make_state_v2.py OUT_DIR
+Run with the source tree of the release that wrote the layout first on the path:
+    PYTHONPATH=<checkout of 191e9ee^>/src python tests/spark/data/make_state.py OUT_DIR   # state-v1: keys/, held/
+    PYTHONPATH=<checkout of 13aef5b>/src python tests/spark/data/make_state.py OUT_DIR   # state-v2: b=N/__oncebus_role
 It decides the first 3,000 rows of a generated trace (seed 21) as batches 0 and 1, and keeps the trace,
 the state and the output; tests/spark/test_state_layout.py continues from there with this release.
 """

@@ -82,7 +82,11 @@ def wait_for_port(port: int, process: subprocess.Popen[Any], what: str) -> None:
     raise SystemExit(f"{what} did not start")
 
 
-def start_oncebus(workdir: Path) -> tuple[subprocess.Popen[str], str]:
+def start_oncebus(workdir: Path, receive_window: str | None = None) -> tuple[subprocess.Popen[str], str]:
+    """``oncebus serve`` on a free port with the bench's queues ('receive' with ``receive_window`` if given)."""
+    receive: dict[str, object] = {"RequiresDuplicateDetection": True}
+    if receive_window is not None:
+        receive["DuplicateDetectionHistoryTimeWindow"] = receive_window
     config = {
         "UserConfig": {
             "Namespaces": [
@@ -91,7 +95,7 @@ def start_oncebus(workdir: Path) -> tuple[subprocess.Popen[str], str]:
                     "Queues": [
                         {"Name": "dedup-on", "Properties": {"RequiresDuplicateDetection": True}},
                         {"Name": "dedup-off", "Properties": {"RequiresDuplicateDetection": False}},
-                        {"Name": "receive", "Properties": {"RequiresDuplicateDetection": True}},
+                        {"Name": "receive", "Properties": receive},
                     ],
                 }
             ]

@@ -18,8 +18,6 @@
 from __future__ import annotations
 
 import argparse
-import collections
-import json
 import os
 import shutil
 import signal
@@ -27,13 +25,13 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import amqp_send
 from amqp_send import (
     BATCH,
     _shares,
@@ -54,25 +52,7 @@ def rss_mb(pid: int) -> float:
 
 def start_oncebus(workdir: Path) -> tuple[subprocess.Popen[str], str]:
     """``amqp_send.start_oncebus`` with a window of an hour on 'receive' (the keys added stay held)."""
-    queue = {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT1H"}
-    config = {"UserConfig": {"Namespaces": [{"Name": "bench", "Queues": [{"Name": "receive", "Properties": queue}]}]}}
-    config_file = workdir / "config.json"
-    config_file.write_text(json.dumps(config))
-    command = [sys.executable, "-c", "import sys; from oncebus.cli import main; sys.exit(main())"]
-    command += ["--data-dir", str(workdir / "data"), "serve", "--port", "0", "--config", str(config_file)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert process.stdout is not None
-    connection_string = ""
-    for line in process.stdout:
-        if line.startswith("connection string: "):
-            connection_string = line.split(": ", 1)[1].strip()
-        if line.strip() == "ready":
-            break
-    if not connection_string:
-        process.kill()
-        raise SystemExit("oncebus serve did not start")
-    threading.Thread(target=lambda: collections.deque(process.stdout or (), maxlen=0), daemon=True).start()
-    return process, connection_string
+    return amqp_send.start_oncebus(workdir, receive_window="PT1H")
 
 
 def add_keys(db_path: Path, count: int) -> float:

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from oncebus import __version__
-from oncebus.broker.clock import SystemClock
-from oncebus.broker.namespace import Namespace
+from oncebus.broker import Namespace, SystemClock
 from oncebus.cli_rules import add_rule_parser, rule_command
 from oncebus.core.durations import parse_duration, to_micros
 from oncebus.core.errors import InvalidArgumentError, MessageSizeExceededError, OncebusError

@@ -39,7 +39,10 @@ DOTNET_EPOCH_TICKS = 621_355_968_000_000_000
 DEFAULT_SESSION_WAIT_SECONDS = 65.0
 SEND_CREDIT = 64
 REQUEST_CREDIT = 16
-IDLE_POLL_SECONDS = 1.0
+IDLE_POLL_SECONDS = 1.0  # a link waiting for its client to read looks again at least this often
+# a link with credit and nothing to deliver: its receivable's signal wakes it when something arrives, so
+# this poll is only a safety net; thousands of idle links must not cost the loop thousands of receives a second
+IDLE_RECEIVE_POLL_SECONDS = 5.0
 
 
 def dotnet_ticks(moment_us: int) -> int:
@@ -86,9 +89,10 @@ def close_with(link: proton.Link, condition: proton.Condition) -> None:
         link.close()
 
 
-async def wait_for_change(namespace: Namespace, wake: asyncio.Future[None], timeout: float) -> None:
-    """Wait until the namespace reports a change, ``wake`` is set, or ``timeout`` passes."""
-    await namespace.wait_for_change(timeout, wake)
+async def wait_for_change(namespace: Namespace, path: str, wake: asyncio.Future[None], timeout: float) -> None:
+    """Wait until messages may have become available at ``path`` (or the namespace changed for every
+    receiver), ``wake`` is set, or ``timeout`` passes."""
+    await namespace.wait_for_change(timeout, wake, path=path)
 
 
 def too_large(size: int, limit: int) -> MessageSizeExceededError:
@@ -284,7 +288,7 @@ class ReceiveLink:
                 self.wake = self.conn.loop.create_future()
             credit = link.credit
             if credit <= 0:
-                await wait_for_change(namespace, self.wake, IDLE_POLL_SECONDS)
+                await wait_for_change(namespace, self.path, self.wake, IDLE_RECEIVE_POLL_SECONDS)
                 continue
             if not self.conn.has_room():
                 # the client does not read what it was sent: take (and lock) nothing more until it does
@@ -317,7 +321,7 @@ class ReceiveLink:
             if link.drain_mode:
                 link.drained()
                 self.conn.pump()
-            await wait_for_change(namespace, self.wake, IDLE_POLL_SECONDS)
+            await wait_for_change(namespace, self.path, self.wake, IDLE_RECEIVE_POLL_SECONDS)
 
     def _transfer(self, message: ReceivedMessage) -> None:
         payload = outgoing.encode_received(message, lock_annotations=self.session is None)
@@ -422,7 +426,7 @@ class ReceiveLink:
                 delivery.local.undeliverable = delivery.remote.undeliverable
             delivery.update(state if state else proton.Delivery.ACCEPTED)
             delivery.settle()
-        self.conn.pump()
+        self.conn.pump_soon()
 
     def on_closed(self) -> None:
         self.closed = True

@@ -18,7 +18,7 @@ import proton
 from oncebus.amqp import codec, outgoing
 from oncebus.amqp.errors import condition_of, status_of
 from oncebus.amqp.values import text
-from oncebus.broker.paths import address_path, parse_path
+from oncebus.broker import address_path, parse_path
 from oncebus.core.errors import InvalidArgumentError, SessionLockLostError, UnauthorizedError
 from oncebus.core.messages import Message, ServiceBusReceiveMode
 from oncebus.core.timeutil import datetime_to_us

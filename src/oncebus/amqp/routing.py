@@ -24,7 +24,7 @@ from oncebus.amqp.links import (
     refuse,
 )
 from oncebus.amqp.values import text
-from oncebus.broker.paths import address_path, parse_path
+from oncebus.broker import address_path, parse_path
 from oncebus.core.errors import EntityNotFoundError, InvalidArgumentError, UnauthorizedError
 from oncebus.core.messages import ServiceBusReceiveMode
 
@@ -118,7 +118,7 @@ class Router:
         namespace = self.host.namespace
         try:
             self._check_access(conn, address)
-            namespace.receivable(address)
+            namespace.check_receivable(address)
             filters = read_filter(link.remote_source)
             mode = (
                 ServiceBusReceiveMode.RECEIVE_AND_DELETE

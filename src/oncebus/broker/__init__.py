@@ -1,21 +1,69 @@
-"""The broker engine: entities, send, receive, locks, sessions, scheduling, dead-letter, fan-out."""
+"""The broker engine: entities, send, receive, locks, sessions, scheduling, dead-letter, fan-out.
+
+Front ends import engine names from here only (never a module of the package by path): the
+namespace, its three ports (``Messaging``, ``Administration``, ``Observation``: see ``ports``),
+clocks, the address helpers, and the types the ports speak in.
+"""
 
 from __future__ import annotations
 
-from oncebus.broker.clock import Clock, ManualClock, SystemClock
-from oncebus.broker.namespace import Namespace, SendOutcome
+from oncebus.broker.clock import Clock, FileClock, ManualClock, SystemClock
+from oncebus.broker.counters import (
+    HISTORY_KEPT_US,
+    HISTORY_SAMPLE_US,
+    EntityView,
+    Histogram,
+    ReceivableView,
+    StoreCounters,
+    suggest_window,
+)
+from oncebus.broker.namespace import Namespace
+from oncebus.broker.observation import NamespaceObserver
+from oncebus.broker.paths import EntityPath, address_path, parse_path, subscription_path
+from oncebus.broker.ports import Administration, Messaging, Observation
 from oncebus.broker.receivable import SessionLock
+from oncebus.broker.runtime_properties import (
+    UNKNOWN_TIME,
+    RuntimeProperties,
+    queue_runtime_properties,
+    subscription_runtime_properties,
+    topic_runtime_properties,
+)
+from oncebus.broker.sending import SendOutcome
+from oncebus.broker.stats import EntityStats
 from oncebus.core.messages import Message, MessageState, ReceivedMessage, ServiceBusReceiveMode
 
 __all__ = [
+    "HISTORY_KEPT_US",
+    "HISTORY_SAMPLE_US",
+    "UNKNOWN_TIME",
+    "Administration",
     "Clock",
+    "EntityPath",
+    "EntityStats",
+    "EntityView",
+    "FileClock",
+    "Histogram",
     "ManualClock",
     "Message",
     "MessageState",
+    "Messaging",
     "Namespace",
+    "NamespaceObserver",
+    "Observation",
+    "ReceivableView",
     "ReceivedMessage",
+    "RuntimeProperties",
     "SendOutcome",
     "ServiceBusReceiveMode",
     "SessionLock",
+    "StoreCounters",
     "SystemClock",
+    "address_path",
+    "parse_path",
+    "queue_runtime_properties",
+    "subscription_path",
+    "subscription_runtime_properties",
+    "suggest_window",
+    "topic_runtime_properties",
 ]

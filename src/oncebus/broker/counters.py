@@ -2,7 +2,7 @@
 
 Everything here is updated incrementally where the event happens (a send judged, a
 message received, settled, dead-lettered or expired, a commit written) and read on
-the broker's loop by ``view_entities``; nothing scans messages or touches the store.
+the broker's loop by ``observation.view_entities``; nothing scans messages or touches the store.
 
 - ``Histogram``: fixed buckets, cumulative at read time (Prometheus ``le`` semantics).
 - ``ReceivableCounters``: per queue or subscription (its dead-letter sub-queue
@@ -15,9 +15,7 @@ the broker's loop by ``view_entities``; nothing scans messages or touches the st
   writer thread through ``SqliteStore.commit_observer``.
 - ``ActivityHistory``: accepted / duplicates / late resends over time per entity
   (cumulative samples, one per second while they change, for a quarter of an hour).
-- ``NamespaceObserver``: owns the namespace-wide parts; ``tick`` (from
-  ``Namespace.tick``) samples the history and logs, once a minute, one INFO line
-  per entity that dropped duplicates or saw late resends (counts, never ids).
+- ``EntityView`` / ``ReceivableView``: what one entity shows (built by ``oncebus.broker.observation``).
 - ``suggest_window``: the smallest bucket edge covering a share of resends (99%),
   clamped to what Service Bus allows: a simple stand-in for the Spark window
   advisor, computed from the histogram alone.
@@ -31,10 +29,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from oncebus.broker.namespace import Namespace
+from typing import Any
 
 _LOG = logging.getLogger("oncebus.duplicates")
 
@@ -189,50 +184,6 @@ class EntityView:
     receivables: list[ReceivableView] = field(default_factory=list)
 
 
-def view_entities(namespace: Namespace) -> list[EntityView]:
-    """Every entity's settings, counters and gauges, in O(entities + subscriptions) (keys due expire first)."""
-    now = namespace._now()
-    views = []
-    for entity in list(namespace._entities.values()):
-        detector = entity.detector
-        dedup = detector.stats(now)  # keys due expire first
-        props = entity.properties
-        view = EntityView(
-            name=props.name,
-            path=entity.path,
-            kind=entity.kind,
-            requires_duplicate_detection=detector.enabled,
-            window_seconds=detector.window.total_seconds(),
-            window=props.to_dict()["duplicate_detection_history_time_window"],
-            enable_partitioning=props.enable_partitioning,
-            accepted=entity.counters.get("accepted", 0),
-            duplicates_dropped=entity.counters.get("duplicates", 0),
-            late_resends=entity.counters.get("late_resends", 0),
-            keys_held=dedup.keys_held,
-            oldest_key_age_seconds=dedup.oldest_key_age_seconds,
-            index_bytes=dedup.index_bytes,
-            resend_delays=entity.observed.resend_delays,
-        )
-        if entity.receivable is not None:
-            view.receivables.append(_receivable_view("", entity.receivable))
-        for subscription in entity.subscriptions.values():
-            view.receivables.append(_receivable_view(subscription.properties.name, subscription.receivable))
-        views.append(view)
-    return views
-
-
-def _receivable_view(subscription: str, receivable: Any) -> ReceivableView:
-    counts = receivable.counts()
-    return ReceivableView(
-        subscription=subscription,
-        active=counts["active"],
-        scheduled=counts["scheduled"],
-        deferred=counts["deferred"],
-        dead_lettered=counts["dead_lettered"],
-        counters=receivable.counters,
-    )
-
-
 # ---------------------------------------------------------------------------------- over time
 
 
@@ -264,65 +215,3 @@ class ActivityHistory:
     def points(self, path: str, since_us: int | None = None) -> list[tuple[int, int, int, int]]:
         points = self._points.get(path, ())
         return [p for p in points if since_us is None or p[0] > since_us]
-
-
-class NamespaceObserver:
-    """The namespace-wide counters and the clocked work: history samples and the per-minute duplicate log."""
-
-    def __init__(self) -> None:
-        self.store = StoreCounters()
-        self.history = ActivityHistory()
-        self._next_sample_us = 0
-        self._next_log_us = 0
-        self._logged: dict[str, tuple[int, int, int]] = {}
-
-    def attach_store(self, store: object) -> None:
-        """Have the store report its commits here, when it can (the SQLite store can; the memory one does not)."""
-        if hasattr(store, "commit_observer"):
-            store.commit_observer = self.store.observe_commit  # type: ignore[attr-defined]
-
-    def tick(self, namespace: Namespace, now_us: int) -> None:
-        """Called by ``Namespace.tick``: O(entities) at most once a second."""
-        if now_us < self._next_sample_us:
-            return
-        self._next_sample_us = now_us + HISTORY_SAMPLE_US
-        totals = [
-            (e.path, e.counters.get("accepted", 0), e.counters.get("duplicates", 0), e.counters.get("late_resends", 0))
-            for e in namespace._entities.values()
-        ]
-        self.history.sample(now_us, totals)
-        if self._next_log_us == 0:
-            self._next_log_us = now_us + LOG_EVERY_US
-            self._logged = {path: (a, d, late) for path, a, d, late in totals}
-        elif now_us >= self._next_log_us:
-            self._next_log_us = now_us + LOG_EVERY_US
-            self._log(namespace, totals)
-
-    def _log(self, namespace: Namespace, totals: list[tuple[str, int, int, int]]) -> None:
-        logged = {}
-        for path, accepted, duplicates, late in totals:
-            before = self._logged.get(path, (0, 0, 0))
-            logged[path] = (accepted, duplicates, late)
-            d_accepted, d_duplicates, d_late = accepted - before[0], duplicates - before[1], late - before[2]
-            if d_duplicates <= 0 and d_late <= 0:
-                continue
-            entity = namespace._entities.get(path)
-            if entity is None:
-                continue
-            window = entity.detector.window.total_seconds()
-            _LOG.info(
-                "%s: %d accepted, %d duplicates dropped, %d late resends in the last minute (window %s)",
-                path,
-                d_accepted,
-                d_duplicates,
-                d_late,
-                entity.properties.to_dict()["duplicate_detection_history_time_window"],
-                extra={
-                    "entity": path,
-                    "accepted": d_accepted,
-                    "duplicates_dropped": d_duplicates,
-                    "late_resends": d_late,
-                    "window_seconds": window,
-                },
-            )
-        self._logged = logged

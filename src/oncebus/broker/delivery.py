@@ -66,7 +66,7 @@ class Delivery:
         def _check_alive(self) -> None: ...
         def _require_backlog(self) -> None: ...
         def _notify(self) -> None: ...
-        async def _wait(self, deadline: float | None) -> bool: ...
+        async def _wait(self, deadline: float | None, receivable: Receivable) -> bool: ...
         async def _write(self, ops: Sequence[Op]) -> None: ...
         def _write_later(self, ops: Sequence[Op]) -> None: ...
         def _note_moves(self, ops: Sequence[Op]) -> Callable[[], None] | None: ...
@@ -104,7 +104,7 @@ class Delivery:
                 got.append(message)
             if got:
                 return await self._deliver(receivable, got, receive_mode, session)
-            if not await self._wait(deadline):
+            if not await self._wait(deadline, receivable):
                 return []
 
     def _check_session(self, receivable: Receivable, session: SessionLock | None, path: str) -> str | None:
@@ -223,8 +223,7 @@ class Delivery:
         ops: list[Op] = [
             UpdateMessage(receivable.path, seq, int(message.state), message.delivery_count, properties_to_modify)
         ]
-        ops += receivable.unlock(message, self._now())
-        self._notify()
+        ops += receivable.unlock(message, self._now())  # wakes its receivers if it is available again
         await self._settle(ops)
 
     async def defer(self, path: str, lock_token: uuid.UUID | str) -> None:
@@ -343,7 +342,7 @@ class Delivery:
             candidate = receivable.next_available_session()
             if candidate is not None:
                 return self._lock_session(receivable, candidate, now)
-            if not await self._wait(deadline):
+            if not await self._wait(deadline, receivable):
                 raise OperationTimeoutError(f"no unlocked session with messages in {path!r} became available")
 
     def _lock_session(self, receivable: Receivable, session_id: str, now: int) -> SessionLock:
@@ -372,7 +371,6 @@ class Delivery:
         current = receivable.sessions.get(session.session_id)
         if current is not None and current.lock_token == session.lock_token:
             self._write_later(receivable.release_session(session.session_id, self._now(), reason="session"))
-            self._notify()
 
     async def get_session_state(self, session: SessionLock) -> bytes | None:
         receivable = self.receivable(session.path)

@@ -27,9 +27,10 @@ from typing import Any, cast
 
 from oncebus.broker.clock import Clock, SystemClock
 from oncebus.broker.contents import ContentCache
-from oncebus.broker.counters import NamespaceObserver
+from oncebus.broker.counters import EntityView
 from oncebus.broker.delivery import Delivery
 from oncebus.broker.journal import Journal
+from oncebus.broker.observation import NamespaceObserver, view_entities
 from oncebus.broker.paths import parse_path, subscription_path
 from oncebus.broker.receivable import Receivable
 from oncebus.broker.recovery import newest_time_us, restore, restore_messages_in_steps
@@ -37,12 +38,13 @@ from oncebus.broker.registry import Entity, EntityKind, Registry
 from oncebus.broker.routing import Reencode, Router
 from oncebus.broker.rulebook import Rules
 from oncebus.broker.sending import Sender, SendLog, SendOutcome
-from oncebus.broker.signals import ChangeSignal
+from oncebus.broker.signals import ChangeSignal, wait_any, wait_until
 from oncebus.broker.stats import EntityStats, entity_stats
 from oncebus.broker.upkeep import Activity, delete_idle, pump_forwarding, release_scheduled
 from oncebus.core.durations import to_micros
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.errors import (
+    OncebusError,
     ServerBusyError,
     StoreError,
     StoreWriteError,
@@ -88,9 +90,7 @@ class Namespace(Delivery):
         self._journal = Journal(store, reload=self._load, reloaded=self._notify)
         self._contents = ContentCache(store)
         self._router = Router(lambda name: self._entities.get(name.lower()), reencode, self._touch)
-        self._sender = Sender(
-            self._registry, self._journal, self._now, self._notify, send_log, self._contents, self._router
-        )
+        self._sender = Sender(self._registry, self._journal, self._now, send_log, self._contents, self._router)
         self._floor_us = 0  # time never runs backwards for the broker, across restarts too
         self._timer_error: str | None = None
         self._activity = Activity(self.clock.now_us())  # auto_delete_on_idle
@@ -239,14 +239,26 @@ class Namespace(Delivery):
     def _notify(self) -> None:
         self._changes.notify()
 
-    async def _wait(self, deadline: float | None) -> bool:
-        """Wait for a change or the next poll; False once the deadline (loop time) has passed."""
-        return await self._changes.wait_until(deadline, POLL_SECONDS)
+    async def _wait(self, deadline: float | None, receivable: Receivable) -> bool:
+        """Wait for a change of ``receivable`` (or of the whole namespace) or the next poll; False once the
+        deadline (loop time) has passed."""
+        return await wait_until((self._changes, receivable.changes), deadline, POLL_SECONDS)
 
-    async def wait_for_change(self, timeout: float, wake: asyncio.Future[None] | None = None) -> None:
-        """Return when messages may have become available (a send, an abandon, a tick), when ``wake``
-        completes, or after ``timeout`` seconds."""
-        await self._changes.wait(timeout, wake)
+    async def wait_for_change(
+        self, timeout: float, wake: asyncio.Future[None] | None = None, *, path: str | None = None
+    ) -> None:
+        """Return when messages may have become available at ``path`` (a send committed, an abandon, a lock
+        released, a scheduled message due) or something changed for every receiver (an entity deleted, a
+        reset), when ``wake`` completes, or after ``timeout`` seconds. Without ``path``: any change at all
+        is not reported, only the namespace-wide ones. A path that no longer resolves returns at once
+        (the caller's next receive reports why)."""
+        signals = [self._changes]
+        if path is not None:
+            try:
+                signals.append(self._registry.resolve(parse_path(path)).changes)
+            except OncebusError:
+                return
+        await wait_any(signals, timeout, wake)
 
     def tick(self) -> None:
         """Apply everything due now (scheduled enqueues, lock and message expiry, history pruning,
@@ -272,8 +284,7 @@ class Namespace(Delivery):
                 self._contents.move(op)
         ops += pump_forwarding(self._registry, self._router, now, self._contents)
         self._write_later(ops)
-        self.observer.tick(self, now)
-        self._notify()
+        self.observer.tick(self._entities, now)  # what became available woke its own receivers (Receivable.changes)
 
     async def run_timers(self, interval: float = 0.5) -> None:
         """Background task for a served namespace: tick on the real clock. It runs until cancelled:
@@ -308,6 +319,10 @@ class Namespace(Delivery):
             self._touch(subscription_path(where.entity, where.subscription))
         self._write_later(receivable.advance(self._now()))
         return receivable
+
+    def check_receivable(self, path: str) -> None:
+        """Raise the error a receiver of ``path`` would meet (no such entity, a topic, ...); nothing else."""
+        self.receivable(path)
 
     async def create_entity(self, kind: EntityKind, name: str, **properties: Any) -> QueueProperties | TopicProperties:
         self._check_alive()
@@ -454,6 +469,10 @@ class Namespace(Delivery):
         await self._sender.cancel_scheduled(entity_name, sequence_numbers)
 
     # ------------------------------------------------------------------------------ statistics
+    def entity_views(self) -> list[EntityView]:
+        """Every entity's settings, counters and gauges (metrics, dashboard), in O(entities)."""
+        return view_entities(self._entities.values(), self._now())
+
     def stats(self, entity_name: str) -> EntityStats:
         """Per-entity statistics, including what Azure drops silently (only what was committed)."""
         self._check_alive()

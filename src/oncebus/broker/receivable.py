@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from oncebus.broker.counters import ReceivableCounters
+from oncebus.broker.signals import ChangeSignal
 from oncebus.core.messages import MessageState, StoredMessage
 from oncebus.core.timeutil import MAX_US, clamp_us
 from oncebus.store.base import DeleteMessage, MessageRow, MoveMessage, Op
@@ -181,6 +182,7 @@ class Receivable:
         self.locks: dict[uuid.UUID, int] = {}
         self.lost_tokens: OrderedDict[uuid.UUID, str] = OrderedDict()
         self.sessions: dict[str, SessionLock] = {}
+        self.changes = ChangeSignal()  # its waiting receivers: notified when a message becomes available
         self.session_states: dict[str, bytes] = {}
         self.counters = counters if counters is not None else ReceivableCounters()  # shared with the dead-letter queue
         self._state_counts = [0] * len(MessageState)  # messages by state, kept as they change (counts() is O(1))
@@ -235,6 +237,8 @@ class Receivable:
                 self.add(Entry.of(r), now_us)
         self._state_counts[_ACTIVE] += added
         self.size_bytes += total
+        if added:
+            self.changes.notify()
 
     def begin_restore(self) -> None:
         """Restore the stored backlog in several ``restore`` calls while new messages arrive (start-up in the
@@ -304,6 +308,7 @@ class Receivable:
             self._available.push(entry)
         if entry.expires_at_us is not None and not self.is_dead_letter:
             heapq.heappush(self._expiry, (entry.expires_at_us, entry.sequence_number))
+        self.changes.notify()
 
     def _forget(self, seq: int) -> Entry | None:
         entry = self.messages.pop(seq, None)
@@ -461,6 +466,7 @@ class Receivable:
         lock = self.sessions.pop(session_id, None)
         if lock is None:
             return []
+        self.changes.notify()  # the session can be accepted again
         ops: list[Op] = []
         for token in lock.locked_messages:
             seq = self.locks.get(token)

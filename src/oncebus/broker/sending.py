@@ -46,7 +46,6 @@ class Sender:
         registry: Registry,
         journal: Journal,
         now: Callable[[], int],
-        notify: Callable[[], None],
         send_log: SendLog | None,
         contents: ContentCache,
         router: Router | None = None,
@@ -55,7 +54,6 @@ class Sender:
         self.registry = registry
         self.journal = journal
         self.now = now
-        self.notify = notify
         self.send_log = send_log
         self.contents = contents
 
@@ -146,8 +144,7 @@ class Sender:
                     grouped.setdefault(receivable, []).append(copy)
                 for receivable, copies in grouped.items():
                     receivable.add_records(copies, committed_at)
-                    self.contents.put_many(copies)
-                self.notify()
+                    self.contents.put_many(copies)  # add_records woke each receivable's receivers
 
             await self.journal.write(
                 ops, on_commit=visible, verdicts_since=verdicts_since if deltas["duplicates"] else None

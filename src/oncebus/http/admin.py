@@ -26,9 +26,9 @@ from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
 from oncebus.auth import verify_token
-from oncebus.broker.namespace import Namespace
-from oncebus.broker.runtime_properties import (
+from oncebus.broker import (
     UNKNOWN_TIME,
+    Namespace,
     queue_runtime_properties,
     subscription_runtime_properties,
     topic_runtime_properties,

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 
 from oncebus import __version__
-from oncebus.broker.namespace import Namespace
+from oncebus.broker import Namespace
 from oncebus.http.admin import AdminApi
 from oncebus.http.rules import RuleBook
 from oncebus.http.server import ASGIApp, Receive, Scope, Send

@@ -25,7 +25,7 @@ from xml.sax.saxutils import escape, quoteattr
 import defusedxml.ElementTree as SafeET
 from defusedxml import DefusedXmlException
 
-from oncebus.broker.runtime_properties import RuntimeProperties
+from oncebus.broker import RuntimeProperties
 from oncebus.core.durations import TIMESPAN_MAX, format_duration, parse_duration
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.errors import InvalidArgumentError

@@ -30,8 +30,7 @@ from typing import Any, Protocol
 from xml.etree.ElementTree import Element
 from xml.sax.saxutils import escape
 
-from oncebus.broker.namespace import Namespace
-from oncebus.broker.runtime_properties import UNKNOWN_TIME
+from oncebus.broker import UNKNOWN_TIME, Namespace
 from oncebus.core.durations import format_duration, parse_duration
 from oncebus.core.errors import InvalidArgumentError, named
 from oncebus.core.rules import (

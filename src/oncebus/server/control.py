@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from oncebus.broker.namespace import Namespace
+from oncebus.broker import Namespace
 from oncebus.core import errors
 from oncebus.core.durations import parse_duration
 from oncebus.core.errors import ArgumentOutOfRangeError, InvalidArgumentError, OncebusError

@@ -22,6 +22,8 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
+from oncebus.core.errors import OncebusError
+
 _LOG = logging.getLogger("oncebus.datadir")
 WATCH_SECONDS = 1.0
 
@@ -30,8 +32,8 @@ DEFAULT_DATA_DIR = ".oncebus"
 STORE_FILE = "oncebus.db"
 
 
-class DataDirBusyError(RuntimeError):
-    pass
+class DataDirBusyError(OncebusError, RuntimeError):
+    """Another process holds the data directory's lock."""
 
 
 def resolve_data_dir(flag: str | None) -> Path:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from oncebus.amqp.server import AmqpServer
 from oncebus.auth import connection_string
-from oncebus.broker.namespace import Namespace
+from oncebus.broker import Namespace
 from oncebus.http.app import HttpApp
 from oncebus.http.observe import AmqpTransportGauges, make_observe_app
 from oncebus.http.server import ASGIApp, HttpLimits, HttpProtocol

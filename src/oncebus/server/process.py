@@ -20,8 +20,7 @@ from typing import Any
 from oncebus import __version__
 from oncebus.amqp.reencode import reencode
 from oncebus.auth import DEFAULT_KEYS
-from oncebus.broker.clock import FileClock, SystemClock
-from oncebus.broker.namespace import Namespace
+from oncebus.broker import FileClock, Namespace, SystemClock
 from oncebus.core.errors import OncebusError
 from oncebus.http.server import ASGIApp
 from oncebus.server.certs import ensure_certificates
@@ -33,7 +32,7 @@ from oncebus.store.sendlog import SendLogWriter
 from oncebus.store.sqlite import SqliteStore
 
 
-class ServeError(Exception):
+class ServeError(OncebusError):
     """The serve process could not start; ``busy`` when the data directory is in use."""
 
     def __init__(self, message: str, *, busy: bool = False) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 
 import json5
 
-from oncebus.broker.namespace import Namespace
+from oncebus.broker import Namespace
 from oncebus.core.durations import TIMESPAN_MAX_TEXT
 from oncebus.core.entities import (
     QueueProperties,

@@ -9,10 +9,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from oncebus.core.errors import OncebusError
 from oncebus.server.control import error_from_json
 
 
-class BrokerGoneError(RuntimeError):
+class BrokerGoneError(OncebusError, RuntimeError):
     """The broker under test stopped answering (it crashed or was stopped); the message carries its output."""
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
+from oncebus.core.errors import OncebusError
 from oncebus.core.timeutil import us_to_datetime
 from oncebus.server.topology import Topology
 from oncebus.testing._client import BrokerGoneError, ControlClient
@@ -42,7 +43,7 @@ WORK_DIR_ENV = "ONCEBUS_TESTING_WORK_DIR"  # the child removes it if this proces
 _OUTPUT_LINES = 200
 
 
-class BrokerStartError(RuntimeError):
+class BrokerStartError(OncebusError, RuntimeError):
     """``oncebus serve`` did not become ready; the message carries its output."""
 
 

@@ -5,14 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from oncebus.broker.counters import (
-    HISTORY_KEPT_US,
-    HISTORY_SAMPLE_US,
-    EntityView,
-    Histogram,
-    suggest_window,
-    view_entities,
-)
+from oncebus.broker import HISTORY_KEPT_US, HISTORY_SAMPLE_US, EntityView, Histogram, suggest_window
 
 if TYPE_CHECKING:
     from oncebus.broker import Namespace
@@ -78,7 +71,7 @@ def dashboard_state(
     namespace: Namespace, *, since_us: int | None = None, transport: TransportGauges | None = None
 ) -> dict[str, Any]:
     """Everything the page shows; ``history`` holds only samples newer than ``since_us`` when given."""
-    views = view_entities(namespace)
+    views = namespace.entity_views()
     observer = namespace.observer
     store = observer.store
     return {

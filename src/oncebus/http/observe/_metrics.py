@@ -10,7 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from oncebus.broker.counters import EntityView, Histogram, view_entities
+from oncebus.broker import EntityView, Histogram
 
 if TYPE_CHECKING:
     from oncebus.broker import Namespace
@@ -61,7 +61,7 @@ class NamespaceCollector(Collector):
         self.transport = transport
 
     def collect(self) -> Iterator[Metric]:
-        views = view_entities(self.namespace)
+        views = self.namespace.entity_views()
         yield from self._entity_families(views)
         yield from self._receivable_families(views)
         yield from self._store_families()

@@ -1,0 +1,229 @@
+"""The engine's ports: what the front ends (AMQP, HTTP, the control socket, the CLI, ``oncebus.testing``)
+may ask of the broker, declared as three protocols and exported by ``oncebus.broker``.
+
+- ``Messaging``: send, schedule, receive, settle, lock renewal, peek, sessions, waiting for messages;
+- ``Administration``: queues, topics, subscriptions and rules;
+- ``Observation``: statistics, the entity views for ``/metrics`` and the dashboard, the observer's
+  history and store counters, the clock.
+
+``Namespace`` implements all three (``tests/broker/test_ports.py`` holds it to them). A front end types
+what it holds by the port it uses, and imports engine names only from ``oncebus.broker``, never a
+module of it by path (``tests/test_layering.py``), so the engine's modules can move without the
+front ends knowing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from oncebus.broker.clock import Clock
+from oncebus.broker.counters import EntityView
+from oncebus.broker.observation import NamespaceObserver
+from oncebus.broker.receivable import SessionLock
+from oncebus.broker.registry import EntityKind
+from oncebus.broker.sending import SendOutcome
+from oncebus.broker.stats import EntityStats
+from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
+from oncebus.core.messages import Message, ReceivedMessage, ServiceBusReceiveMode
+from oncebus.core.rules import RuleProperties
+
+
+class Messaging(Protocol):
+    """Sending, receiving, settling and sessions: what the AMQP door (and ``oncebus.testing``) does with messages."""
+
+    async def send(self, entity_name: str, messages: Message | Sequence[Message]) -> list[SendOutcome]:
+        """Send one message or an atomic batch to a queue or topic."""
+        ...
+
+    async def schedule_messages(
+        self, entity_name: str, messages: Message | Sequence[Message], schedule_time_utc: datetime
+    ) -> list[int]:
+        """Schedule messages; returns their sequence numbers (for cancelling)."""
+        ...
+
+    async def cancel_scheduled_messages(self, entity_name: str, sequence_numbers: Iterable[int]) -> None:
+        """Cancel scheduled messages; their dedup keys stay in the history."""
+        ...
+
+    def check_receivable(self, path: str) -> None:
+        """Raise the error a receiver of ``path`` would meet (no such entity, a topic, ...); nothing else."""
+        ...
+
+    async def receive(
+        self,
+        path: str,
+        max_message_count: int = 1,
+        *,
+        receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
+        max_wait_time: float | None = 0.0,
+        session: SessionLock | None = None,
+    ) -> list[ReceivedMessage]:
+        """Receive up to ``max_message_count`` messages, waiting up to ``max_wait_time`` s for the first."""
+        ...
+
+    async def complete(self, path: str, lock_token: uuid.UUID | str) -> None: ...
+
+    def complete_soon(self, path: str, lock_token: uuid.UUID, done: Callable[[BaseException | None], None]) -> None:
+        """``complete`` without a coroutine (the receive link's path): raises what it raises at once, else
+        ``done(error)`` runs on the loop when the completion is committed (``None``) or failed."""
+        ...
+
+    async def abandon(
+        self, path: str, lock_token: uuid.UUID | str, properties_to_modify: dict[str, Any] | None = None
+    ) -> None: ...
+
+    async def defer(self, path: str, lock_token: uuid.UUID | str) -> None: ...
+
+    async def dead_letter(
+        self,
+        path: str,
+        lock_token: uuid.UUID | str,
+        reason: str | None = None,
+        error_description: str | None = None,
+    ) -> None: ...
+
+    async def renew_lock(self, path: str, lock_token: uuid.UUID | str) -> datetime: ...
+
+    async def receive_deferred_messages(
+        self,
+        path: str,
+        sequence_numbers: Iterable[int],
+        *,
+        receive_mode: ServiceBusReceiveMode = ServiceBusReceiveMode.PEEK_LOCK,
+        session: SessionLock | None = None,
+    ) -> list[ReceivedMessage]: ...
+
+    def peek_messages(
+        self,
+        path: str,
+        max_message_count: int = 1,
+        *,
+        sequence_number: int = 0,
+        session_id: str | None = None,
+    ) -> list[ReceivedMessage]:
+        """Messages from ``sequence_number`` on, in order, whatever their state; nothing is locked."""
+        ...
+
+    async def accept_session(
+        self, path: str, session_id: str | None = None, *, max_wait_time: float | None = 0.0
+    ) -> SessionLock:
+        """Lock a named session, or the next session with available messages."""
+        ...
+
+    async def renew_session_lock(self, session: SessionLock) -> datetime: ...
+
+    async def close_session(self, session: SessionLock) -> None:
+        """Release a session lock; messages still locked under it become available again."""
+        ...
+
+    async def get_session_state(self, session: SessionLock) -> bytes | None: ...
+
+    async def set_session_state(self, session: SessionLock, state: bytes | None) -> None: ...
+
+    def list_sessions(self, path: str) -> list[str]: ...
+
+    async def wait_for_change(
+        self, timeout: float, wake: asyncio.Future[None] | None = None, *, path: str | None = None
+    ) -> None:
+        """Return when messages may have become available at ``path`` (a send committed, an abandon, a lock released, a
+        scheduled message due) or something changed for every receiver (an entity deleted, a reset), when ``wake``
+        completes, or after ``timeout`` seconds. Without ``path``: any change at all is not reported, only the
+        namespace-wide ones. A path that no longer resolves returns at once (the caller's next receive reports why)."""
+        ...
+
+
+class Administration(Protocol):
+    """Entities and rules: what the HTTP administration API, the topology loader, the CLI and ``$management`` rule
+    operations do."""
+
+    async def create_entity(
+        self, kind: EntityKind, name: str, **properties: Any
+    ) -> QueueProperties | TopicProperties: ...
+
+    async def update_entity(self, kind: EntityKind, name: str, **changes: Any) -> QueueProperties | TopicProperties: ...
+
+    async def delete_entity(self, kind: EntityKind, name: str) -> None: ...
+
+    def get_entity(self, kind: EntityKind, name: str) -> QueueProperties | TopicProperties: ...
+
+    async def create_queue(self, name: str, **properties: Any) -> QueueProperties: ...
+
+    async def create_topic(self, name: str, **properties: Any) -> TopicProperties: ...
+
+    async def update_queue(self, name: str, **changes: Any) -> QueueProperties: ...
+
+    async def update_topic(self, name: str, **changes: Any) -> TopicProperties: ...
+
+    async def delete_queue(self, name: str) -> None: ...
+
+    async def delete_topic(self, name: str) -> None: ...
+
+    def get_queue(self, name: str) -> QueueProperties: ...
+
+    def get_topic(self, name: str) -> TopicProperties: ...
+
+    def list_queues(self) -> list[QueueProperties]: ...
+
+    def list_topics(self) -> list[TopicProperties]: ...
+
+    async def create_subscription(
+        self,
+        topic_name: str,
+        name: str,
+        *,
+        default_rule: RuleProperties | None = None,
+        rules: Sequence[RuleProperties] | None = None,
+        **properties: Any,
+    ) -> SubscriptionProperties:
+        """A new subscription with the ``$Default`` rule, or ``default_rule`` instead, or exactly ``rules``."""
+        ...
+
+    async def update_subscription(self, topic_name: str, name: str, **changes: Any) -> SubscriptionProperties: ...
+
+    async def delete_subscription(self, topic_name: str, name: str) -> None: ...
+
+    def get_subscription(self, topic_name: str, name: str) -> SubscriptionProperties: ...
+
+    def list_subscriptions(self, topic_name: str) -> list[SubscriptionProperties]: ...
+
+    def list_rules(self, topic_name: str, name: str) -> list[RuleProperties]:
+        """A subscription's rules, in the order they were created."""
+        ...
+
+    def get_rule(self, topic_name: str, name: str, rule_name: str) -> RuleProperties: ...
+
+    async def create_rule(self, topic_name: str, name: str, rule: RuleProperties) -> RuleProperties: ...
+
+    async def update_rule(self, topic_name: str, name: str, rule: RuleProperties) -> RuleProperties: ...
+
+    async def delete_rule(self, topic_name: str, name: str, rule_name: str) -> None: ...
+
+    async def set_rules(self, topic_name: str, name: str, rules: Sequence[RuleProperties]) -> None:
+        """Replace a subscription's rules (an empty list: it receives nothing)."""
+        ...
+
+    def entity_names(self) -> list[str]: ...
+
+    async def reset(self) -> None:
+        """Delete every entity with its messages, sessions, counters and dedup history, in one commit, and let the time
+        start again from the clock's reading (``oncebus.testing``'s fresh namespace per test)."""
+        ...
+
+
+class Observation(Protocol):
+    """Counters and views: what ``/metrics``, the dashboard, ``oncebus stats`` and the control socket read."""
+
+    def stats(self, entity_name: str) -> EntityStats:
+        """Per-entity statistics, including what Azure drops silently (only what was committed)."""
+        ...
+
+    def entity_views(self) -> list[EntityView]:
+        """Every entity's settings, counters and gauges (metrics, dashboard), in O(entities)."""
+        ...
+
+    observer: NamespaceObserver
+    clock: Clock

@@ -1,0 +1,67 @@
+"""The engine's boundary: front ends reach the broker through ``oncebus.broker`` alone, and the
+packages that must be one-way (``broker/``, ``amqp/``'s wire layer) hold no import circle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import oncebus
+
+PACKAGE = Path(oncebus.__file__).parent
+FRONT_ENDS = ["amqp", "http", "server", "testing", "cli.py", "cli_rules.py"]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file names in an import statement (TYPE_CHECKING and function-level ones included)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def _files(place: str) -> list[Path]:
+    where = PACKAGE / place
+    return [where] if where.is_file() else sorted(where.rglob("*.py"))
+
+
+def test_front_ends_import_the_engine_only_through_its_package() -> None:
+    offenders = []
+    for place in FRONT_ENDS:
+        for path in _files(place):
+            inner = sorted(name for name in _imports(path) if name.startswith("oncebus.broker."))
+            if inner:
+                offenders.append(f"{path.relative_to(PACKAGE)} imports {inner}")
+    assert offenders == [], "import these names from oncebus.broker:\n" + "\n".join(offenders)
+
+
+def _cycle(folder: str) -> list[str] | None:
+    prefix = f"oncebus.{folder}."
+    modules = {prefix + path.stem: path for path in sorted((PACKAGE / folder).glob("*.py")) if path.stem != "__init__"}
+    graph = {name: sorted(n for n in _imports(path) if n in modules and n != name) for name, path in modules.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        stack.append(name)
+        for nxt in graph[name]:
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)) is not None:
+                return found
+        stack.pop()
+        state[name] = 2
+        return None
+
+    for name in graph:
+        if name not in state and (found := visit(name)) is not None:
+            return found
+    return None
+
+
+def test_the_broker_has_no_import_circle() -> None:
+    assert _cycle("broker") is None, " -> ".join(_cycle("broker") or [])

@@ -70,6 +70,8 @@ class Section:
         data.rewind()
         data.next()
         described = data.get_object()
+        if described is None:
+            raise DecodeError("the section holds no value")
         return copy_value(described.value)
 
     def checked_value(self, what: str) -> Any:
@@ -313,7 +315,7 @@ def _message(
     _check_reencodable(header, annotations, application)
     return Message(
         body=body,
-        message_id=message_id_of(message_id),  # type: ignore[arg-type]  (core takes str | bytes | UUID | int)
+        message_id=message_id_of(message_id),
         session_id=_string_field(group_id, "the session id (properties group-id)"),
         partition_key=_string_field(annotations.get(PARTITION_KEY), "the partition key (x-opt-partition-key)"),
         correlation_id=_text(correlation_id),

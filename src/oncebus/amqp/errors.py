@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from typing import Any
 
 import proton
 
@@ -32,7 +33,7 @@ _STATUS: list[tuple[type[errors.OncebusError], int]] = [
 def condition_of(exc: BaseException) -> proton.Condition:
     """The AMQP error for ``exc`` (an unexpected exception is logged and reported as an internal error)."""
     # the info map is always present: the SDK reads the error's third field unconditionally
-    info = {TRACKING_ID: str(uuid.uuid4())}
+    info: dict[Any, Any] = {TRACKING_ID: str(uuid.uuid4())}
     if isinstance(exc, errors.OncebusError):
         return proton.Condition(exc.condition, str(exc) or type(exc).__name__, info)
     _LOG.error("unexpected failure", exc_info=exc)

@@ -22,6 +22,7 @@ from oncebus.broker.contents import ContentCache
 from oncebus.broker.journal import Journal
 from oncebus.broker.receivable import Entry, Receivable, SessionLock
 from oncebus.broker.registry import Entity, EntityKind, Registry
+from oncebus.broker.routing import Router
 from oncebus.broker.signals import ChangeSignal
 from oncebus.broker.upkeep import pump_forwarding
 from oncebus.core.errors import (
@@ -61,8 +62,10 @@ class Delivery:
     _changes: ChangeSignal
 
     if TYPE_CHECKING:  # the namespace's own, used here
+        _router: Router
 
         def _now(self) -> int: ...
+        async def _backlog_restored(self) -> None: ...
         def _check_alive(self) -> None: ...
         def _require_backlog(self) -> None: ...
         def _notify(self) -> None: ...

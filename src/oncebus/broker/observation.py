@@ -84,7 +84,7 @@ class NamespaceObserver:
     def attach_store(self, store: object) -> None:
         """Have the store report its commits here, when it can (the SQLite store can; the memory one does not)."""
         if hasattr(store, "commit_observer"):
-            store.commit_observer = self.store.observe_commit  # type: ignore[attr-defined]
+            store.commit_observer = self.store.observe_commit
 
     def tick(self, entities: Mapping[str, Entity], now_us: int) -> None:
         """Called by ``Namespace.tick``: O(entities) at most once a second."""

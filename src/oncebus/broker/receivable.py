@@ -337,10 +337,10 @@ class Receivable:
                     ops += self.release_session(session_id, now_us, reason="session")
         while self._lock_expiry and self._lock_expiry[0][0] <= now_us:
             _, token = heapq.heappop(self._lock_expiry)
-            seq = self.locks.get(token)
-            if seq is None:
+            locked_seq = self.locks.get(token)
+            if locked_seq is None:
                 continue
-            entry = self.messages[seq]
+            entry = self.messages[locked_seq]
             if entry.locked_until_us is not None and entry.locked_until_us <= now_us:
                 ops += self.unlock(entry, now_us, lost="message")
         while self._expiry and self._expiry[0][0] <= now_us:

@@ -70,12 +70,12 @@ def _of(receivable: Receivable) -> RuntimeProperties:
 
 def _stamped(runtime: RuntimeProperties, props: Any) -> RuntimeProperties:
     """With the entity's created and updated times, where it has them."""
-    times = {
-        field: us_to_datetime(value)
-        for field, value in (("created_at_utc", props.created_at_us), ("updated_at_utc", props.updated_at_us))
-        if value is not None
-    }
-    return dataclasses.replace(runtime, **times)
+    created, updated = props.created_at_us, props.updated_at_us
+    return dataclasses.replace(
+        runtime,
+        created_at_utc=runtime.created_at_utc if created is None else us_to_datetime(created),
+        updated_at_utc=runtime.updated_at_utc if updated is None else us_to_datetime(updated),
+    )
 
 
 def queue_runtime_properties(namespace: Namespace, name: str) -> RuntimeProperties:

@@ -22,7 +22,8 @@ import zlib
 from array import array
 from collections.abc import Callable
 from datetime import timedelta
-from typing import BinaryIO, NamedTuple
+from io import BufferedIOBase
+from typing import BinaryIO, NamedTuple, cast
 
 from oncebus.core.durations import to_micros
 from oncebus.core.keys import (
@@ -61,7 +62,7 @@ class _Image:
 
     def into(self, buffer: array[int]) -> None:
         view = memoryview(buffer).cast("B")
-        if view.nbytes > self.left or self.file.readinto(view) != view.nbytes:
+        if view.nbytes > self.left or cast(BufferedIOBase, self.file).readinto(view) != view.nbytes:
             raise ImageError("the image is shorter than its contents")
         self.left -= view.nbytes
         self.crc = zlib.crc32(view, self.crc)
@@ -400,7 +401,7 @@ class DedupIndex:
         """Replace what the index holds with an image ``dump`` wrote (``length`` bytes from ``file``'s position,
         CRC-32 ``crc``), read in bulk; ``ImageError`` (the index unchanged) when it does not check out."""
         image = _Image(file, length)
-        now_us, secret = image.struct(_INDEX_HEADER)
+        now_us, secret = cast(tuple[int, bytes], image.struct(_INDEX_HEADER))
         held = _DigestLog.load(image)
         expired = _DigestLog.load(image)
         if image.left or image.crc != crc:

@@ -92,7 +92,7 @@ def _positive_int(name: str, upper: int) -> Any:
     def check(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= upper:
             raise ArgumentOutOfRangeError(f"{name} {value!r} is out of range: it must be an integer from 1 to {upper}")
-        return value
+        return int(value)
 
     return check
 

@@ -119,7 +119,7 @@ _STORED_META = (
     "scheduled_enqueue_time_us",
 )
 _dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
-_quote = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+_quote = json.encoder.encode_basestring_ascii
 
 
 @dataclass

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -63,10 +63,12 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def oncebus_server(pytestconfig: pytest.Config) -> Iterator[OncebusServer]:
     """One oncebus broker for the session (per xdist worker), on a free port and a temporary data directory."""
-    from oncebus.testing import serve
+    from oncebus.testing import MODES, Mode, serve
 
     mode = pytestconfig.getoption("oncebus_mode") or pytestconfig.getini("oncebus_mode") or "subprocess"
-    with serve(mode=mode) as server:
+    if mode not in MODES:
+        raise pytest.UsageError(f"oncebus_mode {mode!r} is not one of {', '.join(MODES)}")
+    with serve(mode=cast(Mode, mode)) as server:
         yield server
 
 

@@ -509,7 +509,9 @@ def _fail_to_error(exc: _Fail, text: str, what: str) -> SqlExpressionError:
     )
 
 
-def _transform(tree: Tree, text: str, what: str, parameters: Mapping[str, Any], reserved: tuple[str, ...]) -> Any:
+def _transform(
+    tree: Tree[Token], text: str, what: str, parameters: Mapping[str, Any], reserved: tuple[str, ...]
+) -> Any:
     compiler = _Compiler(parameters, reserved)
     try:
         result = compiler.transform(tree)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from lark import Lark, Tree, UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+from lark import Lark, Token, Tree, UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from oncebus.core.errors import SqlExpressionError
 
@@ -133,7 +133,7 @@ def _parser() -> Lark:
     )
 
 
-def parse(text: str, start: str) -> Tree:
+def parse(text: str, start: str) -> Tree[Token]:
     """Parse a filter (``start="filter"``) or an action; raise SqlExpressionError on bad syntax."""
     what = "SQL filter" if start == "filter" else "SQL action"
     if not text.strip():
@@ -172,7 +172,7 @@ def near(text: str, line: int, column: int) -> str:
 
 
 def _syntax_error(text: str, what: str, exc: UnexpectedInput) -> SqlExpressionError:
-    accepts = exc.interactive_parser.accepts() if getattr(exc, "interactive_parser", None) else set()
+    accepts: set[str] = exc.interactive_parser.accepts() if getattr(exc, "interactive_parser", None) else set()  # type: ignore[no-untyped-call]
     if isinstance(exc, UnexpectedToken):
         expected = _describe(accepts or set(exc.expected))
         if exc.token.type == "$END":

@@ -20,7 +20,8 @@ from typing import Any, ClassVar
 from oncebus.core.durations import format_duration, parse_duration
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.rules import _values as V
-from oncebus.core.rules._compiler import Statement, compile_action, compile_filter
+from oncebus.core.rules._compiler import compile_action, compile_filter
+from oncebus.core.rules._statements import Statement
 from oncebus.core.rules._view import MessageView
 
 MAX_SQL_EXPRESSION_LENGTH = 1024  # Service Bus quota: filter condition and action strings

@@ -50,7 +50,7 @@ class AmqpTransportGauges:
 
 
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
-    return [(floatToGoString(le), float(n)) for le, n in histogram.cumulative()]
+    return [(str(floatToGoString(le)), float(n)) for le, n in histogram.cumulative()]  # type: ignore[no-untyped-call]
 
 
 class NamespaceCollector(Collector):

@@ -53,6 +53,7 @@ from oncebus.core.errors import InvalidArgumentError
 from oncebus.spark import _joined, _plan
 from oncebus.spark._datasource import ORDERED_BY
 from oncebus.spark._files import StateFiles, local_directory, state_files
+from oncebus.spark._interrupt import interruptible
 from oncebus.spark._joined import SHUFFLE_KEYS_UP_TO
 from oncebus.spark._settings import resolve_settings
 from oncebus.spark._ticks import TICKS, TickDataSource
@@ -425,6 +426,7 @@ def deduplicate_stream(
     if not df.isStreaming:
         raise InvalidArgumentError("deduplicate_stream needs a streaming DataFrame; use deduplicate for a batch one")
 
+    @interruptible  # query.stop() in the middle of a batch stops it quietly (_interrupt.py)
     def each_batch(batch: DataFrame, batch_id: int) -> None:
         engine.process(batch, batch_id)
 

@@ -88,7 +88,7 @@ def decide(
     engine: _Engine, batch: DataFrame, previous: dict[str, Any], batch_id: int, flush: bool, started: float
 ) -> tuple[Seen, dict[str, Any]] | None:
     """Decide micro-batch ``batch_id``: (what was seen, the manifest to write), or None for an idle tick."""
-    from oncebus.spark._stream import Seen, next_watermark
+    from oncebus.spark._stream import Seen, known_empty, next_watermark
 
     spark = batch.sparkSession
     now_us = engine.clock()
@@ -109,6 +109,8 @@ def decide(
         now_us=now_us,
     )
     arrivals = [a for a in arrivals if a[0] != now_us]  # this batch's arrival is added once its newest time is known
+    if not flush and known_empty(batch) and engine.idle(previous, floor, flush):
+        return None  # an idle trigger: no new rows and no held row due; no job runs
     decide_all = flush or engine.ordered  # an ordered input is decided as it comes: nothing is held
     prepared = engine.prepare(batch)
     timings: dict[str, float] = {}
@@ -223,6 +225,7 @@ def decide(
         layout=LAYOUT,
         buckets=buckets,
         held_buckets=sorted(s["bucket"] for s in stats if s["held"]),
+        held_min_t_us=min([s["min_held_t"] for s in stats if s["min_held_t"] is not None], default=None),
     )
     return seen, manifest
 

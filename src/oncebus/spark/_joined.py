@@ -99,7 +99,7 @@ def observe(
 ) -> Seen | None:
     """What arrived (row count, newest time, late rows: one scan) and the batch's watermark; None for
     an idle tick."""
-    from oncebus.spark._stream import Seen, next_watermark
+    from oncebus.spark._stream import Seen, known_empty, next_watermark
 
     now_us = engine.clock()
     timings: dict[str, float] = {}
@@ -107,12 +107,14 @@ def observe(
     engine._prepared_schema = prepared_new.schema
     previous_wm = previous["watermark_us"]
     late = F.col(_plan.T_US) < F.lit(previous_wm) if previous_wm is not None else F.lit(False)
-    stats = prepared_new.agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.max(_plan.T_US).alias("max_t"),
-        F.sum(late.cast("long")).alias("late"),
-    ).first()
-    assert stats is not None
+    stats: Any = {"rows": 0, "max_t": None, "late": 0}  # an idle trigger's: no job to find it
+    if not known_empty(batch):
+        stats = prepared_new.agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.max(_plan.T_US).alias("max_t"),
+            F.sum(late.cast("long")).alias("late"),
+        ).first()
+        assert stats is not None
     batch_rows = int(stats["rows"])
     max_time = max([v for v in (previous["max_time_us"], stats["max_t"]) if v is not None], default=None)
     watermark, arrivals = next_watermark(
@@ -199,6 +201,7 @@ def decide(engine: _Engine, spark: SparkSession, previous: dict[str, Any], seen:
         F.max(F.when(role == _chain.ROLE_KEY, F.col(_plan.T_US))).alias("max_t0"),
         F.sum((role == _chain.ROLE_HELD).cast("long")).alias("held"),
         F.sum((role != _chain.ROLE_HELD).cast("long")).alias("kept"),
+        F.min(F.when(role == _chain.ROLE_HELD, F.col(_plan.T_US))).alias("min_held_t"),
     ).first()
     assert counts is not None
     result.unpersist()
@@ -216,4 +219,5 @@ def decide(engine: _Engine, spark: SparkSession, previous: dict[str, Any], seen:
         held_path if held_rows else None,
         {"held": held_rows, "kept": int(counts["kept"] or 0), "recorded": recorded},
         layout=2,
+        held_min_t_us=None if counts["min_held_t"] is None else int(counts["min_held_t"]),
     )

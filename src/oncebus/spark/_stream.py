@@ -127,6 +127,20 @@ def next_watermark(
     return watermark, remembered
 
 
+def known_empty(batch: DataFrame) -> bool:
+    """Whether ``batch`` has no rows, found without running a Spark job (False when it cannot tell).
+
+    ``foreachBatch`` hands over a micro-batch as a ``LogicalRDD``; with no new input (an idle trigger:
+    only the ticks source advanced) its RDD has no partition at all."""
+    try:
+        plan = batch._jdf.queryExecution().analyzed()
+        if plan.getClass().getSimpleName() != "LogicalRDD":
+            return False
+        return int(plan.rdd().getNumPartitions()) == 0
+    except Exception:  # Spark Connect (no JVM handle here) or another plan: cannot tell cheaply
+        return False
+
+
 def ordering_of(df: DataFrame, time_col: str) -> str | None:
     """The tie-break column when the source vouches that ``time_col`` arrives in order, else None."""
     if time_col not in df.columns:
@@ -261,10 +275,15 @@ class _Engine:
         return int(previous.get("counts", {}).get("held", 0)) if previous["held"] else 0
 
     def idle(self, previous: dict[str, Any], watermark: int | None, flush: bool) -> bool:
-        """Whether a batch without new rows changes nothing (an idle tick): nothing held became due."""
+        """Whether a batch without new rows changes nothing (an idle tick): no held row became due (the
+        oldest held row, which the manifest records, is still at or above the watermark)."""
         replay_possible = self._previous is None  # the first batch of a run may replay one that wrote output
         held = self.held_before(previous)
-        return not flush and not replay_possible and (watermark == previous["watermark_us"] or not held)
+        oldest_held = previous.get("held_min_t_us")
+        none_due = watermark == previous["watermark_us"] or (
+            oldest_held is not None and watermark is not None and watermark <= oldest_held
+        )
+        return not flush and not replay_possible and (none_due or not held)
 
     def _manifest(
         self,

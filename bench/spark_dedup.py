@@ -40,15 +40,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+# the one reference (the core's verdicts) and the trace generator live with the tests; a clone has both
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from tests.spark.reference import core_survivors
+from tests.spark.traces import DEFAULT_ENTITIES, generate_trace
 
 from oncebus.spark import EntitySettings, deduplicate, deduplicate_stream, flush_stream
-from oncebus.spark._reference import core_survivors
-from oncebus.spark._trace import DEFAULT_ENTITIES, generate_trace
 
 SETTINGS = {
     e.name: EntitySettings(window=timedelta(microseconds=e.window_us), partitioned=e.partitioned)

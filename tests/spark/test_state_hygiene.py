@@ -12,9 +12,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from oncebus.spark import _bucketed, _state, state_report
-from oncebus.spark._trace import generate_trace
 from tests.spark.test_exactness import core_kept_seqs
 from tests.spark.trace_engine import trace_engine
+from tests.spark.traces import generate_trace
 
 
 def test_compaction_keeps_the_result_exact_and_the_state_small(

@@ -9,7 +9,7 @@ from pyspark.sql import DataFrame
 
 from oncebus.spark import EntitySettings
 from oncebus.spark._stream import _Engine
-from oncebus.spark._trace import DEFAULT_ENTITIES
+from tests.spark.traces import DEFAULT_ENTITIES
 
 SETTINGS = {
     e.name: EntitySettings(window=timedelta(microseconds=e.window_us), partitioned=e.partitioned)

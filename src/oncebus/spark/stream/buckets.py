@@ -174,7 +174,8 @@ class BatchTask:
             return parts
         table = pa.Table.from_batches(parts)
         order = pc.sort_indices(table, sort_keys=[(k, "ascending", "at_start") for k in self.sort_keys])
-        return table.take(order).combine_chunks().to_batches()
+        ordered: list[pa.RecordBatch] = table.take(order).combine_chunks().to_batches()
+        return ordered
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         bucket = _partition_id()

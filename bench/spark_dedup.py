@@ -1,7 +1,7 @@
 """Exact duplicate detection in Spark against Spark's approximate built-in and the core, one run.
 
-    python bench/spark_dedup.py                    # ratios on one generated trace (default 2,000,000 rows)
-    python bench/spark_dedup.py --rows 1000000 --files 4
+    python bench/spark_dedup.py                    # 2,000,000 rows in 250,000-row batches, 200,000 in 10,000-row ones
+    python bench/spark_dedup.py --rows 1000000 --small-rows 100000
     python bench/spark_dedup.py --held-30m         # streaming with ~30 million keys held (several minutes)
 
 Ratio mode, on the same trace (out of order within 2 s; two entities: "orders"
@@ -10,7 +10,8 @@ Ratio mode, on the same trace (out of order within 2 s; two entities: "orders"
 * exact streaming (``deduplicate_stream``), the trace as Parquet files read one
   file per micro-batch, kept rows written as Parquet;
 * Spark's approximate ``dropDuplicatesWithinWatermark`` (``deduplicate(...,
-  mode="approximate")``, one 60 s window for every entity), same files, same sink;
+  mode="approximate")``, one 60 s window for every entity), same files, same sink,
+  on the default (HDFS-backed) state store and on the RocksDB provider;
 * exact batch (``deduplicate``) over the same files, kept rows written as Parquet;
 * the core, ``oncebus.core.DuplicateDetector``, in pure Python on one core, fed
   the rows in (time, seq) order (validation, key and verdict per row; the sort
@@ -40,15 +41,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+# the one reference (the core's verdicts) and the trace generator live with the tests; a clone has both
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from tests.spark.reference import core_survivors
+from tests.spark.traces import DEFAULT_ENTITIES, generate_trace
 
 from oncebus.spark import EntitySettings, deduplicate, deduplicate_stream, flush_stream
-from oncebus.spark._reference import core_survivors
-from oncebus.spark._trace import DEFAULT_ENTITIES, generate_trace
 
 SETTINGS = {
     e.name: EntitySettings(window=timedelta(microseconds=e.window_us), partitioned=e.partitioned)
@@ -84,141 +87,152 @@ def manifests(state: Path) -> list[dict[str, Any]]:
     return [json.loads((folder / n).read_text()) for n in sorted(os.listdir(folder)) if n.endswith(".json")]
 
 
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+
+
 def ratio_mode(args: argparse.Namespace) -> None:
     spark = session("4g")
     work = Path(tempfile.mkdtemp(prefix="oncebus-bench-"))
     try:
-        trace = generate_trace(args.rows, rate=args.rate, max_out_of_order_us=2_000_000, seed=3)
-        source = work / "in"
-        source.mkdir()
-        step = -(-len(trace) // args.files)
-        for i in range(args.files):
-            pq.write_table(trace.slice(i * step, step), source / f"part-{i:04d}.parquet")
-        rows = len(trace)
-        print(f"trace: {rows:,} rows, {args.files} files, rate {args.rate:,.0f}/s of event time, out of order < 2 s")
-
-        schema = spark.read.parquet(str(source)).schema
-        # warm the Python workers and the JIT on a small slice, untimed
-        deduplicate(
-            spark.read.parquet(str(source)).limit(10_000),
-            entity_col="entity",
-            entity_settings=SETTINGS,
-            order_col="seq",
-        ).write.format("noop").mode("overwrite").save()
-
-        results: list[tuple[str, float, int, str]] = []
-
-        def stream_source(folder: Path = source) -> DataFrame:
-            return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(folder))
-
-        # warm both streaming ways (JIT, Python workers) on one file, untimed: the timed runs start equal
-        warm = work / "warm-in"
-        warm.mkdir()
-        shutil.copy(source / "part-0000.parquet", warm / "part-0000.parquet")
-        warm_options = {**SETTINGS_OPTIONS, "state_path": str(work / "warm-state"), "output_path": str(work / "warm")}
-        deduplicate_stream(
-            stream_source(warm), max_out_of_order=BOUND, trigger={"availableNow": True}, **warm_options
-        ).awaitTermination()
-        deduplicate(stream_source(warm), "PT1M", mode="approximate", entity_col="entity").writeStream.format(
-            "parquet"
-        ).option("path", str(work / "warm-approx")).option("checkpointLocation", str(work / "warm-cp")).trigger(
-            availableNow=True
-        ).start().awaitTermination()
-
-        # exact streaming (ours)
-        options: dict[str, Any] = {
-            "entity_col": "entity",
-            "entity_settings": SETTINGS,
-            "order_col": "seq",
-            "state_path": str(work / "state"),
-            "output_path": str(work / "out-stream"),
-        }
-        started = time.perf_counter()
-        query = deduplicate_stream(stream_source(), max_out_of_order=BOUND, trigger={"availableNow": True}, **options)
-        query.awaitTermination()
-        stream_latency = [p["durationMs"]["triggerExecution"] / 1000 for p in query.recentProgress]
-        flush_stream(stream_source(), **options)
-        seconds = time.perf_counter() - started
-        stream_kept = {r[0] for r in spark.read.parquet(str(work / "out-stream")).select("seq").collect()}
-        results.append(("exact streaming (ours)", seconds, len(stream_kept), ""))
-
-        # Spark's approximate built-in
-        approx = deduplicate(stream_source(), "PT1M", mode="approximate", entity_col="entity")
-        started = time.perf_counter()
-        q = (
-            approx.writeStream.format("parquet")
-            .option("path", str(work / "out-approx"))
-            .option("checkpointLocation", str(work / "cp-approx"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination()
-        seconds = time.perf_counter() - started
-        approx_latency = [p["durationMs"]["triggerExecution"] / 1000 for p in q.recentProgress]
-        approx_kept = {r[0] for r in spark.read.parquet(str(work / "out-approx")).select("seq").collect()}
-
-        # exact batch (ours)
-        started = time.perf_counter()
-        deduplicate(
-            spark.read.parquet(str(source)), entity_col="entity", entity_settings=SETTINGS, order_col="seq"
-        ).write.mode("overwrite").parquet(str(work / "out-batch"))
-        batch_seconds = time.perf_counter() - started
-        batch_kept = {r[0] for r in spark.read.parquet(str(work / "out-batch")).select("seq").collect()}
-
-        # the core, one core, pure Python
-        t_us = trace["enqueued_time"].cast(pa.int64()).to_numpy()
-        seq = trace["seq"].to_numpy()
-        order = np.lexsort((seq, t_us)).tolist()
-        cols = [trace[c].to_pylist() for c in ("entity", "message_id", "partition_key", "session_id")]
-        feed = [(cols[0][i], cols[1][i], cols[2][i], cols[3][i], int(t_us[i]), int(seq[i])) for i in order]
-        started = time.perf_counter()
-        core_kept = set(core_survivors(feed, EntitySettings(), SETTINGS))
-        core_seconds = time.perf_counter() - started
-
-        wrong = len(approx_kept ^ core_kept)
-        results.append(
-            (
-                "approximate dropDuplicatesWithinWatermark",
-                seconds,
-                len(approx_kept),
-                f"{wrong:,} rows differ from the exact result",
-            )
-        )
-        results.append(("exact batch (ours)", batch_seconds, len(batch_kept), ""))
-        results.append(("core DuplicateDetector, 1 core", core_seconds, len(core_kept), ""))
-
-        print(f"\n{'way':<44} {'seconds':>8} {'rows/s':>11} {'kept':>10}  exact?")
-        rate = {}
-        for name, secs, kept, note in results:
-            rate[name] = rows / secs
-            exact = (
-                "yes"
-                if (
-                    name.startswith("approx") is False
-                    and (
-                        (name.startswith("exact streaming") and stream_kept == core_kept)
-                        or (name.startswith("exact batch") and batch_kept == core_kept)
-                        or name.startswith("core")
-                    )
-                )
-                else "no"
-            )
-            print(f"{name:<44} {secs:>8.2f} {rows / secs:>11,.0f} {kept:>10,}  {exact}  {note}")
-        names = [r[0] for r in results]
-        print(
-            f"\nmicro-batch latency (Spark triggerExecution, {len(stream_latency)} batches): exact streaming median "
-            f"{statistics.median(stream_latency):.2f} s, max {max(stream_latency):.2f} s; approximate median "
-            f"{statistics.median(approx_latency):.2f} s, max {max(approx_latency):.2f} s"
-        )
-        print("\nratios:")
-        print(f"  exact streaming / approximate built-in : {rate[names[0]] / rate[names[1]]:.2f}")
-        median_ratio = statistics.median(approx_latency) / statistics.median(stream_latency)
-        print(f"  same, by median micro-batch latency    : {median_ratio:.2f}")
-        print(f"  exact batch / core (1 core)            : {rate[names[2]] / rate[names[3]]:.2f}")
-        print(f"  exact streaming / core (1 core)        : {rate[names[0]] / rate[names[3]]:.2f}")
+        print(f"load before: {os.getloadavg()[0]:.1f} (1-min load average, {os.cpu_count()} CPUs)")
+        summary = [
+            scenario(spark, work / "large", args.rows, args.batch_rows_large, args.rate, core=True),
+            scenario(spark, work / "small", args.small_rows, args.batch_rows_small, args.rate, core=False),
+        ]
+        print("\n== goals ==")
+        for line in summary:
+            print(line)
+        print(f"load after: {os.getloadavg()[0]:.1f}")
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def scenario(spark: SparkSession, work: Path, rows: int, batch_rows: int, rate: float, *, core: bool) -> str:
+    """The ways on one trace read ``batch_rows`` rows per micro-batch (one file each); returns the goals' line."""
+    trace = generate_trace(rows, rate=rate, max_out_of_order_us=2_000_000, seed=3)
+    source = work / "in"
+    source.mkdir(parents=True)
+    files = -(-len(trace) // batch_rows)
+    for i in range(files):
+        pq.write_table(trace.slice(i * batch_rows, batch_rows), source / f"part-{i:05d}.parquet")
+    rows = len(trace)
+    print(f"\n== {rows:,} rows, {files} micro-batches of {batch_rows:,} rows ==")
+    print(f"trace: rate {rate:,.0f}/s of event time, out of order < 2 s; load {os.getloadavg()[0]:.1f}")
+    schema = spark.read.parquet(str(source)).schema
+    deduplicate(  # warm the Python workers and the JIT on a small slice, untimed
+        spark.read.parquet(str(source)).limit(10_000), entity_col="entity", entity_settings=SETTINGS, order_col="seq"
+    ).write.format("noop").mode("overwrite").save()
+
+    def stream_source(folder: Path = source) -> DataFrame:
+        return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(folder))
+
+    def approximate(folder: Path, out: Path, provider: str) -> tuple[float, list[dict[str, Any]]]:
+        spark.conf.set(PROVIDER, provider)  # read when the query starts
+        try:
+            started = time.perf_counter()
+            query = (
+                deduplicate(stream_source(folder), "PT1M", mode="approximate", entity_col="entity")
+                .writeStream.format("parquet")
+                .option("path", str(out))
+                .option("checkpointLocation", str(out) + "-cp")
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+            return time.perf_counter() - started, query.recentProgress
+        finally:
+            spark.conf.unset(PROVIDER)
+
+    # warm every streaming way (JIT, Python workers, RocksDB's native library) on one file, untimed
+    warm = work / "warm-in"
+    warm.mkdir()
+    shutil.copy(source / "part-00000.parquet", warm / "part-00000.parquet")
+    warm_options = {**SETTINGS_OPTIONS, "state_path": str(work / "warm-state"), "output_path": str(work / "warm")}
+    deduplicate_stream(
+        stream_source(warm), max_out_of_order=BOUND, trigger={"availableNow": True}, **warm_options
+    ).awaitTermination()
+    for provider in (HDFS, ROCKSDB):
+        approximate(warm, work / f"warm-approx-{provider[-25:]}", provider)
+
+    results: list[tuple[str, float, set[int], list[float]]] = []
+
+    def kept(folder: Path) -> set[int]:
+        return {r[0] for r in spark.read.parquet(str(folder)).select("seq").collect()}
+
+    # exact streaming (ours); flush_stream decides what the last batch still held
+    options: dict[str, Any] = {**SETTINGS_OPTIONS, "state_path": str(work / "state"), "output_path": str(work / "s")}
+    started = time.perf_counter()
+    query = deduplicate_stream(stream_source(), max_out_of_order=BOUND, trigger={"availableNow": True}, **options)
+    query.awaitTermination()
+    progress = query.recentProgress
+    flush_stream(stream_source(), **options)
+    seconds = time.perf_counter() - started
+    latency = [p["durationMs"]["triggerExecution"] / 1000 for p in progress if p["numInputRows"]]
+    results.append(("exact streaming (ours)", seconds, kept(work / "s"), latency))
+    profile(progress, manifests(work / "state"))
+
+    for label, provider in (("HDFS", HDFS), ("RocksDB", ROCKSDB)):
+        seconds, progress = approximate(source, work / f"a-{label}", provider)
+        latency = [p["durationMs"]["triggerExecution"] / 1000 for p in progress if p["numInputRows"]]
+        results.append(
+            (f"built-in dropDuplicatesWithinWatermark, {label}", seconds, kept(work / f"a-{label}"), latency)
+        )
+
+    started = time.perf_counter()
+    deduplicate(
+        spark.read.parquet(str(source)), entity_col="entity", entity_settings=SETTINGS, order_col="seq"
+    ).write.mode("overwrite").parquet(str(work / "b"))
+    results.append(("exact batch (ours)", time.perf_counter() - started, kept(work / "b"), []))
+
+    t_us = trace["enqueued_time"].cast(pa.int64()).to_numpy()
+    seq = trace["seq"].to_numpy()
+    order = np.lexsort((seq, t_us)).tolist()
+    cols = [trace[c].to_pylist() for c in ("entity", "message_id", "partition_key", "session_id")]
+    feed = [(cols[0][i], cols[1][i], cols[2][i], cols[3][i], int(t_us[i]), int(seq[i])) for i in order]
+    started = time.perf_counter()
+    truth = set(core_survivors(feed, EntitySettings(), SETTINGS))
+    if core:
+        results.append(("core DuplicateDetector, 1 core", time.perf_counter() - started, truth, []))
+
+    print(f"\n{'way':<48} {'seconds':>8} {'rows/s':>10} {'median batch s':>14} {'kept':>9}  exact?")
+    for name, secs, survivors, latency in results:
+        differ = len(survivors ^ truth)
+        verdict = "yes" if not differ else f"no: {differ:,} rows differ"
+        print(
+            f"{name:<48} {secs:>8.2f} {rows / secs:>10,.0f} {_median(latency):>14.2f} {len(survivors):>9,}  {verdict}"
+        )
+    stream, hdfs, rocks, batch = results[0], results[1], results[2], results[3]
+    lines = [
+        f"{batch_rows:>7,}-row batches: exact streaming / built-in (HDFS) by throughput {hdfs[1] / stream[1]:.2f}, "
+        f"by median latency {_median(hdfs[3]) / _median(stream[3]):.2f}; / built-in (RocksDB) by throughput "
+        f"{rocks[1] / stream[1]:.2f}, by median latency {_median(rocks[3]) / _median(stream[3]):.2f}; "
+        f"exact streaming / exact batch {batch[1] / stream[1]:.2f}"
+    ]
+    print(lines[0])
+    return lines[0]
+
+
+def profile(progress: list[dict[str, Any]], done: list[dict[str, Any]]) -> None:
+    """Where a micro-batch's seconds go (medians over the batches with rows): Spark's driver-side phases
+    (durationMs) and, inside addBatch, the engine's own phases (the manifest's seconds; "decide" is the one
+    Spark job whose tasks run on the executors, the rest is the driver)."""
+    busy = [p for p in progress if p["numInputRows"]]
+    if not busy:
+        return
+    spark_phases = {k: _median([p["durationMs"].get(k, 0) / 1000 for p in busy]) for k in busy[0]["durationMs"]}
+    ours = [m["seconds"] for m in done if m["counts"]["batch_rows"]]
+    engine_phases = {k: _median([s.get(k, 0.0) for s in ours]) for k in (ours[0] if ours else {})}
+    print(
+        "profile of one micro-batch (medians, s): spark " + ", ".join(f"{k} {v:.2f}" for k, v in spark_phases.items())
+    )
+    print("  engine (inside addBatch): " + ", ".join(f"{k} {v:.2f}" for k, v in engine_phases.items()))
 
 
 def held_mode(args: argparse.Namespace) -> None:
@@ -305,7 +319,9 @@ def held_mode(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=2_000_000)
-    parser.add_argument("--files", type=int, default=8, help="micro-batches in ratio mode (one file each)")
+    parser.add_argument("--batch-rows-large", type=int, default=250_000, help="rows per micro-batch, first run")
+    parser.add_argument("--small-rows", type=int, default=200_000, help="rows of the small-batch run")
+    parser.add_argument("--batch-rows-small", type=int, default=10_000, help="rows per micro-batch, second run")
     parser.add_argument("--rate", type=float, default=20_000.0, help="sends per second of event time in the trace")
     parser.add_argument("--held-30m", action="store_true", help="streaming with about 30 million keys held")
     parser.add_argument("--batch-rows", type=int, default=2_000_000, help="rows per micro-batch (held-30m mode)")

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from oncebus.spark import _chain
-from oncebus.spark._buckets import NONE, Lookup, key_file, write_keys
+from oncebus.spark.stream.buckets import NONE, Lookup, key_file, write_keys
 
 
 def test_lookup_gives_the_newest_t0_of_each_key_across_files(tmp_path: Path) -> None:

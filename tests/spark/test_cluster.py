@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
 
-from oncebus.spark._trace import generate_trace
 from tests.amqp.conftest import ServerProcess, topology
 from tests.spark.servers import StandaloneCluster, is_executor, spark_env
 from tests.spark.test_exactness import core_kept_seqs
+from tests.spark.traces import generate_trace
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from oncebus.spark import EntitySettings, deduplicate, deduplicate_stream, flush_stream
-from oncebus.spark._reference import core_survivors
-from oncebus.spark._trace import DEFAULT_ENTITIES, generate_trace
+from tests.spark.reference import core_survivors
+from tests.spark.traces import DEFAULT_ENTITIES, generate_trace
 
 SETTINGS = {
     e.name: EntitySettings(window=timedelta(microseconds=e.window_us), partitioned=e.partitioned)

@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from oncebus.spark import deduplicate_stream
-from oncebus.spark._stream import next_watermark
+from oncebus.spark.stream import next_watermark
 
 S = 1_000_000  # microseconds
 

@@ -11,10 +11,12 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from oncebus.spark import _bucketed, _state, state_report
-from oncebus.spark._trace import generate_trace
+from oncebus.spark import state_report
+from oncebus.spark.stream import bucketed as _bucketed
+from oncebus.spark.stream import state as _state
 from tests.spark.test_exactness import core_kept_seqs
 from tests.spark.trace_engine import trace_engine
+from tests.spark.traces import generate_trace
 
 
 def test_compaction_keeps_the_result_exact_and_the_state_small(

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from oncebus.spark._stream import LAYOUT, LAYOUT_JOINED
+from oncebus.spark.stream import LAYOUT, LAYOUT_JOINED
 from tests.spark.test_exactness import core_kept_seqs
 from tests.spark.trace_engine import trace_engine
 

@@ -15,13 +15,14 @@ from oncebus.spark._advisor import advise, write_advice
 from oncebus.spark._datasource import OncebusDataSource, register
 from oncebus.spark._dedup import deduplicate
 from oncebus.spark._settings import EntitySettings
-from oncebus.spark._state import state_report
-from oncebus.spark._stream import DEFAULT_MAX_OUT_OF_ORDER, deduplicate_stream, flush_stream
+from oncebus.spark.stream import DEFAULT_MAX_OUT_OF_ORDER, StreamOptions, deduplicate_stream, flush_stream
+from oncebus.spark.stream.state import state_report
 
 __all__ = [
     "DEFAULT_MAX_OUT_OF_ORDER",
     "EntitySettings",
     "OncebusDataSource",
+    "StreamOptions",
     "advise",
     "deduplicate",
     "deduplicate_stream",

@@ -9,9 +9,13 @@ nothing. Per key, the rule is the core's:
 * a send at ``t`` with ``t < t0 + W`` is a duplicate (``t0`` unchanged);
 * any other send is kept and sets ``t0 = t``.
 
-The numpy fast path below is ``oncebus.core.dedup.is_duplicate`` applied
-element-wise; keys that need the chain walked call ``judge_key_sends`` from the
-core. ``tests/spark/test_chain.py`` holds both to the core's ``DedupIndex``.
+The rule is the core's, not a copy: the numpy fast path below calls
+``oncebus.core.dedup.is_duplicate`` on whole arrays (it is written with ``<``
+and ``+`` only, so it works element-wise), and keys that need the chain walked
+call the core's ``judge_key_sends``. ``tests/spark/test_chain.py`` holds the
+result to the core's ``DedupIndex``, and ``tests/spark/reference.py`` (the one
+reference, used by the tests and ``bench/spark_dedup.py``) feeds rows to the
+core's ``DuplicateDetector``.
 
 Most keys are decided with vectorised numpy: sends covered by the seed are
 dropped, the first remaining send is kept, later ones within ``W`` of it are
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from oncebus.core.dedup import judge_key_sends
+from oncebus.core.dedup import is_duplicate, judge_key_sends
 
 H1 = "__oncebus_h1"
 H2 = "__oncebus_h2"
@@ -49,6 +53,12 @@ class _Carry:
     h1: int
     h2: int
     t0: int | None
+
+
+def _is_duplicate(t: np.ndarray, first_accepted: np.ndarray, window: np.ndarray) -> np.ndarray:
+    """The core's ``is_duplicate`` over arrays (one rule: its ``t < t0 + W``, element-wise)."""
+    verdict: np.ndarray = is_duplicate(t, first_accepted, window)  # type: ignore[arg-type,assignment]
+    return verdict
 
 
 def keep_mask(
@@ -99,7 +109,7 @@ def keep_mask(
     waiting = seed if held is None else seed | held
     keep[bypass & ~waiting] = True
     send = ~waiting & ~bypass
-    covered = send & has[gid] & (t < base[gid] + w)
+    covered = send & has[gid] & _is_duplicate(t, base[gid], w)
     candidate = np.flatnonzero(send & ~covered)
     if len(candidate):
         cand_gid = gid[candidate]
@@ -110,7 +120,7 @@ def keep_mask(
         first_t = np.zeros(groups, dtype=np.int64)
         first_t[cand_gid[first]] = t[candidate[first]]
         later = candidate[~first]
-        beyond = later[t[later] >= first_t[gid[later]] + w[later]]
+        beyond = later[~_is_duplicate(t[later], first_t[gid[later]], w[later])]
         if len(beyond):
             _walk_chains(np.unique(gid[beyond]), gid, candidate, t, w, keep)
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+import oncebus.spark._stream as st
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
+from tests.spark.traces import DEFAULT_ENTITIES, generate_trace
 
-import oncebus.spark._stream as st
 from oncebus.spark import EntitySettings
-from oncebus.spark._trace import DEFAULT_ENTITIES, generate_trace
 
 out = Path(sys.argv[1])
 shutil.rmtree(out, ignore_errors=True)

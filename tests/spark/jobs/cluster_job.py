@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from oncebus.spark import EntitySettings, deduplicate, deduplicate_stream, flush_stream, register
-from oncebus.spark._trace import DEFAULT_ENTITIES, generate_trace
+from tests.spark.traces import DEFAULT_ENTITIES, generate_trace
 
 SETTINGS = {
     e.name: EntitySettings(window=timedelta(microseconds=e.window_us), partitioned=e.partitioned)

@@ -22,8 +22,8 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusRece
 from pyspark.sql import SparkSession
 
 from oncebus.spark import EntitySettings, deduplicate, deduplicate_stream, flush_stream, register
-from oncebus.spark._trace import DEFAULT_ENTITIES, generate_trace
 from tests.spark.test_exactness import core_kept_seqs
+from tests.spark.traces import DEFAULT_ENTITIES, generate_trace
 
 SETTINGS = {
     e.name: EntitySettings(window=timedelta(microseconds=e.window_us), partitioned=e.partitioned)

@@ -40,7 +40,7 @@ H1, H2, T, W = _chain.H1, _chain.H2, _chain.T, _chain.W
 BUCKET = "__oncebus_bucket"
 NONE = np.iinfo(np.int64).min
 KEY_SCHEMA = pa.schema([(H1, pa.int64()), (H2, pa.int64()), (T, pa.int64()), (W, pa.int64())])
-STATS_FIELDS = ("bucket", "rows", "late", "recorded", "max_t0", "held", "kept", "max_t", "watermark")
+STATS_FIELDS = ("bucket", "rows", "late", "recorded", "max_t0", "held", "kept", "max_t", "watermark", "min_held_t")
 DECIDE_ALL = 2**62
 TaskFn = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
@@ -174,7 +174,8 @@ class BatchTask:
             return parts
         table = pa.Table.from_batches(parts)
         order = pc.sort_indices(table, sort_keys=[(k, "ascending", "at_start") for k in self.sort_keys])
-        return table.take(order).combine_chunks().to_batches()
+        ordered: list[pa.RecordBatch] = table.take(order).combine_chunks().to_batches()
+        return ordered
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         bucket = _partition_id()
@@ -183,6 +184,7 @@ class BatchTask:
         root = Path(self.root)
         carry: _chain._Carry | None = None
         rows = late = held_rows = kept_rows = 0
+        min_held: int | None = None
         keys: list[tuple[np.ndarray, ...]] = []
         writers: dict[str, tuple[pq.ParquetWriter, Path, Path]] = {}
 
@@ -239,6 +241,8 @@ class BatchTask:
                     write("out", self.output_folder, user.filter(pa.array(keep)))
                 if held.any() and self.held_folder is not None:
                     held_rows += int(held.sum())
+                    oldest = int(t[held].min())
+                    min_held = oldest if min_held is None else min(min_held, oldest)
                     write("held", str(root / self.held_folder), batch.filter(pa.array(held)))
             for writer, temporary, target in writers.values():
                 writer.close()
@@ -253,7 +257,7 @@ class BatchTask:
             k1, k2, kt, kw = (np.concatenate(part) for part in zip(*keys, strict=True))
             write_keys(root / key_file(self.keys_folder, bucket), k1, k2, kt, kw)
             recorded_count, max_t0 = len(k1), int(kt.max())
-        yield _stats(bucket, rows, late, recorded_count, max_t0, held_rows, kept_rows, max_t, watermark)
+        yield _stats(bucket, rows, late, recorded_count, max_t0, held_rows, kept_rows, max_t, watermark, min_held)
 
 
 def _stats(
@@ -266,8 +270,20 @@ def _stats(
     kept: int,
     max_t: int | None = None,
     watermark: int | None = None,
+    min_held_t: int | None = None,
 ) -> pa.RecordBatch:
-    values = (bucket, rows, late, recorded, None if max_t0 == NONE else max_t0, held, kept, max_t, watermark)
+    values = (
+        bucket,
+        rows,
+        late,
+        recorded,
+        None if max_t0 == NONE else max_t0,
+        held,
+        kept,
+        max_t,
+        watermark,
+        min_held_t,
+    )
     return pa.RecordBatch.from_arrays([pa.array([v], pa.int64()) for v in values], names=list(STATS_FIELDS))
 
 

@@ -1,4 +1,4 @@
-"""One micro-batch of ``deduplicate_stream`` on the bucketed state (layout 3; tasks in ``_buckets``).
+"""One micro-batch of ``deduplicate_stream`` on the bucketed state (layout 3; tasks in ``buckets``).
 
 One Spark job decides the batch, with no first scan: the new rows are spread by
 key digest over the state's buckets; each bucket's task merges the rows it held
@@ -23,21 +23,26 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from oncebus.spark import _buckets, _joined, _plan, _state
-from oncebus.spark._files import local_directory
+from oncebus.spark import _plan
+from oncebus.spark.stream import buckets as _buckets
+from oncebus.spark.stream import joined as _joined
+from oncebus.spark.stream import state as _state
+from oncebus.spark.stream.files import local_directory
+from oncebus.spark.stream.layout import LAYOUT_BUCKETED, Seen, known_empty, next_watermark
+from oncebus.spark.stream.manifest import KeyFolder, Manifest
 
 if TYPE_CHECKING:
-    from oncebus.spark._stream import Seen, _Engine
+    from oncebus.spark.stream.engine import Engine
 
-LAYOUT = _joined.LAYOUT_BUCKETED
+LAYOUT = LAYOUT_BUCKETED
 STATS_SCHEMA = T.StructType([T.StructField(name, T.LongType(), True) for name in _buckets.STATS_FIELDS])
 
 
-def _collect(df: DataFrame) -> list[dict[str, int]]:
+def _collect(df: DataFrame) -> list[dict[str, Any]]:
     return [{k: (int(v) if v is not None else None) for k, v in row.asDict().items()} for row in df.collect()]
 
 
-def _folder_entry(path: str, stats: list[dict[str, int]]) -> dict[str, Any] | None:
+def _folder_entry(path: str, stats: list[dict[str, int]]) -> KeyFolder | None:
     rows = sum(s["recorded"] for s in stats)
     if not rows:
         return None
@@ -46,10 +51,10 @@ def _folder_entry(path: str, stats: list[dict[str, int]]) -> dict[str, Any] | No
 
 
 def _migrate(
-    engine: _Engine, spark: SparkSession, old: list[dict[str, Any]], watermark: int | None, buckets: int, batch_id: int
-) -> dict[str, Any] | None:
+    engine: Engine, spark: SparkSession, old: list[KeyFolder], watermark: int | None, buckets: int, batch_id: int
+) -> KeyFolder | None:
     """Move the key folders of an earlier layout into buckets (``c=N``), dropping keys past their window."""
-    files = engine._fs(spark)
+    files = engine.files(spark)
     keys = _joined.key_folders(engine, spark, old, with_window=True)
     if keys is None:
         return None
@@ -63,13 +68,13 @@ def _migrate(
 
 
 def _compact(
-    engine: _Engine, spark: SparkSession, live: list[dict[str, Any]], watermark: int | None, buckets: int, batch_id: int
-) -> list[dict[str, Any]]:
+    engine: Engine, spark: SparkSession, live: list[KeyFolder], watermark: int | None, buckets: int, batch_id: int
+) -> list[KeyFolder]:
     """Merge small old key folders into one (``c=N``), a task per bucket, dropping keys past their window."""
     merge = _state.plan_compaction(live)
     if not merge:
         return live
-    files = engine._fs(spark)
+    files = engine.files(spark)
     path = f"c={batch_id}"
     files.delete(path)
     task = _buckets.CompactBuckets(
@@ -84,15 +89,24 @@ def _compact(
     return [merged, *rest] if merged else rest
 
 
-def decide(
-    engine: _Engine, batch: DataFrame, previous: dict[str, Any], batch_id: int, flush: bool, started: float
-) -> tuple[Seen, dict[str, Any]] | None:
-    """Decide micro-batch ``batch_id``: (what was seen, the manifest to write), or None for an idle tick."""
-    from oncebus.spark._stream import Seen, next_watermark
+class BucketedLayout:
+    """Layout 3 (the ``StateLayout`` of a local path or a shared mount)."""
 
+    number = LAYOUT
+
+    def decide(
+        self, engine: Engine, batch: DataFrame, previous: Manifest, batch_id: int, flush: bool, started: float
+    ) -> tuple[Seen, Manifest] | None:
+        return decide(engine, batch, previous, batch_id, flush, started)
+
+
+def decide(
+    engine: Engine, batch: DataFrame, previous: Manifest, batch_id: int, flush: bool, started: float
+) -> tuple[Seen, Manifest] | None:
+    """Decide micro-batch ``batch_id``: (what was seen, the manifest to write), or None for an idle tick."""
     spark = batch.sparkSession
     now_us = engine.clock()
-    files = engine._fs(spark)
+    files = engine.files(spark)
     root = local_directory(files.root)
     assert root is not None
     previous_wm = previous["watermark_us"]
@@ -109,6 +123,8 @@ def decide(
         now_us=now_us,
     )
     arrivals = [a for a in arrivals if a[0] != now_us]  # this batch's arrival is added once its newest time is known
+    if not flush and known_empty(batch) and engine.idle(previous, floor, flush):
+        return None  # an idle trigger: no new rows and no held row due; no job runs
     decide_all = flush or engine.ordered  # an ordered input is decided as it comes: nothing is held
     prepared = engine.prepare(batch)
     timings: dict[str, float] = {}
@@ -142,9 +158,10 @@ def decide(
     in_task = (previous.get("layout") == LAYOUT or not held_before) and _sorts_like_spark(engine)
     pool = prepared
     if held_before and not in_task:
-        if engine._prepared_schema is None:
-            engine._prepared_schema = prepared.schema
-        held = spark.read.schema(engine._prepared_schema).parquet(files.path(previous["held"]))
+        if engine.prepared_schema is None:
+            engine.prepared_schema = prepared.schema
+        assert previous["held"] is not None  # rows were held
+        held = spark.read.schema(engine.prepared_schema).parquet(files.path(previous["held"]))
         pool = pool.unionByName(held)
     folder = f"b={batch_id}"
     files.delete(folder)  # a replay starts clean
@@ -213,17 +230,10 @@ def decide(
     if entry:
         folders.append(entry)
     counts = {"held": held_rows, "kept": sum(s["kept"] for s in stats), "recorded": entry["rows"] if entry else 0}
-    manifest = engine._manifest(
-        previous,
-        seen,
-        batch_id,
-        folders,
-        held_folder if held_rows else None,
-        counts,
-        layout=LAYOUT,
-        buckets=buckets,
-        held_buckets=sorted(s["bucket"] for s in stats if s["held"]),
-    )
+    manifest = engine.manifest(seen, batch_id, folders, held_folder if held_rows else None, counts, LAYOUT)
+    manifest["buckets"] = buckets
+    manifest["held_buckets"] = sorted(s["bucket"] for s in stats if s["held"])
+    manifest["held_min_t_us"] = min([s["min_held_t"] for s in stats if s["min_held_t"] is not None], default=None)
     return seen, manifest
 
 
@@ -241,7 +251,7 @@ _ARROW_SORTS_LIKE_SPARK = (
 )
 
 
-def _sorts_like_spark(engine: _Engine) -> bool:
+def _sorts_like_spark(engine: Engine) -> bool:
     """Whether Arrow orders the order columns as Spark does (not floats: NaN and -0.0; not nested types)."""
     types = {f.name: f.dataType for f in engine.user_schema.fields}
     return all(isinstance(types[name], _ARROW_SORTS_LIKE_SPARK) for name in engine.columns.order)

@@ -19,10 +19,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from oncebus.spark import _chain, _plan, _state
+from oncebus.spark import _chain, _plan
+from oncebus.spark.stream import state as _state
+from oncebus.spark.stream.layout import LAYOUT_BUCKETED, LAYOUT_JOINED, Seen, known_empty, next_watermark
+from oncebus.spark.stream.manifest import KeyFolder, Manifest
 
 if TYPE_CHECKING:
-    from oncebus.spark._stream import Seen, _Engine
+    from oncebus.spark.stream.engine import Engine
 
 KEY_SCHEMA = T.StructType(
     [
@@ -36,19 +39,17 @@ KEY_SCHEMA = T.StructType(
 STATE_KEY_SCHEMA = T.StructType(
     [T.StructField(name, T.LongType(), False) for name in ("__oncebus_h1", "__oncebus_h2", "__oncebus_t")]
 )
-LAYOUT_BUCKETED = 3  # key files read and written by executor tasks (_buckets), on a local or shared path
-LAYOUT_JOINED = 2  # key folders joined as DataFrames: state paths reached through Hadoop only
 # up to this many live keys per row to decide, the keys are sorted with the rows instead of being
 # probed by a broadcast semi-join first (which costs one more scan of the input)
 SHUFFLE_KEYS_UP_TO = 0.25
 
 
 def key_folders(
-    engine: _Engine, spark: SparkSession, folders: list[dict[str, Any]], *, with_window: bool = False
+    engine: Engine, spark: SparkSession, folders: list[KeyFolder], *, with_window: bool = False
 ) -> DataFrame | None:
     """(H1, H2, T_US[, W_US]) of the keys recorded in ``folders`` (this layout's and the first one's;
     the first layout kept no window: null there)."""
-    files = engine._fs(spark)
+    files = engine.files(spark)
     current = [files.path(f["path"]) for f in folders if f.get("layout") == LAYOUT_JOINED]
     first = [files.path(f["path"]) for f in folders if f.get("layout") not in (LAYOUT_JOINED, LAYOUT_BUCKETED)]
     parts: list[DataFrame] = []
@@ -72,13 +73,13 @@ def key_folders(
 
 
 def compact(
-    engine: _Engine, spark: SparkSession, live: list[dict[str, Any]], watermark: int | None, batch_id: int
-) -> list[dict[str, Any]]:
+    engine: Engine, spark: SparkSession, live: list[KeyFolder], watermark: int | None, batch_id: int
+) -> list[KeyFolder]:
     """Merge old key folders into one (``_state``), dropping keys whose window has passed."""
     merge = _state.plan_compaction(live)
     if not merge:
         return live
-    files = engine._fs(spark)
+    files = engine.files(spark)
     keys = key_folders(engine, spark, merge, with_window=True)
     assert keys is not None
     path = f"c={batch_id}"
@@ -90,29 +91,34 @@ def compact(
     rest = [f for f in live if f not in merge]
     if not stats["rows"]:
         return rest
-    merged = {"path": path, "rows": int(stats["rows"]), "max_t0": int(stats["max_t0"]), "layout": LAYOUT_JOINED}
+    merged: KeyFolder = {
+        "path": path,
+        "rows": int(stats["rows"]),
+        "max_t0": int(stats["max_t0"]),
+        "layout": LAYOUT_JOINED,
+    }
     return [merged, *rest]
 
 
 def observe(
-    engine: _Engine, batch: DataFrame, batch_id: int, previous: dict[str, Any], flush: bool, started: float
+    engine: Engine, batch: DataFrame, batch_id: int, previous: Manifest, flush: bool, started: float
 ) -> Seen | None:
     """What arrived (row count, newest time, late rows: one scan) and the batch's watermark; None for
     an idle tick."""
-    from oncebus.spark._stream import Seen, next_watermark
-
     now_us = engine.clock()
     timings: dict[str, float] = {}
     prepared_new = engine.prepare(batch)
-    engine._prepared_schema = prepared_new.schema
+    engine.prepared_schema = prepared_new.schema
     previous_wm = previous["watermark_us"]
     late = F.col(_plan.T_US) < F.lit(previous_wm) if previous_wm is not None else F.lit(False)
-    stats = prepared_new.agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.max(_plan.T_US).alias("max_t"),
-        F.sum(late.cast("long")).alias("late"),
-    ).first()
-    assert stats is not None
+    stats: Any = {"rows": 0, "max_t": None, "late": 0}  # an idle trigger's: no job to find it
+    if not known_empty(batch):
+        stats = prepared_new.agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.max(_plan.T_US).alias("max_t"),
+            F.sum(late.cast("long")).alias("late"),
+        ).first()
+        assert stats is not None
     batch_rows = int(stats["rows"])
     max_time = max([v for v in (previous["max_time_us"], stats["max_t"]) if v is not None], default=None)
     watermark, arrivals = next_watermark(
@@ -144,14 +150,27 @@ def observe(
     )
 
 
-def decide(engine: _Engine, spark: SparkSession, previous: dict[str, Any], seen: Seen, batch_id: int) -> dict[str, Any]:
+class JoinedLayout:
+    """Layout 2 (the ``StateLayout`` of a path only Spark reaches): a first scan, then a join."""
+
+    number = LAYOUT_JOINED
+
+    def decide(
+        self, engine: Engine, batch: DataFrame, previous: Manifest, batch_id: int, flush: bool, started: float
+    ) -> tuple[Seen, Manifest] | None:
+        seen = observe(engine, batch, batch_id, previous, flush, started)
+        return None if seen is None else (seen, decide(engine, batch.sparkSession, previous, seen, batch_id))
+
+
+def decide(engine: Engine, spark: SparkSession, previous: Manifest, seen: Seen, batch_id: int) -> Manifest:
     """Layout 2, for state paths Spark reaches only through Hadoop (HDFS, S3A...): the state's keys
     are joined as DataFrames and the result is written three ways."""
-    files = engine._fs(spark)
+    files = engine.files(spark)
     prepared_new, watermark, previous_wm = seen.prepared, seen.watermark, previous["watermark_us"]
     lap = seen.lap
     pool = prepared_new
     if seen.held_before:
+        assert previous["held"] is not None  # rows were held
         held_schema = T.StructType([f for f in prepared_new.schema.fields])
         pool = pool.unionByName(spark.read.schema(held_schema).parquet(files.path(previous["held"])))
     live = [
@@ -173,6 +192,7 @@ def decide(engine: _Engine, spark: SparkSession, previous: dict[str, Any], seen:
         )
 
     # one pass decides every key: kept rows (recording their key or not) and rows still held
+    assert watermark is not None  # observe() gives a decided batch a watermark
     result = _plan.decide(pool, engine.columns, seeds, watermark)
     result = result.persist(StorageLevel.MEMORY_AND_DISK)
     role = F.col(_plan.ROLE)
@@ -199,6 +219,7 @@ def decide(engine: _Engine, spark: SparkSession, previous: dict[str, Any], seen:
         F.max(F.when(role == _chain.ROLE_KEY, F.col(_plan.T_US))).alias("max_t0"),
         F.sum((role == _chain.ROLE_HELD).cast("long")).alias("held"),
         F.sum((role != _chain.ROLE_HELD).cast("long")).alias("kept"),
+        F.min(F.when(role == _chain.ROLE_HELD, F.col(_plan.T_US))).alias("min_held_t"),
     ).first()
     assert counts is not None
     result.unpersist()
@@ -207,13 +228,14 @@ def decide(engine: _Engine, spark: SparkSession, previous: dict[str, Any], seen:
     # the manifest names what the next batch reads; then what no batch will read again goes
     folders = list(live)
     if recorded:
-        folders.append({"path": keys_path, "rows": recorded, "max_t0": int(counts["max_t0"]), "layout": 2})
-    return engine._manifest(
-        previous,
+        folders.append({"path": keys_path, "rows": recorded, "max_t0": int(counts["max_t0"]), "layout": LAYOUT_JOINED})
+    manifest = engine.manifest(
         seen,
         batch_id,
         folders,
         held_path if held_rows else None,
         {"held": held_rows, "kept": int(counts["kept"] or 0), "recorded": recorded},
-        layout=2,
+        LAYOUT_JOINED,
     )
+    manifest["held_min_t_us"] = None if counts["min_held_t"] is None else int(counts["min_held_t"])
+    return manifest

@@ -10,7 +10,7 @@ watermark``); a merged folder still small is merged again later.
 A folder that no manifest lists any more is deleted once the batch after the
 compaction has committed (a replay of the compacting batch still reads it).
 
-``python -m oncebus.spark._state STATE_PATH`` prints the report as JSON
+``python -m oncebus.spark.stream.state STATE_PATH`` prints the report as JSON
 without changing anything.
 """
 
@@ -24,7 +24,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from oncebus.spark._files import StateFiles, local_directory, state_files
+from oncebus.spark.stream.files import StateFiles, local_directory, state_files
+from oncebus.spark.stream.manifest import KeyFolder
 
 COMPACT_AT = 16
 KEEP_RECENT = 4
@@ -55,7 +56,7 @@ def state_report(state_path: str, spark: SparkSession | None = None) -> dict[str
         directory = local_directory(state_path)
         if directory is None:
             raise ValueError(f"{state_path!r} is not a local path: pass a SparkSession to read it")
-        from oncebus.spark._files import LocalFiles
+        from oncebus.spark.stream.files import LocalFiles
 
         files = LocalFiles(state_path, directory)
     else:
@@ -87,7 +88,7 @@ def state_report(state_path: str, spark: SparkSession | None = None) -> dict[str
     }
 
 
-def plan_compaction(folders: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def plan_compaction(folders: list[KeyFolder]) -> list[KeyFolder]:
     """The live key folders to merge now: when more than ``COMPACT_AT`` are listed, every folder smaller
     than ``TARGET_ROWS`` keys but the newest ``KEEP_RECENT`` (if at least two). Large folders (a big
     micro-batch's) are left alone: their scan costs the same merged or not, and they go whole once
@@ -111,7 +112,7 @@ def compact(
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m oncebus.spark._state STATE_PATH   (a local state path; changes nothing)")
+        print("usage: python -m oncebus.spark.stream.state STATE_PATH   (a local state path; changes nothing)")
         return 2
     print(json.dumps(state_report(args[0]), indent=1))
     return 0

@@ -68,7 +68,7 @@ def add_keys(db_path: Path, count: int) -> float:
             for i in range(start, min(count, start + step))
         ]
         db.executemany("INSERT INTO dedup_key (entity, first_accepted_us, key) VALUES (?, ?, ?)", rows)
-    db.execute("DELETE FROM dedup_snapshot")  # the index image written at the last stop does not hold them
+    db.execute("DELETE FROM dedup_checkpoint")  # the index image written at the last stop does not hold them
     db.execute("COMMIT")
     db.close()
     return time.perf_counter() - started

@@ -413,3 +413,25 @@ def test_an_image_that_cannot_be_written_leaves_no_checkpoint_and_no_file(
         await _stop(store, ns)
 
     asyncio.run(go())
+
+
+def test_a_clock_set_back_across_a_restart_never_puts_a_new_key_before_the_mark(tmp_path: Path) -> None:
+    """Keys accepted after a restart must be first accepted at or after the checkpoint's mark, or the next crash
+    restart would not read them: the broker's time never goes back before the newest mark either."""
+    path = tmp_path / "oncebus.db"
+
+    async def go() -> None:
+        clock = ManualClock(T0)
+        store, ns = await _open(path, clock)
+        await _fill(ns, clock)
+        clock.advance(100)
+        await _checkpoint(store, ns)  # marked T0 + 110 s, after every key
+        _crash(store)
+        store, ns = await _open(path, ManualClock(T0))  # the clock is back at T0
+        assert await _duplicates(ns, "q", ["after-the-restart"]) == [False]
+        _crash(store)
+        store, ns = await _open(path, ManualClock(T0))
+        assert await _duplicates(ns, "q", ["after-the-restart", "k0"]) == [True, True]
+        await _stop(store, ns)
+
+    asyncio.run(go())

@@ -284,8 +284,11 @@ class SqliteStore:
         snapshot.messages = self._message_rows()
         images = dedup_images.take(db, self.path)
         snapshot.dedup_images = {e.path: images[e.path] for e in snapshot.entities if e.path in images}
+        # a checkpoint's mark too: a key accepted after this start must not be first accepted before it, or the
+        # next start would not read its row (the clock may have been set back)
+        marks = db.execute("SELECT COALESCE(MAX(since_us), 0) FROM dedup_checkpoint").fetchone()[0]
         snapshot.newest_key_us = max(
-            (layout.newest_key_us(db, e.path) for e in snapshot.entities if e.kind != "subscription"), default=0
+            [marks, *(layout.newest_key_us(db, e.path) for e in snapshot.entities if e.kind != "subscription")]
         )
         snapshot.keys_of = self._keys_of
         # from the rows (each entity's range of the primary key): an entity with an image, the keys since its

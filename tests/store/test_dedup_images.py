@@ -435,3 +435,72 @@ def test_a_clock_set_back_across_a_restart_never_puts_a_new_key_before_the_mark(
         await _stop(store, ns)
 
     asyncio.run(go())
+
+
+def test_the_timer_checkpoints_after_enough_new_keys_and_after_a_start_that_read_many_rows(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    clock = ManualClock(T0)
+
+    async def wait(store: SqliteStore) -> None:
+        while store._checkpointing is not None:
+            await asyncio.sleep(0.005)
+
+    async def go() -> None:
+        store, ns = await _open(path, clock)
+        await _fill(ns, clock)
+        _crash(store)
+        store, ns = await _open(path, clock)  # read KEYS rows: due at the first tick
+        ns._checkpoints.keys, ns._checkpoints.min_seconds = 1000, 0.0
+        ns.tick()
+        await wait(store)
+        assert store.checkpoints == 1
+        ns.tick()
+        await wait(store)
+        assert store.checkpoints == 1  # nothing new
+        assert await _duplicates(ns, "q", [f"a{i}" for i in range(999)]) == [False] * 999
+        ns.tick()
+        await wait(store)
+        assert store.checkpoints == 1  # one key short
+        assert await _duplicates(ns, "q", ["a0", "a999"]) == [True, False]
+        clock.advance(1)
+        ns.tick()
+        await wait(store)
+        assert store.checkpoints == 2
+        _crash(store)
+        store, ns = await _open(path, clock)
+        assert store.keys_read == 0
+        await _stop(store, ns)
+
+    asyncio.run(go())
+
+
+def test_a_checkpoint_whose_child_fails_is_dropped_and_the_previous_one_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "oncebus.db"
+    clock = ManualClock(T0)
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    async def go() -> None:
+        store, ns = await _open(path, clock)
+        await _fill(ns, clock)
+        await _stop(store, ns)
+        store, ns = await _open(path, clock)
+        before = store.checkpoint_files()
+        assert await _duplicates(ns, "q", ["after"]) == [False]
+        with monkeypatch.context() as patch:
+            patch.setattr("oncebus.store.dedup_images.write", full)  # in the child (a fork: the same module)
+            assert ns.checkpoint_dedup()
+            while store._checkpointing is not None:
+                await asyncio.sleep(0.005)
+        assert store.checkpoints == 0 and store.checkpoints_dropped == 1
+        assert sorted(tmp_path.glob("oncebus.db.dedup*")) == before
+        _crash(store)
+        store, ns = await _open(path, clock)
+        assert store.keys_read == 1
+        assert await _duplicates(ns, "q", ["after", "k0", "new"]) == [True, True, False]
+        await _stop(store, ns)
+
+    asyncio.run(go())

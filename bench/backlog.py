@@ -214,8 +214,10 @@ def main() -> None:
         waited = wait_for_checkpoint(db_path, 0)
         images = sum(p.stat().st_size for p in (workdir / "data").glob("oncebus.db.dedup.*"))
         print(f"first dedup checkpoint committed {waited:.1f} s later (image {images / 2**20:.0f} MB)")
-        jobs = [(connection_string, "receive", "after", share) for share in _shares(args.after, args.senders)]
-        print(f"{args.after:,} more messages after it: {describe(run_workers(sdk_sender, jobs, process.pid))}")
+        # to 'dedup-on': 'receive' may be full (1 GB); its keys since the mark are read the same way
+        jobs = [(connection_string, "dedup-on", "after", share) for share in _shares(args.after, args.senders)]
+        sent = describe(run_workers(sdk_sender, jobs, process.pid))
+        print(f"{args.after:,} more messages after it (to 'dedup-on'): {sent}")
         server_rss = rss_mb(process.pid)
         process.kill()  # SIGKILL: nothing written on the way out
         process.wait()

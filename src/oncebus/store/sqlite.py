@@ -41,6 +41,7 @@ import signal
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -121,7 +122,7 @@ class SqliteStore:
         self._closing = False
         self.checkpoints = 0  # dedup checkpoints committed while serving
         self.checkpoints_dropped = 0  # written but not committed (a write failed, a reload, the child failed)
-        self.checkpoint_pauses: list[float] = []  # seconds each checkpoint's fork held the caller
+        self.checkpoint_pauses: deque[float] = deque(maxlen=100)  # seconds the last forks held the caller
         self.keys_read = 0  # dedup key rows read by load() and keys_of (what a restart replayed)
         self._failures_at_load = 0  # a write failed since the broker last loaded: its memory may hold more
         try:
@@ -411,8 +412,11 @@ class SqliteStore:
 
     def _await_checkpoint(self, checkpoint: _Checkpoint) -> None:
         """On a thread of its own: wait for the child, then queue the checkpoint behind the units before it."""
-        _, status = os.waitpid(checkpoint.pid, 0)
-        if os.waitstatus_to_exitcode(status) == 0 and not checkpoint.cancelled:
+        try:
+            _, status = os.waitpid(checkpoint.pid, 0)
+        except ChildProcessError:  # reaped by someone else (a child watcher waiting for any child): unknown
+            status = -1
+        if status == 0 and not checkpoint.cancelled:
             self._queue.put(checkpoint)
             return
         if not checkpoint.cancelled:

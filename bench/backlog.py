@@ -3,8 +3,12 @@
 1. Fill the queue through the SDK (``--senders`` processes, batches of 100) and report the server's RSS.
 2. With ``--keys N``: stop the server and add N dedup keys of the queue straight into the store's
    ``dedup_key`` table (as N sends would have left them, first accepted over the last minute; the SDK would
-   take hours for 10 M), then start it as after a crash (no index image: every key is rebuilt from the
-   rows) and report the time to ``ready``, the time until the whole backlog is in memory, and the RSS.
+   take hours for 10 M), then start it with no index image (every key rebuilt from the rows: what a crash
+   restart always did before checkpoints, and what a first start after an upgrade does) and report the time
+   to ``ready``, the time until the whole backlog is in memory, and the RSS. Then wait for the server's first
+   dedup checkpoint, send ``--after`` more messages (keys the image does not hold), SIGKILL the server and
+   start it again: the crash restart (the image, and the rows since its mark). The pause a checkpoint's fork
+   costs the loop is measured in this process on the server's own image, with a ballast of the server's RSS.
 3. Restart the server cleanly (SIGINT, start again on the same data directory): time until it prints
    ``ready``, until the first send is accepted (a new key judged against every held key), until the
    backlog is in memory (the first receive), and its RSS then.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import sqlite3
@@ -27,6 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,6 +47,9 @@ from amqp_send import (
     sdk_sender,
 )
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+from oncebus.core.dedup import DedupIndex
+from oncebus.store import dedup_images
 
 
 def rss_mb(pid: int) -> float:
@@ -68,10 +77,60 @@ def add_keys(db_path: Path, count: int) -> float:
             for i in range(start, min(count, start + step))
         ]
         db.executemany("INSERT INTO dedup_key (entity, first_accepted_us, key) VALUES (?, ?, ?)", rows)
-    db.execute("DELETE FROM dedup_snapshot")  # the index image written at the last stop does not hold them
+    db.execute("DELETE FROM dedup_checkpoint")  # the index image written at the last stop does not hold them
     db.execute("COMMIT")
     db.close()
     return time.perf_counter() - started
+
+
+def newest_checkpoint(db_path: Path) -> int:
+    """The newest committed checkpoint's mark (0 without one)."""
+    db = sqlite3.connect(db_path, timeout=30)
+    try:
+        return int(db.execute("SELECT COALESCE(MAX(since_us), 0) FROM dedup_checkpoint").fetchone()[0])
+    finally:
+        db.close()
+
+
+def wait_for_checkpoint(db_path: Path, after: int, timeout: float = 900) -> float:
+    """Seconds until a checkpoint newer than ``after`` is committed."""
+    started = time.perf_counter()
+    while newest_checkpoint(db_path) <= after:
+        if time.perf_counter() - started > timeout:
+            raise SystemExit("no dedup checkpoint was committed")
+        time.sleep(0.2)
+    return time.perf_counter() - started
+
+
+def fork_pause(db_path: Path, ballast_mb: float) -> str:
+    """The loop's pause for a checkpoint (``fork_write``'s fork) and the child's write, measured here on the
+    server's committed images with ``ballast_mb`` of touched memory besides (the server's other memory)."""
+    db = sqlite3.connect(db_path)
+    images = dedup_images.take(db, db_path)
+    db.close()
+    indexes = []
+    for name, image in images.items():
+        index = DedupIndex(timedelta(hours=1))
+        with image.open() as file:
+            index.load_image(file, image.length, image.crc)
+        indexes.append((name, index))
+    ballast = b"\1" * int(max(ballast_mb - rss_mb(os.getpid()), 0) * 2**20)
+    target = db_path.with_name("bench-fork.dedup")
+    rss = rss_mb(os.getpid())
+    pauses, writes = [], []
+    for _ in range(3):
+        started = time.perf_counter()
+        pid = dedup_images.fork_write(target, secrets.token_bytes(16), indexes)  # type: ignore[arg-type]
+        pauses.append(time.perf_counter() - started)
+        os.waitpid(pid, 0)
+        writes.append(time.perf_counter() - started)
+    dedup_images.discard(target)
+    del ballast
+    return (
+        f"checkpoint fork pause (this process: RSS {rss:.0f} MB, "
+        f"{sum(len(i) for _, i in indexes):,} keys): {min(pauses) * 1000:.1f} to {max(pauses) * 1000:.1f} ms; "
+        f"the child's write + fsync {min(writes):.2f} to {max(writes):.2f} s"
+    )
 
 
 def send_one(connection_string: str, message_id: str) -> None:
@@ -124,6 +183,7 @@ def main() -> None:
     parser.add_argument("--receive", type=int, default=20_000, help="messages received from the backlog")
     parser.add_argument("--receivers", type=int, default=4, help="receiver processes (default 4)")
     parser.add_argument("--keys", type=int, default=0, help="dedup keys added to the store before restarting")
+    parser.add_argument("--after", type=int, default=20_000, help="messages sent after the checkpoint (--keys)")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="oncebus-backlog-"))
     print(f"{args.messages:,} messages of 1 KiB into queue 'receive' (dedup on); data in {workdir}")
@@ -139,7 +199,7 @@ def main() -> None:
         )
     finally:
         stop(process)
-    keys = args.messages  # each message sent left its key
+    keys = messages = args.messages  # each message sent left its key
     if args.keys:
         seconds = add_keys(workdir / "data" / "oncebus.db", args.keys)
         keys += args.keys
@@ -147,14 +207,28 @@ def main() -> None:
     size = sum(f.stat().st_size for f in (workdir / "data").glob("oncebus.db*"))
     print(f"store on disk: {size / 2**20:.0f} MB")
     if args.keys:
-        process, _ = restart(workdir, "start after a crash (keys rebuilt from the rows)", args.messages, keys)
+        db_path = workdir / "data" / "oncebus.db"
+        process, connection_string = restart(
+            workdir, "start with no index image (every key rebuilt from the rows)", args.messages, keys
+        )
+        waited = wait_for_checkpoint(db_path, 0)
+        images = sum(p.stat().st_size for p in (workdir / "data").glob("oncebus.db.dedup.*"))
+        print(f"first dedup checkpoint committed {waited:.1f} s later (image {images / 2**20:.0f} MB)")
+        # to 'dedup-on': 'receive' may be full (1 GB); its keys since the mark are read the same way
+        jobs = [(connection_string, "dedup-on", "after", share) for share in _shares(args.after, args.senders)]
+        sent = describe(run_workers(sdk_sender, jobs, process.pid))
+        print(f"{args.after:,} more messages after it (to 'dedup-on'): {sent}")
+        server_rss = rss_mb(process.pid)
+        process.kill()  # SIGKILL: nothing written on the way out
+        process.wait()
+        messages, keys = args.messages + args.after, keys + args.after
+        process, _ = restart(workdir, f"start after SIGKILL ({args.after:,} keys since the image)", messages, keys)
         stop(process)
-        image = workdir / "data" / "oncebus.db.dedup"
-        print(f"dedup index image written at the stop: {image.stat().st_size / 2**20:.0f} MB")
+        print(fork_pause(db_path, server_rss))
 
-    process, connection_string = restart(workdir, "clean restart", args.messages, keys)
+    process, connection_string = restart(workdir, "clean restart", messages, keys)
     try:
-        count = min(args.receive, args.messages)
+        count = min(args.receive, messages)
         per = (count + args.receivers - 1) // args.receivers
         received = run_workers(sdk_receiver, [(connection_string, "receive", per)] * args.receivers, process.pid)
         print(

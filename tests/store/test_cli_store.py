@@ -13,6 +13,7 @@ import pytest
 
 from oncebus.cli import main
 from oncebus.server.datadir import DataDir
+from oncebus.store.sqlite_layout import SCHEMA_VERSION
 
 
 def _damage_a_table(path: Path) -> None:
@@ -78,7 +79,7 @@ def test_a_store_from_a_newer_release_is_refused_by_the_cli(tmp_path: Path, caps
     db.close()
     capsys.readouterr()
     assert main(["--data-dir", str(data), "queue", "list"]) == 1
-    assert "newer oncebus (store schema 9; this version reads up to 4)" in capsys.readouterr().err
+    assert f"newer oncebus (store schema 9; this version reads up to {SCHEMA_VERSION})" in capsys.readouterr().err
 
 
 def test_deleting_a_queue_from_the_cli_keeps_the_queue_named_under_it(

@@ -67,7 +67,7 @@ def test_a_schema_0_file_is_migrated_and_keeps_every_key_and_message(tmp_path: P
     path = tmp_path / "oncebus.db"
     _write_schema_0(path)
     store = SqliteStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     stored = {(k.entity, k.key) for k in store.load().dedup_keys}
     assert stored == {
         ("plain", "order-1"),
@@ -113,7 +113,7 @@ def test_a_failed_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatc
         return keys.migrate_key_text_v0(text, partitioned=partitioned)
 
     monkeypatch.setattr("oncebus.store.sqlite_layout.migrate_key_text_v0", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 0 to 4 .*the file is unchanged"):
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 0 to 5 .*the file is unchanged"):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 0
@@ -129,7 +129,7 @@ def test_a_file_from_a_newer_release_is_refused_naming_both_versions(tmp_path: P
     db.execute("PRAGMA user_version = 7")
     db.commit()
     db.close()
-    with pytest.raises(StoreError, match=r"newer oncebus \(store schema 7; this version reads up to 4\)"):
+    with pytest.raises(StoreError, match=r"newer oncebus \(store schema 7; this version reads up to 5\)"):
         SqliteStore(path)
 
 
@@ -240,7 +240,7 @@ def test_a_failed_schema_2_migration_leaves_the_file_as_it_was(tmp_path: Path, m
         raise OSError("simulated failure half way")
 
     monkeypatch.setattr("oncebus.store.sqlite_layout.message_rows", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 2 to 4 .*the file is unchanged"):
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 2 to 5 .*the file is unchanged"):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 2

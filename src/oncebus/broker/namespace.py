@@ -33,7 +33,7 @@ from oncebus.broker.journal import Journal
 from oncebus.broker.observation import NamespaceObserver, view_entities
 from oncebus.broker.paths import parse_path, subscription_path
 from oncebus.broker.receivable import Receivable
-from oncebus.broker.recovery import newest_time_us, restore, restore_messages_in_steps
+from oncebus.broker.recovery import DedupCheckpoints, newest_time_us, restore, restore_messages_in_steps
 from oncebus.broker.registry import Entity, EntityKind, Registry
 from oncebus.broker.routing import Reencode, Router
 from oncebus.broker.rulebook import Rules
@@ -101,6 +101,7 @@ class Namespace(Delivery):
         self._backlog_loaded = asyncio.Event()
         self._backlog_loaded.set()
         self._backlog_error: BaseException | None = None
+        self._checkpoints = DedupCheckpoints(store, self._registry)  # dedup images while serving (recovery)
 
     # ------------------------------------------------------------------------------ lifecycle
     @classmethod
@@ -131,7 +132,8 @@ class Namespace(Delivery):
         self._entities.clear()
         self._contents.clear()
         self._floor_us = max(self._floor_us, newest_time_us(snapshot))
-        restore(self._registry, snapshot, self._now(), messages=not background)
+        replayed = restore(self._registry, snapshot, self._now(), messages=not background)
+        self._checkpoints.loaded(replayed)
         self._activity.since_us = self._now()
         self._backlog_error = None
         if background:
@@ -184,7 +186,7 @@ class Namespace(Delivery):
         keep = getattr(self.store, "keep_dedup_images", None)
         if keep is not None and self._journal.failure is None:  # memory holds exactly what the store does
             entities = self._entities
-            keep(lambda: [(path, e.detector) for path, e in entities.items() if e.detector.enabled])
+            keep(lambda: [(path, e.detector) for path, e in entities.items() if e.detector.enabled], self._now())
 
     @property
     def send_log(self) -> SendLog | None:
@@ -284,7 +286,15 @@ class Namespace(Delivery):
                 self._contents.move(op)
         ops += pump_forwarding(self._registry, self._router, now, self._contents)
         self._write_later(ops)
+        self._checkpoints.tick(now)  # after this step's writes were submitted: the image holds their keys
         self.observer.tick(self._entities, now)  # what became available woke its own receivers (Receivable.changes)
+
+    def checkpoint_dedup(self) -> bool:
+        """Start a dedup checkpoint now (see ``recovery.DedupCheckpoints``); False if the store has none or one is
+        being written."""
+        if self._journal.failure is not None:
+            return False
+        return self._checkpoints.start(self._now())
 
     async def run_timers(self, interval: float = 0.5) -> None:
         """Background task for a served namespace: tick on the real clock. It runs until cancelled:

@@ -1,21 +1,38 @@
-"""Recovery: rebuild the namespace's memory from what the store holds (at start, and after a failed write)."""
+"""Recovery: rebuild the namespace's memory from what the store holds (at start, and after a failed write), and
+the dedup checkpoints that keep what a restart reads from the rows short.
+
+At start, an entity's dedup index is loaded from the image of the store's last committed checkpoint, and only
+the keys first accepted since that image's mark are read from the rows on top of it (every key, for an entity
+without an image). While serving, ``DedupCheckpoints`` asks the store for a new checkpoint once enough keys were
+accepted since the last one (see ``store/dedup_images.py``), so a restart after a crash replays at most about
+``CHECKPOINT_KEYS`` keys plus those accepted while the checkpoint was written.
+"""
 
 from __future__ import annotations
 
 import itertools
 import logging
 import operator
+import os
+import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
 
 from oncebus.broker.registry import Registry
 from oncebus.core.dedup import DuplicateDetector, ImageError
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.rules import RuleProperties
 from oncebus.store.base import MessageRow, PutDedupKey, Snapshot
-from oncebus.store.dedup_images import DedupImage
+from oncebus.store.dedup_images import DedupImage, Dumpable
 
 _LOG = logging.getLogger("oncebus.broker")
 RESTORE_STEP = 5_000  # stored messages restored between two turns of the loop (about 10 ms)
+# a dedup checkpoint once this many keys were accepted (or read from the rows at start) since the last one, at
+# most one per CHECKPOINT_MIN_SECONDS; and at least one per CHECKPOINT_MAX_SECONDS while keys come. The
+# environment may set the first two (ONCEBUS_CHECKPOINT_KEYS, ONCEBUS_CHECKPOINT_SECONDS).
+CHECKPOINT_KEYS = 100_000
+CHECKPOINT_MIN_SECONDS = 10.0
+CHECKPOINT_MAX_SECONDS = 60.0
 
 
 def newest_time_us(snapshot: Snapshot) -> int:
@@ -23,9 +40,10 @@ def newest_time_us(snapshot: Snapshot) -> int:
     return snapshot.newest_key_us
 
 
-def restore(registry: Registry, snapshot: Snapshot, now_us: int, *, messages: bool = True) -> None:
-    """Fill an empty registry from ``snapshot``: entities, counters, dedup keys still in their window,
-    messages (unless ``messages`` is false: then ``restore_messages_in_steps`` does it) and session states."""
+def restore(registry: Registry, snapshot: Snapshot, now_us: int, *, messages: bool = True) -> int:
+    """Fill an empty registry from ``snapshot``: entities, counters, dedup keys still in their window (images,
+    then the rows since their marks), messages (unless ``messages`` is false: then ``restore_messages_in_steps``
+    does it) and session states. Returns how many dedup key rows were read."""
     subscriptions = []
     for record in snapshot.entities:
         if record.kind == "queue":
@@ -45,11 +63,13 @@ def restore(registry: Registry, snapshot: Snapshot, now_us: int, *, messages: bo
         if entity is not None:
             entity.next_sequence_number = counters.next_sequence_number
             entity.counters.update(counters.counters)
+    read = 0
     for path, image in snapshot.dedup_images.items():
         entity = registry.entities.get(path)
         if entity is not None and entity.detector.enabled:
-            _load_image(entity.detector, image, snapshot.keys_of, path, now_us)
-    for key in snapshot.dedup_keys:
+            read += _load_image(entity.detector, image, snapshot.keys_of, path, now_us)
+    for key in snapshot.dedup_keys:  # on top of an image, the keys since its mark (read again: no change)
+        read += 1
         entity = registry.entities.get(key.entity)
         if entity is not None:
             entity.detector.restore(key.key, key.first_accepted_us, now_us)
@@ -59,6 +79,7 @@ def restore(registry: Registry, snapshot: Snapshot, now_us: int, *, messages: bo
         receivable = registry.receivable_by_path(state.path)
         if receivable is not None and state.state is not None:
             receivable.session_states[state.session_id] = state.state
+    return read
 
 
 def _load_image(
@@ -67,16 +88,20 @@ def _load_image(
     keys_of: Callable[[str], Iterable[PutDedupKey]],
     path: str,
     now_us: int,
-) -> None:
+) -> int:
     """An entity's index read in bulk from its image, or rebuilt from its rows when the image does not check out
-    (keys that left the window since go at the index's next check)."""
+    (keys that left the window since go at the index's next check); returns the rows read."""
     try:
         with image.open() as file:
             detector.load_image(file, image.length, image.crc)
     except (OSError, ImageError) as exc:
         _LOG.warning("the dedup index image in %s could not be used (%s): reading the keys instead", image.path, exc)
+        read = 0
         for key in keys_of(path):
+            read += 1
             detector.restore(key.key, key.first_accepted_us, now_us)
+        return read
+    return 0
 
 
 def _restore_messages(registry: Registry, snapshot: Snapshot, now_us: int) -> None:
@@ -109,3 +134,59 @@ def restore_messages_in_steps(
                 yield
         finally:
             receivable.end_restore()
+
+
+class _Checkpointing(Protocol):
+    def __call__(self, indexes: Iterable[tuple[str, Dumpable]], since_us: int) -> bool: ...
+
+
+class DedupCheckpoints:
+    """When to ask the store for a dedup checkpoint (``SqliteStore.checkpoint_dedup``; a store without one never
+    checkpoints): once ``CHECKPOINT_KEYS`` keys were accepted, or read from the rows at the last load, since the
+    last checkpoint (at most one per ``CHECKPOINT_MIN_SECONDS``), and at least once a ``CHECKPOINT_MAX_SECONDS``
+    while keys come. Call ``tick`` from the loop between two of its steps (the namespace's timer)."""
+
+    def __init__(self, store: object, registry: Registry) -> None:
+        self._start: _Checkpointing | None = getattr(store, "checkpoint_dedup", None)
+        self._registry = registry
+        self.keys = int(os.environ.get("ONCEBUS_CHECKPOINT_KEYS", CHECKPOINT_KEYS))
+        self.min_seconds = float(os.environ.get("ONCEBUS_CHECKPOINT_SECONDS", CHECKPOINT_MIN_SECONDS))
+        self.max_seconds = max(CHECKPOINT_MAX_SECONDS, self.min_seconds)
+        self._accepted_then: int | None = None  # keys accepted (committed) at the last checkpoint or load
+        self._replayed = 0  # rows read at the last load, not in any image
+        self._last = time.monotonic()
+
+    def loaded(self, replayed: int) -> None:
+        """The namespace was (re)loaded, reading ``replayed`` key rows that no image holds."""
+        self._accepted_then = None
+        self._replayed = replayed
+        self._last = time.monotonic()
+
+    def _accepted(self) -> int:
+        return sum(e.counters.get("accepted", 0) for e in self._registry.entities.values() if e.detector.enabled)
+
+    def tick(self, now_us: int) -> bool:
+        """Start a checkpoint if one is due; True if one started."""
+        if self._start is None:
+            return False
+        accepted = self._accepted()
+        if self._accepted_then is None:
+            self._accepted_then = accepted
+        new = accepted - self._accepted_then + self._replayed
+        elapsed = time.monotonic() - self._last
+        if new <= 0 or elapsed < self.min_seconds or (new < self.keys and elapsed < self.max_seconds):
+            return False
+        return self.start(now_us, accepted)
+
+    def start(self, now_us: int, accepted: int | None = None) -> bool:
+        """Start a checkpoint now (unless one is being written): the indexes as they are, marked ``now_us``."""
+        if self._start is None:
+            return False
+        entities = self._registry.entities
+        indexes = [(path, e.detector) for path, e in entities.items() if e.detector.enabled]
+        if not self._start(indexes, now_us):
+            return False
+        self._accepted_then = self._accepted() if accepted is None else accepted
+        self._replayed = 0
+        self._last = time.monotonic()
+        return True

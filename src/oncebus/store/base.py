@@ -174,7 +174,7 @@ class Snapshot:
     # entity -> an image of its dedup index to load in bulk (its keys are then not in dedup_keys); see
     # store/dedup_images.py. An entity whose image fails to load rebuilds from ``keys_of(entity)``.
     dedup_images: dict[str, DedupImage] = field(default_factory=dict)
-    newest_key_us: int = 0  # the newest first_accepted_us of any key held (images included)
+    newest_key_us: int = 0  # the newest first_accepted_us of any key held, or dedup checkpoint mark if later
     keys_of: Callable[[str], Iterable[PutDedupKey]] = lambda entity: ()
 
 

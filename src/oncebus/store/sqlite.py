@@ -36,11 +36,15 @@ import json
 import logging
 import os
 import queue
+import secrets
+import signal
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 
 from oncebus.core.errors import StoreError, StoreWriteError
@@ -71,6 +75,24 @@ AUTOCHECKPOINT_PAGES = 1000  # SQLite's default: the writer's commits checkpoint
 
 
 _MAX_UNITS_PER_COMMIT = 512
+
+
+@dataclass(slots=True)
+class _Checkpoint:
+    """A dedup checkpoint being written by a forked child (see ``SqliteStore.checkpoint_dedup``)."""
+
+    path: Path
+    token: bytes
+    marks: dict[str, int]  # entity -> since_us
+    submitted: int  # units submitted before the fork: the image holds their keys, and no later unit's
+    loads: int  # the store's loads before the fork: a reload since means memory was rebuilt
+    pid: int
+    started: float  # monotonic
+    pause_seconds: float  # how long the fork held the caller (the broker's loop)
+    waiter: threading.Thread | None = None
+    cancelled: bool = False
+
+
 _SETTLEMENT_OPS = (DeleteMessage, UpdateMessage, MoveMessage, AddCounters)  # what may commit before its fsync
 
 
@@ -92,8 +114,16 @@ class SqliteStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.wal_path = self.path.with_name(self.path.name + "-wal")
-        self.image_path = dedup_images.image_path(self.path)
         self._keep_images: Callable[[], Iterable[tuple[str, dedup_images.Dumpable]]] | None = None
+        self._keep_since_us = 0
+        self._loads = 0  # load() calls so far: a checkpoint forked before a reload holds memory from before it
+        self._checkpointing: _Checkpoint | None = None  # the checkpoint being written, until committed or dropped
+        self._deleted_at: dict[str, int] = {}  # entity -> the number of the last unit that deleted it (writer)
+        self._closing = False
+        self.checkpoints = 0  # dedup checkpoints committed while serving
+        self.checkpoints_dropped = 0  # written but not committed (a write failed, a reload, the child failed)
+        self.checkpoint_pauses: deque[float] = deque(maxlen=100)  # seconds the last forks held the caller
+        self.keys_read = 0  # dedup key rows read by load() and keys_of (what a restart replayed)
         self._failures_at_load = 0  # a write failed since the broker last loaded: its memory may hold more
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,6 +137,10 @@ class SqliteStore:
             if isinstance(exc, sqlite3.Error | OSError | ValueError):
                 raise _open_error(self.path, exc) from None
             raise
+        try:  # files of checkpoints that were never committed, or were replaced (a crash in between)
+            dedup_images.remove_unreferenced(self._db, self.path, temporary=True)
+        except (OSError, sqlite3.Error) as exc:
+            _LOG.warning("could not remove stale dedup index images next to %s: %s", self.path, _reason(exc))
         self._db_identity = _identity(self.path)
         self._wal_identity = _identity(self.wal_path)
         self._lock = threading.Lock()  # the connection: the writer's transactions, load(), close()
@@ -167,7 +201,7 @@ class SqliteStore:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            layout.migrate(db, version)
+            layout.migrate(db, version, dedup_images.image_path(self.path).name)
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             db.execute("COMMIT")
         except Exception as exc:
@@ -182,6 +216,7 @@ class SqliteStore:
     def load(self) -> Snapshot:
         with self._lock:
             self._failures_at_load = self.failures
+            self._loads += 1
             try:
                 return self._load()
             except (sqlite3.Error, ValueError, TypeError, KeyError) as exc:
@@ -248,20 +283,22 @@ class SqliteStore:
         for path, kind, props in db.execute("SELECT path, kind, properties FROM entity"):
             snapshot.entities.append(PutEntity(path, kind, json.loads(props)))
         snapshot.messages = self._message_rows()
-        images = dedup_images.take(db, self.image_path)  # good for this start only: its token is gone now
+        images = dedup_images.take(db, self.path)
         snapshot.dedup_images = {e.path: images[e.path] for e in snapshot.entities if e.path in images}
+        # a checkpoint's mark too: a key accepted after this start must not be first accepted before it, or the
+        # next start would not read its row (the clock may have been set back)
+        marks = db.execute("SELECT COALESCE(MAX(since_us), 0) FROM dedup_checkpoint").fetchone()[0]
         snapshot.newest_key_us = max(
-            (layout.newest_key_us(db, e.path) for e in snapshot.entities if e.kind != "subscription"), default=0
+            [marks, *(layout.newest_key_us(db, e.path) for e in snapshot.entities if e.kind != "subscription")]
         )
         snapshot.keys_of = self._keys_of
-        # an entity without an image: its keys from the rows (each entity's range of the primary key)
+        # from the rows (each entity's range of the primary key): an entity with an image, the keys since its
+        # mark; one without, all of them
         snapshot.dedup_keys = self._key_rows(
             [
-                record.path
+                (record.path, image.since_us if (image := snapshot.dedup_images.get(record.path)) else None)
                 for record in snapshot.entities
-                if record.kind != "subscription"
-                and record.properties.get("requires_duplicate_detection")
-                and record.path not in snapshot.dedup_images
+                if record.kind != "subscription" and record.properties.get("requires_duplicate_detection")
             ]
         )
         for path, sid, state in db.execute("SELECT path, session_id, state FROM session_state"):
@@ -274,10 +311,11 @@ class SqliteStore:
 
     def _keys_of(self, entity: str) -> Iterator[PutDedupKey]:
         """One entity's keys from the rows (its image did not load), in ``first_accepted_us`` order."""
-        return self._key_rows([entity])
+        return self._key_rows([(entity, None)])
 
-    def _key_rows(self, entities: list[str]) -> Iterator[PutDedupKey]:
-        """The keys of ``entities`` as the store is now (a read transaction of its own, begun here), streamed."""
+    def _key_rows(self, entities: list[tuple[str, int | None]]) -> Iterator[PutDedupKey]:
+        """The keys of ``entities`` (each with the time its keys are read from, or None: all of them) as the
+        store is now (a read transaction of its own, begun here), streamed."""
         db = None
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -290,11 +328,15 @@ class SqliteStore:
             raise self._damaged(exc) from None
         return self._more_keys(db, entities)
 
-    def _more_keys(self, db: sqlite3.Connection, entities: list[str]) -> Iterator[PutDedupKey]:
+    def _more_keys(self, db: sqlite3.Connection, entities: list[tuple[str, int | None]]) -> Iterator[PutDedupKey]:
         try:
-            for entity in entities:
-                cursor = db.execute(layout.SELECT_KEYS_OF, (entity,))
+            for entity, since in entities:
+                if since is None:
+                    cursor = db.execute(layout.SELECT_KEYS_OF, (entity,))
+                else:
+                    cursor = db.execute(layout.SELECT_KEYS_SINCE, (entity, since))
                 while rows := cursor.fetchmany(4096):
+                    self.keys_read += len(rows)
                     for key, t0 in rows:
                         yield PutDedupKey(entity, key, t0)
         except sqlite3.Error as exc:
@@ -302,11 +344,133 @@ class SqliteStore:
         finally:
             db.close()
 
-    def keep_dedup_images(self, indexes: Callable[[], Iterable[tuple[str, dedup_images.Dumpable]]]) -> None:
-        """At ``close``, once every unit is committed, write images of ``indexes()`` for the next start, unless a
-        write failed since the last ``load`` (the broker's memory may then hold a key the store does not, even if
-        it has not heard of the failure yet); see ``dedup_images``."""
+    def keep_dedup_images(
+        self, indexes: Callable[[], Iterable[tuple[str, dedup_images.Dumpable]]], since_us: int
+    ) -> None:
+        """At ``close``, once every unit is committed, write images of ``indexes()`` (holding every key first
+        accepted before ``since_us``) as the checkpoint the next start reads, unless a write failed since the last
+        ``load`` (the broker's memory may then hold a key the store does not, even if it has not heard of the
+        failure yet: the committed checkpoint, if any, stays); see ``dedup_images``."""
         self._keep_images = indexes
+        self._keep_since_us = since_us
+
+    def checkpoint_dedup(self, indexes: Iterable[tuple[str, dedup_images.Dumpable]], since_us: int) -> bool:
+        """Start a checkpoint of the dedup ``indexes`` as they are now, marked ``since_us``; call it on the thread
+        that judges and submits (the broker's loop), between two of its steps, so the indexes hold exactly the keys
+        of the units submitted so far, each first accepted at or before ``since_us``.
+
+        A forked child writes the images (the fork is the caller's only pause); once it has, the checkpoint goes
+        through the writer's queue, behind every unit submitted before the fork, and is committed in place of
+        the previous one only if none of them failed and the store was not reloaded meanwhile (else the images
+        are dropped and the previous checkpoint stays). An entity deleted by a unit submitted after the fork is
+        left out (its keys are gone from the rows; the same name may be a new queue by then). Returns False
+        (nothing started) while one is being written, while closing, or where processes cannot fork.
+        """
+        if self._checkpointing is not None or self._closing or not hasattr(os, "fork"):
+            return False
+        entries = list(indexes)
+        if not entries:
+            return False
+        with self._submit_lock:
+            submitted = self._submitted
+        path = dedup_images.new_image_path(self.path)
+        token = secrets.token_bytes(16)
+        started = time.perf_counter()
+        try:
+            pid = dedup_images.fork_write(path, token, entries)
+        except OSError as exc:  # out of memory or processes: the next one tries again
+            _LOG.warning("could not start a dedup checkpoint: %s", exc)
+            return False
+        pause = time.perf_counter() - started
+        self.checkpoint_pauses.append(pause)
+        marks = {name: since_us for name, _ in entries}
+        checkpoint = _Checkpoint(path, token, marks, submitted, self._loads, pid, time.monotonic(), pause)
+        checkpoint.waiter = threading.Thread(
+            target=self._await_checkpoint, args=(checkpoint,), name="oncebus-dedup-checkpoint", daemon=True
+        )
+        self._checkpointing = checkpoint
+        checkpoint.waiter.start()
+        return True
+
+    def wait_checkpoint(self, timeout: float | None = None) -> bool:
+        """Wait until no checkpoint is being written (committed or dropped); False if one still is."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._checkpointing is not None:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def checkpoint_files(self) -> list[Path]:
+        """The image files the committed checkpoint names (read on a connection of its own: also once closed)."""
+        db = sqlite3.connect(self.path)
+        try:
+            rows = db.execute("SELECT DISTINCT image FROM dedup_checkpoint ORDER BY image").fetchall()
+        finally:
+            db.close()
+        return [self.path.with_name(name) for (name,) in rows]
+
+    def _await_checkpoint(self, checkpoint: _Checkpoint) -> None:
+        """On a thread of its own: wait for the child, then queue the checkpoint behind the units before it."""
+        try:
+            _, status = os.waitpid(checkpoint.pid, 0)
+        except ChildProcessError:  # reaped by someone else (a child watcher waiting for any child): unknown
+            status = -1
+        if status == 0 and not checkpoint.cancelled:
+            self._queue.put(checkpoint)
+            return
+        if not checkpoint.cancelled:
+            _LOG.warning("the dedup checkpoint's child process failed (status %s); the next one tries again", status)
+        self._drop_checkpoint(checkpoint)
+
+    def _drop_checkpoint(self, checkpoint: _Checkpoint) -> None:
+        dedup_images.discard(checkpoint.path)
+        dedup_images.discard(checkpoint.path.with_name(checkpoint.path.name + dedup_images.TMP_SUFFIX))
+        self.checkpoints_dropped += 1
+        self._checkpointing = None
+
+    def _commit_checkpoint(self, checkpoint: _Checkpoint) -> None:
+        """On the writer, under the lock, every unit submitted before the fork committed or failed by now."""
+        if self.failures != self._failures_at_load or self._loads != checkpoint.loads:
+            self._drop_checkpoint(checkpoint)  # memory may have held a key the store does not
+            return
+        marks = {
+            entity: since
+            for entity, since in checkpoint.marks.items()
+            if self._deleted_at.get(entity, 0) <= checkpoint.submitted
+        }
+        db = self._db
+        try:
+            self._check_files()
+            if self._synchronous != "FULL":
+                db.execute("PRAGMA synchronous=FULL")
+                self._synchronous = "FULL"
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                dedup_images.commit(db, checkpoint.path, checkpoint.token, marks)
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        except Exception as exc:  # the previous checkpoint stays; the next one tries again
+            _LOG.warning("could not commit a dedup checkpoint to %s: %s", self.path, _reason(exc))
+            self._drop_checkpoint(checkpoint)
+            return
+        self._unsynced_since = None  # its fsync carried every transaction before it
+        self.checkpoints += 1
+        _LOG.info(
+            "dedup checkpoint committed: %s (%.0f MB) written in %.2f s; the fork paused the loop %.1f ms",
+            checkpoint.path.name,
+            _size_mb(checkpoint.path),
+            time.monotonic() - checkpoint.started,
+            checkpoint.pause_seconds * 1000,
+        )
+        self._checkpointing = None
+        try:
+            dedup_images.remove_unreferenced(db, self.path)
+        except (OSError, sqlite3.Error) as exc:
+            _LOG.debug("could not remove replaced dedup index images: %s", exc)
 
     def submit(self, unit: Sequence[Op], *, durable: bool = True) -> Future[None]:
         future: Future[None] = Future()
@@ -375,8 +539,13 @@ class SqliteStore:
                 return
             if item is _WAKE:
                 continue
+            if isinstance(item, _Checkpoint):
+                with self._lock:
+                    self._commit_checkpoint(item)
+                continue
             group = [item]
             stop = False
+            checkpoint: _Checkpoint | None = None  # after this group (it must not overtake it)
             while len(group) < _MAX_UNITS_PER_COMMIT:
                 try:
                     more = self._queue.get_nowait()
@@ -384,6 +553,9 @@ class SqliteStore:
                     break
                 if more is _STOP:
                     stop = True
+                    break
+                if isinstance(more, _Checkpoint):
+                    checkpoint = more
                     break
                 if more is not _WAKE:
                     group.append(more)
@@ -396,6 +568,8 @@ class SqliteStore:
                     self._commit(group)  # type: ignore[arg-type]
                 finally:
                     self._finished += len(group)
+                if checkpoint is not None:
+                    self._commit_checkpoint(checkpoint)
                 try:
                     self._sync_if_due()
                 except OSError as exc:  # tried again; the next durable commit syncs them anyway
@@ -430,6 +604,13 @@ class SqliteStore:
         self._unsynced_since = None
 
     def _commit(self, group: list[tuple[list[Op], Future[None], bool]]) -> None:
+        try:
+            self._commit_group(group)
+        finally:  # units are numbered in the order they were submitted; a deletion tried counts, landed or not
+            for path in self._ops.take_deleted():
+                self._deleted_at[path] = self._finished + len(group)
+
+    def _commit_group(self, group: list[tuple[list[Op], Future[None], bool]]) -> None:
         # a unit whose waiter was cancelled is still written: the broker's memory already has it
         units = [(unit, future if future.set_running_or_notify_cancel() else None) for unit, future, _ in group]
         durable = [d for _, _, d in group]
@@ -552,6 +733,15 @@ class SqliteStore:
         )
 
     def close(self) -> None:
+        self._closing = True
+        checkpoint = self._checkpointing
+        if checkpoint is not None and checkpoint.waiter is not None:  # a clean stop writes a newer one anyway
+            checkpoint.cancelled = True
+            try:
+                os.kill(checkpoint.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            checkpoint.waiter.join()
         if self._writer.is_alive():
             self._queue.put(_STOP)
             self._writer.join()
@@ -572,11 +762,9 @@ class SqliteStore:
             if keep is None:
                 return
             if self.failures == self._failures_at_load and self._writer_clean():
-                dedup_images.save(self._db, self.image_path, keep())
-            else:
-                dedup_images.discard(self.image_path)
-        except (OSError, sqlite3.Error) as exc:  # the next start rebuilds the indexes from the rows
-            _LOG.warning("could not write the dedup index images to %s: %s", self.image_path, _reason(exc))
+                dedup_images.save(self._db, self.path, keep(), self._keep_since_us)
+        except (OSError, sqlite3.Error) as exc:  # the committed checkpoint stays (or the rows, without one)
+            _LOG.warning("could not write the dedup index images next to %s: %s", self.path, _reason(exc))
 
     def _writer_clean(self) -> bool:
         """Whether every unit submitted was committed (the writer stopped with an empty queue)."""
@@ -608,3 +796,10 @@ def _write_error(path: Path, exc: BaseException) -> StoreWriteError:
         else "oncebus tries again with the next call"
     )
     return StoreWriteError(f"could not write to {path}: {_reason(exc)}; nothing of this call was stored; {advice}")
+
+
+def _size_mb(path: Path) -> float:
+    try:
+        return path.stat().st_size / 2**20
+    except OSError:
+        return float("nan")

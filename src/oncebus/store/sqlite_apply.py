@@ -28,6 +28,12 @@ class OpWriter:
 
     def __init__(self, next_data_id: int) -> None:
         self.next_data_id = next_data_id
+        self._deleted: list[str] = []  # entities deleted by the operations applied since ``take_deleted``
+
+    def take_deleted(self) -> list[str]:
+        """The entities deleted since the last call (whether their transaction committed or not)."""
+        deleted, self._deleted = self._deleted, []
+        return deleted
 
     def apply_all(self, db: sqlite3.Connection, ops: list[Op]) -> None:
         """Apply a group's operations with the same effect as one by one, in fewer statements.
@@ -97,6 +103,8 @@ class OpWriter:
                     )
                 db.execute("DELETE FROM counters WHERE entity = ?", (path,))
                 db.execute("DELETE FROM dedup_key WHERE entity = ?", (path,))
+                db.execute("DELETE FROM dedup_checkpoint WHERE entity = ?", (path,))  # its image is void now
+                self._deleted.append(path)
             case PutMessage(message=m, dedup_key=dedup_key):
                 self.next_data_id += 1
                 light, data = layout.message_rows(m, self.next_data_id)

@@ -14,7 +14,12 @@ Schema versions (``PRAGMA user_version``):
   from ``message`` takes its content with it (trigger);
 - 4: table ``dedup_snapshot``: the token of the dedup index images written at the last clean shutdown
   (see ``oncebus.store.dedup_images``); an older file gets the empty table (no images: keys are
-  rebuilt from ``dedup_key`` once).
+  rebuilt from ``dedup_key`` once);
+- 5: table ``dedup_checkpoint`` replaces ``dedup_snapshot``: per entity, the image file holding its index,
+  the file's token and the image's high-water mark (``since_us``: the keys first accepted from then on are
+  read from ``dedup_key`` on top of the image). Images are written while serving too, and serve every start
+  until a newer one is committed. A schema 4 token (a clean stop) becomes one row per entity with duplicate
+  detection, its mark the entity's newest key (the image held every key then).
 
 An older file is migrated in place in one transaction (all or nothing); a newer one is refused.
 """
@@ -30,7 +35,7 @@ from oncebus.core.keys import migrate_key_text_v0
 from oncebus.core.messages import StoredMessage
 from oncebus.core.rules import default_rule
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entity (
@@ -61,9 +66,14 @@ CREATE TABLE IF NOT EXISTS subscription_rules (
     path TEXT PRIMARY KEY,
     rules TEXT NOT NULL
 );
--- schema 4: at most one row, the token of the dedup images file valid for the next start only
-CREATE TABLE IF NOT EXISTS dedup_snapshot (
-    token BLOB NOT NULL
+-- schema 5: the dedup index image each entity starts from (see store/dedup_images.py): its file (a name in
+-- the store's directory), the file's token, and the mark: keys first accepted at or after since_us are read
+-- from dedup_key on top of it. Deleting the entity deletes its row (its image is never used again).
+CREATE TABLE IF NOT EXISTS dedup_checkpoint (
+    entity TEXT PRIMARY KEY,
+    image TEXT NOT NULL,
+    token BLOB NOT NULL,
+    since_us INTEGER NOT NULL
 );
 """
 
@@ -105,6 +115,10 @@ INSERT_DATA = "INSERT INTO message_data (id, meta, body, body_offset, body_lengt
 INSERT_KEY = "INSERT OR REPLACE INTO dedup_key (entity, first_accepted_us, key) VALUES (?, ?, ?)"
 # the primary key's order (no sort): a key accepted again has a later row, which replaces the earlier one
 SELECT_KEYS_OF = "SELECT key, first_accepted_us FROM dedup_key WHERE entity = ? ORDER BY first_accepted_us"
+SELECT_KEYS_SINCE = (
+    "SELECT key, first_accepted_us FROM dedup_key WHERE entity = ? AND first_accepted_us >= ?"
+    " ORDER BY first_accepted_us"
+)
 DELETE_MESSAGE = "DELETE FROM message WHERE path = ? AND sequence_number = ?"
 SELECT_ROWS = (
     "SELECT path, sequence_number, state, delivery_count, enqueued_time_us, expires_at_us, size, session_id"
@@ -208,16 +222,17 @@ def create(db: sqlite3.Connection) -> None:
     db.executescript(SCHEMA + "".join(statement + ";\n" for statement in MESSAGE_STATEMENTS))
 
 
-def migrate(db: sqlite3.Connection, version: int) -> None:
-    """Bring a layout at ``version`` up to ``SCHEMA_VERSION`` inside the caller's transaction."""
+def migrate(db: sqlite3.Connection, version: int, images: str = "oncebus.db.dedup") -> None:
+    """Bring a layout at ``version`` up to ``SCHEMA_VERSION`` inside the caller's transaction (``images``: the name
+    schema 4 gave its dedup image file, in the database's directory)."""
     if version < 1:
         _keys_v0_to_v1(db)
     if version < 2:
         _rules_v1_to_v2(db)
     if version < 3:
         _messages_v2_to_v3(db)
-    if version < 4:  # an older release never wrote images: the new table starts empty
-        db.execute("CREATE TABLE IF NOT EXISTS dedup_snapshot (token BLOB NOT NULL)")
+    if version < 5:
+        _checkpoints_v4_to_v5(db, images)
 
 
 def _keys_v0_to_v1(db: sqlite3.Connection) -> None:
@@ -286,3 +301,25 @@ def _messages_v2_to_v3(db: sqlite3.Connection) -> None:
         db.executemany(INSERT_DATA, datas)
         db.executemany(INSERT_MESSAGE, lights)
     db.execute("DROP TABLE message_v1")
+
+
+def _checkpoints_v4_to_v5(db: sqlite3.Connection, image: str) -> None:
+    """Schema 4's token (an image written at a clean stop, serving the next start) becomes a checkpoint per entity
+    with duplicate detection: the image held every key then, so the keys to read on top of it are those of the
+    entity's newest time (read again: harmless). An entity the file does not hold is rebuilt from its rows."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS dedup_checkpoint"
+        " (entity TEXT PRIMARY KEY, image TEXT NOT NULL, token BLOB NOT NULL, since_us INTEGER NOT NULL)"
+    )
+    old = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'dedup_snapshot'").fetchone()
+    if old is None:
+        return
+    row = db.execute("SELECT token FROM dedup_snapshot").fetchone()
+    if row is not None:
+        for path, props in db.execute("SELECT path, properties FROM entity WHERE kind != 'subscription'").fetchall():
+            if json.loads(props).get("requires_duplicate_detection"):
+                db.execute(
+                    "INSERT INTO dedup_checkpoint (entity, image, token, since_us) VALUES (?, ?, ?, ?)",
+                    (path, image, bytes(row[0]), newest_key_us(db, path)),
+                )
+    db.execute("DROP TABLE dedup_snapshot")

@@ -37,3 +37,11 @@ def test_config_refuses_a_name_ending_in_a_newline(tmp_path: Path) -> None:
     assert serve.wait() == 1, serve.output()
     assert "'cfgq\\n'" in serve.output() and "is not valid" in serve.output(), serve.output()
     assert entities(tmp_path / "data") == {"queue": [], "topic": [], "subscription": []}
+
+
+def test_cli_refuses_an_id_of_128_emoji(tmp_path: Path) -> None:
+    d = tmp_path / "data"
+    assert oncebus("queue", "create", "q", data_dir=d).returncode == 0
+    line = assert_one_line_error(oncebus("send", "q", "x", "--message-id", "\N{GRINNING FACE}" * 128, data_dir=d))
+    assert "256 UTF-16 code units" in line and "at most 128" in line, line
+    assert oncebus("send", "q", "x", "--message-id", "\N{GRINNING FACE}" * 64, data_dir=d).returncode == 0

@@ -136,3 +136,22 @@ def _still_open(sock: socket.socket) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_a_huge_peek_is_capped_as_azure_caps_it(served: Served) -> None:
+    """Azure answers a peek of any size with at most a service-limited number of messages (250 observed); oncebus
+    returns at most MAX_PEEK_MESSAGES, in order, from where the peek starts."""
+    subprocess_cli(served, "queue", "create", "peeked")
+    with ServiceBusClient.from_connection_string(served.connection_string, retry_total=0) as client:
+        with client.get_queue_sender("peeked") as sender:
+            for start in range(0, 1000, 250):
+                sender.send_messages(
+                    [ServiceBusMessage(f"m{i}", message_id=f"m{i}") for i in range(start, start + 250)]
+                )
+        with client.get_queue_receiver("peeked") as receiver:
+            started = time.monotonic()
+            first = receiver.peek_messages(max_message_count=2**31 - 1)
+            assert time.monotonic() - started < 5
+            assert [m.message_id for m in first] == [f"m{i}" for i in range(250)]
+            rest = receiver.peek_messages(max_message_count=2**31 - 1)  # the SDK's peek goes on from there
+            assert [m.message_id for m in rest] == [f"m{i}" for i in range(250, 500)]

@@ -133,6 +133,8 @@ class AmqpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        if not self._authenticated:  # a client busy with its handshake is shed last (see max_unauthenticated)
+            self.host.connection_active(self)
         try:
             renumbered = self.scanner.renumbered
             data = self.scanner.feed(data)

@@ -63,9 +63,9 @@ class AmqpLimits:
     max_connections: int = 1000
     # connections without an accepted token yet (in the handshake, or opened with no token); past it the oldest
     # of them is closed (amqp:resource-limit-exceeded), never the newcomer, nor one that holds a token
-    max_unauthenticated: int = 256
+    max_unauthenticated: int = 512
     # the same, from one peer address (its own oldest is closed)
-    max_unauthenticated_per_peer: int = 128
+    max_unauthenticated_per_peer: int = 256
 
     def __post_init__(self) -> None:
         if self.handshake_frame_size < MIN_MAX_FRAME_SIZE:
@@ -130,11 +130,21 @@ class OldestFirst:
             if not keys:
                 del self.by_peer[peer]
 
+    def touch(self, key: object) -> None:
+        """``key`` did something: it becomes the newest (the shed take the longest idle first)."""
+        peer = self.all.pop(key, None)
+        if peer is None:
+            return
+        self.all[key] = peer
+        keys = self.by_peer[peer]
+        keys.pop(key, None)
+        keys[key] = None
+
     def count(self, peer: str) -> int:
         return len(self.by_peer.get(peer, ()))
 
     def shed_oldest(self, peer: str | None = None) -> None:
-        """Close the oldest undecided connection of ``peer`` (None: of the peer holding the most)."""
+        """Close the connection idle the longest of ``peer`` (None: of the peer holding the most)."""
         if peer is None:
             if not self.by_peer:
                 return

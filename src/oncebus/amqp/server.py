@@ -68,8 +68,9 @@ class AmqpServer:
         """A connection started (on this server's socket or one accepted elsewhere): keep checking its tokens.
 
         Only connections holding a token count toward ``max_connections``; those without one yet are bounded
-        apart (``max_unauthenticated``, in all and per peer address), by closing their oldest: a flood of
-        connections that never authenticate cannot keep a client with a key out."""
+        apart (``max_unauthenticated``, in all and per peer address), by closing the one idle the longest: a
+        flood of connections that never authenticate cannot keep a client with a key (busy with its handshake)
+        out."""
         if len(self.authenticated) >= self.limits.max_connections:
             conn.refused = (
                 f"oncebus serves at most {self.limits.max_connections} AMQP connections at once "
@@ -93,6 +94,9 @@ class AmqpServer:
             f"{self.limits.max_unauthenticated_per_peer} from one address) were waiting for a CBS token; put the "
             "token soon after the open (ONCEBUS_AMQP_MAX_UNAUTHENTICATED, ..._PER_PEER)",
         )
+
+    def connection_active(self, conn: AmqpConnection) -> None:
+        self.unauthenticated.touch(conn)
 
     def connection_authenticated(self, conn: AmqpConnection) -> None:
         """``conn``'s first token was accepted: it now counts toward ``max_connections``."""

@@ -236,6 +236,8 @@ class Listener:
                     await asyncio.sleep(1.0)
                 continue
             sock.setblocking(False)
+            if self._decided_at_once(sock):  # its first bytes are there already: it never waits among the others
+                continue
             peer = _peer_of(sock)
             self._make_room(peer)
             pressure = len(self.undecided) >= self.doors.max_pending // 2
@@ -245,6 +247,31 @@ class Listener:
             self.undecided.add(key, peer, task.cancel)
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
+
+    def _decided_at_once(self, sock: socket.socket) -> bool:
+        """Hand ``sock`` over now if its first bytes (already received) tell AMQP or HTTP."""
+        try:
+            kind = classify(sock.recv(PEEK_BYTES, socket.MSG_PEEK))
+        except OSError:
+            return False
+        if kind not in (AMQP, HTTP) or kind not in self.kinds:
+            return False
+        loop = asyncio.get_running_loop()
+        factory: Callable[[], asyncio.Protocol] = self.doors.amqp if kind == AMQP else lambda: self.doors.http("http")
+        task = loop.create_task(self._connect(sock, factory))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return True
+
+    async def _connect(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol]) -> None:
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(factory, sock)
+        except asyncio.CancelledError:
+            sock.close()
+            raise
+        except OSError as exc:
+            _LOG.info("closing a connection at its hand-over: %r", exc)
+            sock.close()
 
     def _make_room(self, peer: str) -> None:
         """Past a bound, close the oldest undecided connection (the peer's own first), never the newcomer."""

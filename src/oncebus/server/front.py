@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import resource
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from oncebus.amqp.server import AmqpServer
 from oncebus.auth import connection_string
@@ -66,6 +68,30 @@ class Front:
 
 
 ALLOWED_HOSTS_ENV = "ONCEBUS_HTTP_ALLOWED_HOSTS"
+T = TypeVar("T")
+
+
+def from_env(defaults: T, prefix: str, environ: Mapping[str, str] | None = None) -> T:
+    """``defaults`` (a dataclass) with its number fields overridden by ``<prefix><FIELD>`` variables, e.g.
+    ``ONCEBUS_LISTEN_MAX_PENDING=512`` or ``ONCEBUS_HTTP_MAX_CONNECTIONS=64``; a bad value is an error naming it."""
+    environ = os.environ if environ is None else environ
+    changes: dict[str, int | float] = {}
+    for f in dataclasses.fields(defaults):  # type: ignore[arg-type]
+        value = getattr(defaults, f.name)
+        text = environ.get(prefix + f.name.upper())
+        if text is None or not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        kind = type(value)
+        try:
+            number = kind(text)
+        except ValueError:
+            raise ValueError(
+                f"{prefix}{f.name.upper()}={text!r} is not a{'' if kind is int else ' decimal'} number"
+            ) from None
+        if not number > 0:
+            raise ValueError(f"{prefix}{f.name.upper()}={text!r} must be positive")
+        changes[f.name] = number
+    return dataclasses.replace(defaults, **changes)  # type: ignore[type-var]
 
 
 def allowed_hosts(host: str, environ: Mapping[str, str] | None = None) -> AllowedHosts:
@@ -109,13 +135,13 @@ async def open_front(
     app = HttpApp(namespace, keys, mounted=mount)
     context = certificates.server_context()
     connections: set[HttpProtocol] = set()
-    limits = HttpLimits()
+    limits = from_env(HttpLimits(), "ONCEBUS_HTTP_")
     hosts = allowed_hosts(host)
 
     def http(scheme: str) -> HttpProtocol:
         return HttpProtocol(app, scheme=scheme, limits=limits, connections=connections, hosts=hosts)
 
-    doors = Doors(amqp=amqp.connection_protocol, http=http, tls=context)
+    doors = from_env(Doors(amqp=amqp.connection_protocol, http=http, tls=context), "ONCEBUS_LISTEN_")
     opened: list[Listener] = []
     try:
         main = Listener.open(host, port, doors, ALL_KINDS)

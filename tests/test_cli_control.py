@@ -101,7 +101,7 @@ BAD_REQUESTS = [
     b"not json at all",
     b"{",
     b"\xff\xfe\x00garbage",
-    b"[" * 100_000 + b"]" * 100_000,
+    b'{"token": "%(token)s", "args": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # long: must lead with the token
     b'{"op": "ping"}',
     b'{"token": "wrong", "op": "ping"}',
     b'{"token": "%(token)s"}',
@@ -153,11 +153,15 @@ def test_over_long_control_line_is_refused_and_the_connection_stays_usable(serve
 
     client = server.control()
     try:
-        client.send_raw(b"x" * (MAX_REQUEST_LINE + 1024) + b"\n")
+        # (a long line must start with the token, as the CLI writes it; else see test_cli_control_bounds)
+        client.send_raw(
+            b'{"token": "' + client.token.encode() + b'", "x": "' + b"x" * (MAX_REQUEST_LINE + 1024) + b"\n"
+        )
         reply = client.reply()
         assert reply["ok"] is False and "longer than" in reply["message"], reply
         assert client.request("ping")["ok"] is True
-        client.send_raw(b"y" * (MAX_REQUEST_LINE + 10))  # then the peer goes away mid-line
+        client.send_raw(b'{"token": "' + client.token.encode() + b'", "y": "' + b"y" * (MAX_REQUEST_LINE + 10))
+        # (then the peer goes away mid-line)
     finally:
         client.close()
     assert oncebus("stats", "--json", data_dir=server.data_dir).returncode == 0

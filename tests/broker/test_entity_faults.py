@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from oncebus.broker import ManualClock, Message, Namespace, ServiceBusReceiveMode
+from oncebus.broker.receivable import QUOTA_BYTES_PER_MESSAGE
 from oncebus.core.errors import (
     ArgumentOutOfRangeError,
     EntityNotFoundError,
@@ -233,8 +234,8 @@ def test_the_entity_size_counts_each_message_once_at_its_wire_size(stores: Store
             chunk = 200 * 1024
             for i in range(5):  # 5 x (200 KiB + 8 bytes of framing): ~0.98 MiB
                 await ns.send(entity, _wired(chunk, f"{entity}-{i}"))
-            used = 5 * (chunk + 8)
-            room = limit - used
+            used = 5 * (chunk + 8 + QUOTA_BYTES_PER_MESSAGE)  # each message also counts a fixed overhead
+            room = limit - used - QUOTA_BYTES_PER_MESSAGE
             with pytest.raises(QuotaExceededError, match="max_size_in_megabytes=1"):
                 await ns.send(entity, _wired(room - 8 + 1, "over"))  # one byte over: refused, nothing stored
             assert ns.stats(entity).accepted == 5

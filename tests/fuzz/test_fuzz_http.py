@@ -348,7 +348,7 @@ def check_response(response: bytes) -> None:
 
 
 def health(port: int) -> None:
-    response = exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", wait=5)
+    response = exchange(port, b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n", wait=5)
     assert statuses(response)[:1] == [200], response[:300]
 
 

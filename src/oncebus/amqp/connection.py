@@ -104,13 +104,27 @@ class AmqpConnection(asyncio.Protocol):
         # session locks held by this connection's receive links, by (receivable path, session id)
         self.sessions: dict[tuple[str, str], SessionLock] = {}
         self.opened_at: float | None = None  # loop time of the client's open
-        self.authenticated = False  # a CBS token was accepted on this connection
+        self._authenticated = False  # a CBS token was accepted on this connection (``authenticated``)
+        self.peer = ""  # the client's address: the per-peer bounds count by it
         self.refused: str | None = None  # why this connection is closed at its open (the host's connection cap)
+
+    @property
+    def authenticated(self) -> bool:
+        """A CBS token was accepted on this connection (from then on it counts toward the connection cap)."""
+        return self._authenticated
+
+    @authenticated.setter
+    def authenticated(self, value: bool) -> None:
+        if value and not self._authenticated:
+            self._authenticated = True
+            self.host.connection_authenticated(self)
 
     # --- asyncio protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.socket = transport
+        peername = transport.get_extra_info("peername")
+        self.peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""
         # above this many unsent bytes asyncio calls pause_writing(): receive links stop taking messages
         transport.set_write_buffer_limits(high=self.limits.outgoing_buffer_limit)
         self.host.connection_opened(self)
@@ -120,6 +134,8 @@ class AmqpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        if not self._authenticated:  # a client busy with its handshake is shed last (see max_unauthenticated)
+            self.host.connection_active(self)
         try:
             renumbered = self.scanner.renumbered
             data = self.scanner.feed(data)

@@ -47,6 +47,14 @@ class AmqpHost(Protocol):
         """A connection started: keep checking its tokens."""
         ...
 
+    def connection_active(self, conn: AmqpConnection) -> None:
+        """A connection without a token yet received bytes."""
+        ...
+
+    def connection_authenticated(self, conn: AmqpConnection) -> None:
+        """A connection's first CBS token was accepted."""
+        ...
+
     def connection_closed(self, conn: AmqpConnection) -> None:
         """A connection ended: forget it."""
         ...

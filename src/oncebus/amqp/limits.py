@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 # AMQP 1.0 (2.4.1, 5.3.1): MIN-MAX-FRAME-SIZE, what either peer must accept before the open
@@ -58,8 +58,14 @@ class AmqpLimits:
     token_check_interval: float = 1.0
     # seconds from the client's open to its first accepted CBS token; then the connection is closed
     auth_timeout: float = 60.0
-    # AMQP connections the listener serves at once; the next client's open is answered with a close
+    # authenticated AMQP connections (a CBS token accepted) served at once; past it a client's open is answered
+    # with a close (amqp:resource-limit-exceeded)
     max_connections: int = 1000
+    # connections without an accepted token yet (in the handshake, or opened with no token); past it the oldest
+    # of them is closed (amqp:resource-limit-exceeded), never the newcomer, nor one that holds a token
+    max_unauthenticated: int = 512
+    # the same, from one peer address (its own oldest is closed)
+    max_unauthenticated_per_peer: int = 256
 
     def __post_init__(self) -> None:
         if self.handshake_frame_size < MIN_MAX_FRAME_SIZE:
@@ -90,3 +96,64 @@ class AmqpLimits:
 
 
 DEFAULT_LIMITS = AmqpLimits()
+
+
+class OldestFirst:
+    """Connections waiting for something (their first bytes, their first token), oldest first, by peer address;
+    past a bound the oldest is shed (closed), so that idle connections cannot keep newcomers out."""
+
+    def __init__(self) -> None:
+        self.all: dict[object, str] = {}  # key -> peer address, in arrival order
+        self.by_peer: dict[str, dict[object, None]] = {}
+        self.shed: dict[object, Callable[[], None]] = {}
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def add(self, key: object, peer: str, shed: Callable[[], None]) -> None:
+        self.all[key] = peer
+        self.by_peer.setdefault(peer, {})[key] = None
+        self.shed[key] = shed
+
+    def set_shed(self, key: object, shed: Callable[[], None]) -> None:
+        if key in self.all:
+            self.shed[key] = shed
+
+    def remove(self, key: object) -> None:
+        peer = self.all.pop(key, None)
+        self.shed.pop(key, None)
+        if peer is None:
+            return
+        keys = self.by_peer.get(peer)
+        if keys is not None:
+            keys.pop(key, None)
+            if not keys:
+                del self.by_peer[peer]
+
+    def touch(self, key: object) -> None:
+        """``key`` did something: it becomes the newest (the shed take the longest idle first)."""
+        peer = self.all.pop(key, None)
+        if peer is None:
+            return
+        self.all[key] = peer
+        keys = self.by_peer[peer]
+        keys.pop(key, None)
+        keys[key] = None
+
+    def count(self, peer: str) -> int:
+        return len(self.by_peer.get(peer, ()))
+
+    def shed_oldest(self, peer: str | None = None) -> None:
+        """Close the connection idle the longest of ``peer`` (None: of the peer holding the most)."""
+        if peer is None:
+            if not self.by_peer:
+                return
+            peer = max(self.by_peer, key=lambda p: len(self.by_peer[p]))
+        keys = self.by_peer.get(peer)
+        if not keys:
+            return
+        key = next(iter(keys))
+        shed = self.shed.get(key)
+        self.remove(key)
+        if shed is not None:
+            shed()

@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from oncebus.amqp.connection import AmqpConnection
-from oncebus.amqp.limits import AmqpLimits
+from oncebus.amqp.frames import RESOURCE_LIMIT
+from oncebus.amqp.limits import AmqpLimits, OldestFirst
 from oncebus.amqp.routing import Router
 from oncebus.amqp.sas import DEFAULT_KEYS, connection_string
 
@@ -40,6 +41,8 @@ class AmqpServer:
         self.limits = limits if limits is not None else AmqpLimits.from_env()
         self.router = Router(self)
         self.connections: set[AmqpConnection] = set()
+        self.authenticated: set[AmqpConnection] = set()  # holding an accepted token: what max_connections bounds
+        self.unauthenticated = OldestFirst()  # the others, oldest first: bounded on their own
         self.host = "127.0.0.1"
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -62,19 +65,49 @@ class AmqpServer:
         self.port = int(self._server.sockets[0].getsockname()[1])
 
     def connection_opened(self, conn: AmqpConnection) -> None:
-        """A connection started (on this server's socket or one accepted elsewhere): keep checking its tokens."""
-        served = sum(1 for other in self.connections if other.refused is None)
-        if served >= self.limits.max_connections:
+        """A connection started (on this server's socket or one accepted elsewhere): keep checking its tokens.
+
+        Only connections holding a token count toward ``max_connections``; those without one yet are bounded
+        apart (``max_unauthenticated``, in all and per peer address), by closing the one idle the longest: a
+        flood of connections that never authenticate cannot keep a client with a key (busy with its handshake)
+        out."""
+        if len(self.authenticated) >= self.limits.max_connections:
             conn.refused = (
                 f"oncebus serves at most {self.limits.max_connections} AMQP connections at once "
                 "(ONCEBUS_AMQP_MAX_CONNECTIONS); close one or raise the limit"
             )
         self.connections.add(conn)
+        peer = conn.peer
+        waiting = self.unauthenticated
+        if waiting.count(peer) >= self.limits.max_unauthenticated_per_peer:
+            waiting.shed_oldest(peer)
+        if len(waiting) >= self.limits.max_unauthenticated:
+            waiting.shed_oldest()
+        waiting.add(conn, peer, lambda: self._shed(conn))
         if self._token_checks is None or self._token_checks.done():
             self._token_checks = asyncio.get_running_loop().create_task(self._check_tokens())
 
+    def _shed(self, conn: AmqpConnection) -> None:
+        conn.protocol_error(
+            RESOURCE_LIMIT,
+            f"closed to make room: more than {self.limits.max_unauthenticated} connections (or "
+            f"{self.limits.max_unauthenticated_per_peer} from one address) were waiting for a CBS token; put the "
+            "token soon after the open (ONCEBUS_AMQP_MAX_UNAUTHENTICATED, ..._PER_PEER)",
+        )
+
+    def connection_active(self, conn: AmqpConnection) -> None:
+        self.unauthenticated.touch(conn)
+
+    def connection_authenticated(self, conn: AmqpConnection) -> None:
+        """``conn``'s first token was accepted: it now counts toward ``max_connections``."""
+        self.unauthenticated.remove(conn)
+        if not conn.closed:
+            self.authenticated.add(conn)
+
     def connection_closed(self, conn: AmqpConnection) -> None:
         self.connections.discard(conn)
+        self.authenticated.discard(conn)
+        self.unauthenticated.remove(conn)
 
     def attach(self, conn: AmqpConnection, link: proton.Link) -> None:
         self.router.attach(conn, link)

@@ -11,6 +11,7 @@ for one receiver at a time and keep its state.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -49,6 +50,10 @@ from oncebus.store.base import (
 )
 
 _LOG = logging.getLogger("oncebus.broker")
+
+MAX_PEEK_MESSAGES = 250
+"""The most messages one peek returns, whatever it asks for: Service Bus, too, answers a larger peek with fewer
+messages (at most about 250 a call), no error; a peek does bounded work however large the backlog is."""
 
 
 class Delivery:
@@ -310,14 +315,21 @@ class Delivery:
         sequence_number: int = 0,
         session_id: str | None = None,
     ) -> list[ReceivedMessage]:
-        """Messages from ``sequence_number`` on, in order, whatever their state; nothing is locked."""
+        """Messages from ``sequence_number`` on, in order, whatever their state; nothing is locked.
+
+        At most ``MAX_PEEK_MESSAGES`` are returned, whatever is asked (as Service Bus answers an over-large peek:
+        with fewer messages, no error); the caller peeks again from the last sequence number + 1 for more."""
         self._require_backlog()
         receivable = self.receivable(path)
-        chosen = sorted(
-            seq
-            for seq, m in receivable.messages.items()
-            if seq >= sequence_number and (session_id is None or m.session_id == session_id)
-        )[:max_message_count]
+        count = max(0, min(max_message_count, MAX_PEEK_MESSAGES))
+        chosen = heapq.nsmallest(
+            count,
+            (
+                seq
+                for seq, m in receivable.messages.items()
+                if seq >= sequence_number and (session_id is None or m.session_id == session_id)
+            ),
+        )
         entries = [receivable.messages[seq] for seq in chosen]
         return [ReceivedMessage.of(record) for _, record in self._contents_of(receivable, entries)]
 

@@ -39,6 +39,28 @@ class Journal:
         self._idle: asyncio.Event | None = None
         self.reloads = 0
         self._settling: Settling = []
+        self._batch: list[tuple[Sequence[Op], Callable[[], None] | None]] | None = None
+
+    def start_batch(self) -> None:
+        """From now on ``write`` only gathers its units (memory has moved already) until ``end_batch`` writes them
+        all as one unit, one store transaction: all of it is stored or none. Only for work nothing else writes
+        beside (``oncebus serve`` applies its ``--config`` before any door opens)."""
+        if self._batch is not None:
+            raise RuntimeError("a batch is already open")
+        self._batch = []
+
+    async def end_batch(self) -> None:
+        """Write what the batch gathered as one unit and wait until it is durable."""
+        gathered, self._batch = self._batch or [], None
+        ops = [op for unit, _ in gathered for op in unit]
+        callbacks = [on_commit for _, on_commit in gathered if on_commit is not None]
+
+        def committed() -> None:
+            for on_commit in callbacks:
+                on_commit()
+
+        if ops or callbacks:
+            await self.write(ops, committed)
 
     def check_alive(self) -> None:
         if self.failure is not None:
@@ -70,6 +92,9 @@ class Journal:
         may be gone, so the call is refused (what this unit stored stays: a resend is judged afresh).
         """
         self.check_alive()
+        if self._batch is not None:  # gathered into one unit, written when the batch ends (see ``batch``)
+            self._batch.append((ops, on_commit))
+            return
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         done.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if nobody waits

@@ -20,8 +20,9 @@ of a send whose write then failed is refused too, so the sender resends it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -207,6 +208,17 @@ class Namespace(Delivery):
 
     async def _write(self, ops: Sequence[Op]) -> None:
         await self._journal.write(ops, self._note_moves(ops))
+
+    @contextlib.asynccontextmanager
+    async def one_unit(self) -> AsyncIterator[None]:
+        """Every change made inside is stored in one transaction when the block ends, even if it raises (memory
+        moved already): a crash before that commit leaves the store as it was, after it, all of the block's
+        changes. Only while nothing else changes the namespace (``oncebus serve`` applying ``--config``)."""
+        self._journal.start_batch()
+        try:
+            yield
+        finally:
+            await self._journal.end_batch()
 
     def _write_later(self, ops: Sequence[Op]) -> None:
         self._journal.write_later(ops, self._note_moves(ops))

@@ -160,6 +160,11 @@ class ReceivableSettings:
     max_size_bytes: int
 
 
+QUOTA_BYTES_PER_MESSAGE = 256
+"""What each held message counts toward its entity's max_size_in_megabytes on top of its encoded size: a message,
+even an empty one, costs the server memory and a store row, so the quota must bound how many it holds."""
+
+
 class Receivable:
     def __init__(
         self,
@@ -192,6 +197,11 @@ class Receivable:
             if dead_letter
             else Receivable(path + "/$deadletterqueue", settings, dead_letter=True, counters=self.counters)
         )
+
+    @property
+    def quota_bytes(self) -> int:
+        """What the held messages count toward the entity's size quota: their sizes plus a per-message overhead."""
+        return self.size_bytes + len(self.messages) * QUOTA_BYTES_PER_MESSAGE
 
     # --- adding -----------------------------------------------------------------------------
     def add(self, entry: Entry, now_us: int) -> None:

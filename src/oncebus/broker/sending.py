@@ -17,7 +17,7 @@ from typing import Any
 from oncebus.broker.contents import ContentCache
 from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path
-from oncebus.broker.receivable import Entry, Receivable
+from oncebus.broker.receivable import QUOTA_BYTES_PER_MESSAGE, Entry, Receivable
 from oncebus.broker.registry import COUNTERS, Entity, Registry
 from oncebus.broker.routing import Plan, Router
 from oncebus.core.durations import to_micros
@@ -57,14 +57,18 @@ class Sender:
         self.send_log = send_log
         self.contents = contents
 
-    def _check_quota(self, entity: Entity, total: int) -> None:
+    def _check_quota(self, entity: Entity, total: int, count: int) -> None:
+        """Each message counts its size plus ``QUOTA_BYTES_PER_MESSAGE`` (so empty messages are bounded too)."""
         props = entity.properties
+        needed = total + count * QUOTA_BYTES_PER_MESSAGE
         for receivable in entity.receivables():
-            if receivable.size_bytes + total > receivable.settings.max_size_bytes:
+            held = receivable.quota_bytes
+            if held + needed > receivable.settings.max_size_bytes:
                 raise QuotaExceededError(
                     f"The maximum entity size has been reached or exceeded for '{props.name}': "
                     f"max_size_in_megabytes={props.max_size_in_megabytes} ({receivable.settings.max_size_bytes} "
-                    f"bytes); {receivable.path!r} holds {receivable.size_bytes} bytes and this send needs {total} more"
+                    f"bytes); {receivable.path!r} holds {held} bytes and this send needs {needed} more "
+                    f"(each message counts its size plus {QUOTA_BYTES_PER_MESSAGE} bytes)"
                 )
 
     async def send(self, entity_name: str, batch: list[Message], scheduled_us: int | None) -> list[SendOutcome]:
@@ -79,7 +83,7 @@ class Sender:
             )
         entity = self.registry.entity(where.entity)
         checked = validate_send(entity.properties, entity.detector, batch, scheduled=scheduled_us is not None)
-        self._check_quota(entity, checked.total_bytes)
+        self._check_quota(entity, checked.total_bytes, len(batch))
         now = self.now()
         verdicts_since = self.journal.failed_writes
         plan = Plan()

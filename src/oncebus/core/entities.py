@@ -33,14 +33,14 @@ MAX_LOCK_DURATION = timedelta(minutes=5)
 MAX_MESSAGE_SIZE_KB = 102_400
 MAX_SIZE_MB = 81_920
 
-_ENTITY_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,258}[A-Za-z0-9])?$")
-_SUBSCRIPTION_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,48}[A-Za-z0-9])?$")
+_ENTITY_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,258}[A-Za-z0-9])?")
+_SUBSCRIPTION_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,48}[A-Za-z0-9])?")
 _RESERVED = ("$", "subscriptions", "rules")
 
 
 def validate_entity_name(name: str, *, kind: str = "queue") -> str:
     """Queue and topic names: 1-260 letters, digits, '.', '-', '_', '/'; start and end alphanumeric."""
-    if not isinstance(name, str) or not _ENTITY_NAME.match(name) or "//" in name:
+    if not isinstance(name, str) or not _ENTITY_NAME.fullmatch(name) or "//" in name:
         raise InvalidArgumentError(
             f"{kind} name {name!r} is not valid: use 1 to 260 letters, digits, '.', '-', '_' or '/', "
             "starting and ending with a letter or digit"
@@ -52,7 +52,7 @@ def validate_entity_name(name: str, *, kind: str = "queue") -> str:
 
 def validate_subscription_name(name: str) -> str:
     """Subscription names: 1-50 letters, digits, '.', '-', '_'; start and end alphanumeric."""
-    if not isinstance(name, str) or not _SUBSCRIPTION_NAME.match(name):
+    if not isinstance(name, str) or not _SUBSCRIPTION_NAME.fullmatch(name):
         raise InvalidArgumentError(
             f"subscription name {name!r} is not valid: use 1 to 50 letters, digits, '.', '-' or '_', "
             "starting and ending with a letter or digit"

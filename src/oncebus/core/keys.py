@@ -119,13 +119,27 @@ DIGEST_SECRET = os.urandom(16)  # this process's, for indexes not read from disk
 key_digest = keyed_digest(DIGEST_SECRET)
 
 
+def utf16_length(text: str) -> int:
+    """The length of ``text`` as Service Bus (.NET strings) counts it: UTF-16 code units, two per astral character."""
+    return len(text) + sum(1 for char in text if ord(char) > 0xFFFF)
+
+
+def _check_length(name: str, value: str) -> None:
+    length = utf16_length(value)
+    if length > MAX_ID_LENGTH:
+        units = f"{len(value)} characters" if length == len(value) else f"{length} UTF-16 code units"
+        raise InvalidArgumentError(
+            f"{name} is {units} long; at most {MAX_ID_LENGTH} are allowed (counted in UTF-16 code units, as "
+            "Service Bus counts them: a character outside the Basic Multilingual Plane, such as an emoji, counts 2)"
+        )
+
+
 def normalize_message_id(value: object, *, name: str = "message_id") -> MessageId:
     """``value`` as a valid message id (bytes-like becomes ``bytes``), or InvalidArgumentError naming what is wrong."""
     if isinstance(value, str):
         if value == "":
             raise InvalidArgumentError(f"{name} is empty; give 1 to {MAX_ID_LENGTH} characters or leave it unset")
-        if len(value) > MAX_ID_LENGTH:
-            raise InvalidArgumentError(f"{name} is {len(value)} characters long; at most {MAX_ID_LENGTH} are allowed")
+        _check_length(name, value)
         return value
     if isinstance(value, bytes | bytearray | memoryview):
         raw = bytes(value)
@@ -158,8 +172,7 @@ def validate_ids(message_id: object, partition_key: object, session_id: object) 
             continue
         if not isinstance(value, str):
             raise InvalidArgumentError(f"{name} must be text (a string), not {type(value).__name__}")
-        if len(value) > MAX_ID_LENGTH:
-            raise InvalidArgumentError(f"{name} is {len(value)} characters long; at most {MAX_ID_LENGTH} are allowed")
+        _check_length(name, value)
     if session_id is not None and partition_key is not None and session_id != partition_key:
         raise InvalidArgumentError(
             f"partition_key {partition_key!r} differs from session_id {session_id!r}: "

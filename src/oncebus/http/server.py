@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -45,6 +46,54 @@ class HttpLimits:
     max_body_bytes: int = 1024 * 1024
     request_timeout: float = 15.0
     keepalive_timeout: float = 30.0
+    # HTTP connections served at once, in all and from one peer address: past either, the connection idle the
+    # longest (between requests) is closed; when none is idle the newcomer is answered 503 and closed
+    max_connections: int = 256
+    max_connections_per_peer: int = 128
+
+
+@dataclass(frozen=True)
+class AllowedHosts:
+    """The names an HTTP request's ``Host`` may carry, as development servers check against DNS rebinding.
+
+    A page whose name an attacker rebinds to 127.0.0.1 reaches the server with its own name in ``Host``: such a
+    request is answered 403 and does nothing. Always allowed: IP literals, ``localhost`` and ``*.localhost``.
+    ``names`` adds exact names (lower case); a name starting with ``.`` allows that domain and every name under it;
+    ``*`` allows every name. A request without a ``Host`` (HTTP/1.0) is allowed: browsers always send one.
+    """
+
+    names: frozenset[str] = frozenset()
+
+    def allows(self, header: bytes | None) -> bool:
+        if header is None or "*" in self.names:
+            return True
+        name = host_name(header)
+        if not name:
+            return False
+        if name == "localhost" or name.endswith(".localhost") or _is_ip(name):
+            return True
+        if name in self.names:
+            return True
+        return any(n.startswith(".") and (name.endswith(n) or name == n[1:]) for n in self.names)
+
+
+def host_name(header: bytes) -> str:
+    """The name in a ``Host`` header, lower case, without its port, brackets or final dot."""
+    text = header.decode("latin-1").strip().lower()
+    if text.startswith("["):
+        return text[1:].partition("]")[0]
+    name, _, port = text.rpartition(":")
+    if not name or not port.isdigit():
+        name = text
+    return name.rstrip(".")
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -57,8 +106,10 @@ class HttpProtocol(asyncio.Protocol):
         scheme: str = "http",
         limits: HttpLimits | None = None,
         connections: set[HttpProtocol] | None = None,
+        hosts: AllowedHosts | None = None,
     ) -> None:
         self.app = app
+        self.hosts = hosts  # None: any Host
         self.scheme = scheme
         self.limits = limits or HttpLimits()
         self.connections = connections
@@ -73,14 +124,44 @@ class HttpProtocol(asyncio.Protocol):
         self._receiving = False
         self._write_paused = False  # the client does not read its answers: take no new request meanwhile
         self._cycle_waiting = False
+        self.peer = ""
+        self.idle_since: float | None = None  # loop time since which it waits between requests (None: busy)
 
     # --- asyncio protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        peername = transport.get_extra_info("peername")
+        self.peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""
+        self.idle_since = self.loop.time()
         if self.connections is not None:
+            if not self._make_room(self.connections):
+                self._error(
+                    503,
+                    f"oncebus serves at most {self.limits.max_connections} HTTP connections at once "
+                    f"({self.limits.max_connections_per_peer} from one address), all busy; try again",
+                )
+                return
             self.connections.add(self)
         self._arm(self.limits.keepalive_timeout)
+
+    def _make_room(self, connections: set[HttpProtocol]) -> bool:
+        """Past a bound, close the connection of this peer (then of any) idle the longest; False when none is."""
+        same_peer = [c for c in connections if c.peer == self.peer]
+        for crowd, bound in (
+            (same_peer, self.limits.max_connections_per_peer),
+            (connections, self.limits.max_connections),
+        ):
+            if len(crowd) < bound:
+                continue
+            idle = [c for c in crowd if c.idle_since is not None and not c._closed]
+            if not idle:
+                return False
+            oldest = min(idle, key=lambda c: c.idle_since or 0.0)
+            _LOG.info("HTTP connections at their bound (%d): closing the one idle the longest", bound)
+            oldest.close()
+            connections.discard(oldest)
+        return True
 
     def data_received(self, data: bytes) -> None:
         if self._closed:
@@ -161,6 +242,15 @@ class HttpProtocol(asyncio.Protocol):
                 if head > self.limits.max_header_bytes:
                     self._error(431, f"the request head is {head} bytes; at most {self.limits.max_header_bytes}")
                     return
+                if self.hosts is not None and not self.hosts.allows(_header(event, b"host")):
+                    name = _header(event, b"host") or b""
+                    self._error(
+                        403,
+                        f"this server does not answer to the name {name.decode('latin-1')!r} (a page whose name "
+                        "points at this machine cannot use it); add the name to ONCEBUS_HTTP_ALLOWED_HOSTS "
+                        "(comma-separated; '.example.org' allows a domain, '*' every name)",
+                    )
+                    return
                 self._request = event
                 self._body = bytearray()
                 length = _content_length(event)
@@ -177,6 +267,7 @@ class HttpProtocol(asyncio.Protocol):
             elif isinstance(event, h11.EndOfMessage):
                 assert self._request is not None
                 self._disarm()
+                self.idle_since = None
                 if self.transport is not None:
                     self.transport.pause_reading()
                 self._task = self.loop.create_task(self._run(self._request, bytes(self._body)))
@@ -316,6 +407,7 @@ class HttpProtocol(asyncio.Protocol):
     def _start_cycle(self) -> None:
         if self._closed:
             return
+        self.idle_since = self.loop.time()
         if self.transport is not None:
             self.transport.resume_reading()
         if self.h11.trailing_data[0]:  # a pipelined request has begun
@@ -331,6 +423,13 @@ def _reason(status: int) -> bytes:
         return HTTPStatus(status).phrase.encode()
     except ValueError:
         return b""
+
+
+def _header(request: h11.Request, wanted: bytes) -> bytes | None:
+    for name, value in request.headers:
+        if name.lower() == wanted:
+            return bytes(value)
+    return None
 
 
 def _content_length(request: h11.Request) -> int | None:

@@ -294,6 +294,19 @@ def error_from_json(data: dict[str, Any]) -> OncebusError:
 # ---------------------------------------------------------------------------------- the socket
 MAX_REQUEST_LINE = 64 * 1024 * 1024
 """Longest request line the control socket reads (a send of base64 bodies); longer lines are refused."""
+TOKEN_LINE = 4096
+"""A request line longer than this must start with the control token, checked before the rest is read."""
+MAX_CONTROL_CONNECTIONS = 32
+"""Control connections served at once."""
+
+
+def _refusal(message: str) -> dict[str, Any]:
+    return {
+        "ok": False,
+        "error": "UnauthorizedError",
+        "message": f"refused: {message}; run the CLI with the server's data directory",
+    }
+
 
 _BAD_INPUT = (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError)
 
@@ -328,23 +341,18 @@ class _LineTooLong(Exception):
     pass
 
 
-async def _read_line(reader: asyncio.StreamReader) -> bytes:
-    """One line (b"" at the end); a line over the reader's limit is skipped whole and raises _LineTooLong."""
-    try:
-        return await reader.readuntil(b"\n")
-    except asyncio.IncompleteReadError as exc:
-        return exc.partial  # the peer closed (a last line without its newline, or nothing)
-    except asyncio.LimitOverrunError as exc:
-        consumed = exc.consumed
-    while True:  # discard up to and including the newline, a limit's worth at a time
-        await reader.readexactly(consumed)
-        try:
-            await reader.readuntil(b"\n")
-            raise _LineTooLong
-        except asyncio.IncompleteReadError:
-            raise _LineTooLong from None
-        except asyncio.LimitOverrunError as exc:
-            consumed = exc.consumed
+class _Unauthorized(Exception):
+    """A long request line that does not start with the right token: refused before it is read."""
+
+
+class _Connection:
+    """One control connection: its unread bytes, and whether it has shown the token yet."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.buffer = bytearray()
+        self.trusted = False  # a request with the right token was answered on it
 
 
 class ControlServer:
@@ -352,34 +360,109 @@ class ControlServer:
 
     Every line gets one reply line, also a malformed one (an error naming what was wrong); a line longer
     than ``max_line`` bytes is skipped without being held and refused; the connection stays usable.
+
+    Bounds, for a process on the machine that does not have the token: a line longer than ``token_line``
+    bytes must start with ``{"token": "<the token>"`` (as the CLI writes it), checked before the rest is read,
+    else it is refused and the connection closed; a connection that has not shown the token within
+    ``idle_timeout`` seconds is closed; at most ``max_connections`` are served at once, the oldest one that has
+    not shown the token closed to make room (a newcomer is refused only when every one has).
     """
 
-    def __init__(self, namespace: Namespace, token: str | None = None, *, max_line: int = MAX_REQUEST_LINE) -> None:
+    def __init__(
+        self,
+        namespace: Namespace,
+        token: str | None = None,
+        *,
+        max_line: int = MAX_REQUEST_LINE,
+        token_line: int = TOKEN_LINE,
+        max_connections: int = MAX_CONTROL_CONNECTIONS,
+        idle_timeout: float = 10.0,
+    ) -> None:
         self.namespace = namespace
         self.token = token or secrets.token_urlsafe(24)
         self.max_line = max_line
+        self.token_line = token_line
+        self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
+        self._prefix = b'{"token": ' + json.dumps(self.token).encode()
+        self._connections: dict[_Connection, None] = {}  # oldest first
         self._server: asyncio.Server | None = None
         self.port = 0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._server = await asyncio.start_server(self._serve, host, port, limit=self.max_line)
+        self._server = await asyncio.start_server(self._serve, host, port)
         self.port = self._server.sockets[0].getsockname()[1]
 
+    def _admit(self, conn: _Connection) -> bool:
+        if len(self._connections) >= self.max_connections:
+            untrusted = next((c for c in self._connections if not c.trusted), None)
+            if untrusted is None:
+                return False
+            _log.warning(
+                "control connections at their bound (%d): closing the oldest without the token", len(self._connections)
+            )
+            self._connections.pop(untrusted, None)
+            untrusted.writer.transport.abort()
+        self._connections[conn] = None
+        return True
+
+    async def _read_line(self, conn: _Connection) -> bytes:
+        """One line (b"" at the end); raises _LineTooLong (skipped whole) or _Unauthorized (nothing more read)."""
+        buffer = conn.buffer
+        skipping = False
+        while True:
+            end = buffer.find(b"\n")
+            if end >= 0:
+                line = bytes(buffer[: end + 1])
+                del buffer[: end + 1]
+                if skipping or len(line) > self.max_line:
+                    raise _LineTooLong
+                return line
+            if skipping:
+                buffer.clear()
+            elif len(buffer) > self.token_line and not secrets.compare_digest(
+                bytes(buffer[: len(self._prefix)]), self._prefix
+            ):
+                raise _Unauthorized
+            elif len(buffer) > self.max_line:
+                skipping = True
+                buffer.clear()
+            read = conn.reader.read(65536)
+            chunk = await (read if conn.trusted else asyncio.wait_for(read, self.idle_timeout))
+            if not chunk:
+                if skipping:
+                    raise _LineTooLong
+                line = bytes(buffer)
+                buffer.clear()
+                return line  # the peer closed (a last line without its newline, or nothing)
+            buffer += chunk
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = _Connection(reader, writer)
         try:
+            if not self._admit(conn):
+                writer.write(json.dumps(_refusal(f"at most {self.max_connections} control connections")).encode())
+                writer.write(b"\n")
+                await writer.drain()
+                return
             while True:
                 try:
-                    line = await _read_line(reader)
+                    line = await self._read_line(conn)
                 except _LineTooLong:
                     reply: dict[str, Any] = {
                         "ok": False,
                         "error": "InvalidArgumentError",
                         "message": f"bad request: a request line longer than {self.max_line} bytes was skipped",
                     }
+                except _Unauthorized:
+                    message = f"a request line over {self.token_line} bytes must start with the control token"
+                    writer.write(json.dumps(_refusal(message)).encode() + b"\n")
+                    await writer.drain()
+                    return
                 else:
                     if not line:
                         break
-                    reply = await self._handle(line)
+                    reply = await self._handle(line, conn)
                 try:
                     data = json.dumps(reply, default=str).encode() + b"\n"
                 except _BAD_INPUT as exc:
@@ -387,12 +470,13 @@ class ControlServer:
                     data += b"\n"
                 writer.write(data)
                 await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
         finally:
+            self._connections.pop(conn, None)
             writer.close()
 
-    async def _handle(self, line: bytes) -> dict[str, Any]:
+    async def _handle(self, line: bytes, conn: _Connection | None = None) -> dict[str, Any]:
         try:
             token, op, args = parse_request(line)
             if not secrets.compare_digest(token.encode(), self.token.encode()):
@@ -401,6 +485,8 @@ class ControlServer:
                     "error": "UnauthorizedError",
                     "message": "bad control token: run the CLI with the server's data directory",
                 }
+            if conn is not None:
+                conn.trusted = True
             return {"ok": True, "result": await dispatch(self.namespace, op, args)}
         except OncebusError as exc:
             return error_to_json(exc)

@@ -30,6 +30,8 @@ WATCH_SECONDS = 1.0
 DATA_DIR_ENV = "ONCEBUS_DATA_DIR"
 DEFAULT_DATA_DIR = ".oncebus"
 STORE_FILE = "oncebus.db"
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
 
 
 class DataDirBusyError(OncebusError, RuntimeError):
@@ -58,8 +60,9 @@ class DataDir:
         return self.path / "server.json"
 
     def try_lock(self) -> bool:
-        """Take the exclusive lock; False when another process holds it."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        """Take the exclusive lock; False when another process holds it. The directory is made private (0700) and
+        its store files (0600) before anything is written: they hold message bodies."""
+        self.path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
         dir_fd = os.open(self.path, os.O_RDONLY)
         try:
             fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -73,10 +76,26 @@ class DataDir:
             return False
         self._dir_fd = dir_fd
         self._lock_file = handle
+        self._make_private()
         self._stop.clear()
         self._watcher = threading.Thread(target=self._watch, name="oncebus-datadir-watch", daemon=True)
         self._watcher.start()
         return True
+
+    def _make_private(self) -> None:
+        """The directory 0700; the store and its WAL and shared-memory files 0600 (SQLite gives the WAL and SHM
+        files the mode of the database file, so an empty database file is created 0600 first)."""
+        try:
+            os.chmod(self.path, PRIVATE_DIR)
+        except OSError as exc:  # a directory another user owns: say so, and go on as it is
+            _LOG.warning("cannot make %s private (%s); other users may read its messages", self.path, exc)
+        with contextlib.suppress(OSError):  # exists already (a file, or something the store will name)
+            os.close(os.open(self.store_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            path = Path(f"{self.store_path}{suffix}")
+            if path.is_file() and not path.is_symlink():
+                with contextlib.suppress(OSError):
+                    os.chmod(path, PRIVATE_FILE)
 
     def _open_lock_file(self) -> TextIO | None:
         handle = open(self.path / "lock", "a+")

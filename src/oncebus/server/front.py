@@ -9,15 +9,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import os
+import resource
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from oncebus.amqp.server import AmqpServer
 from oncebus.auth import connection_string
 from oncebus.broker import Namespace
 from oncebus.http.app import HttpApp
 from oncebus.http.observe import AmqpTransportGauges, make_observe_app
-from oncebus.http.server import ASGIApp, HttpLimits, HttpProtocol
+from oncebus.http.server import AllowedHosts, ASGIApp, HttpLimits, HttpProtocol, host_name
 from oncebus.server.certs import Certificates
 from oncebus.server.listener import ALL_KINDS, HTTP, TLS, Doors, Listener
 
@@ -61,6 +67,53 @@ class Front:
         await self.amqp.close()
 
 
+ALLOWED_HOSTS_ENV = "ONCEBUS_HTTP_ALLOWED_HOSTS"
+T = TypeVar("T")
+
+
+def from_env(defaults: T, prefix: str, environ: Mapping[str, str] | None = None) -> T:
+    """``defaults`` (a dataclass) with its number fields overridden by ``<prefix><FIELD>`` variables, e.g.
+    ``ONCEBUS_LISTEN_MAX_PENDING=512`` or ``ONCEBUS_HTTP_MAX_CONNECTIONS=64``; a bad value is an error naming it."""
+    environ = os.environ if environ is None else environ
+    changes: dict[str, int | float] = {}
+    for f in dataclasses.fields(defaults):  # type: ignore[arg-type]
+        value = getattr(defaults, f.name)
+        text = environ.get(prefix + f.name.upper())
+        if text is None or not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        kind = type(value)
+        try:
+            number = kind(text)
+        except ValueError:
+            raise ValueError(
+                f"{prefix}{f.name.upper()}={text!r} is not a{'' if kind is int else ' decimal'} number"
+            ) from None
+        if not number > 0:
+            raise ValueError(f"{prefix}{f.name.upper()}={text!r} must be positive")
+        changes[f.name] = number
+    return dataclasses.replace(defaults, **changes)  # type: ignore[type-var]
+
+
+def allowed_hosts(host: str, environ: Mapping[str, str] | None = None) -> AllowedHosts:
+    """The names the HTTP doors answer to: loopback names and IPs (always), ``--host``, this machine's name, and
+    ``ONCEBUS_HTTP_ALLOWED_HOSTS`` (comma-separated; ``.example.org`` a domain, ``*`` every name)."""
+    environ = os.environ if environ is None else environ
+    names = {host_name(host.encode()), socket.gethostname().lower()}
+    names.update(n.strip().lower() for n in environ.get(ALLOWED_HOSTS_ENV, "").split(","))
+    return AllowedHosts(frozenset(n for n in names if n))
+
+
+def raise_file_limit(wanted: int = 65536) -> int:
+    """Raise this process's soft limit on open files toward its hard limit (at most ``wanted``): every bound on
+    connections (AMQP, HTTP, undecided) fits under it, so a flood meets those bounds, not ``EMFILE``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 async def open_front(
     namespace: Namespace,
     *,
@@ -75,18 +128,20 @@ async def open_front(
     """Bind every listener (all or none: a port in use fails the start) and start accepting."""
     if not keys:
         raise ValueError("give at least one SAS key (name -> key)")
+    raise_file_limit()
     amqp = AmqpServer(namespace, keys)
     if mount is None:  # /metrics and the dashboard (oncebus.http.observe)
         mount = make_observe_app(namespace, transport=AmqpTransportGauges(amqp))
     app = HttpApp(namespace, keys, mounted=mount)
     context = certificates.server_context()
     connections: set[HttpProtocol] = set()
-    limits = HttpLimits()
+    limits = from_env(HttpLimits(), "ONCEBUS_HTTP_")
+    hosts = allowed_hosts(host)
 
     def http(scheme: str) -> HttpProtocol:
-        return HttpProtocol(app, scheme=scheme, limits=limits, connections=connections)
+        return HttpProtocol(app, scheme=scheme, limits=limits, connections=connections, hosts=hosts)
 
-    doors = Doors(amqp=amqp.connection_protocol, http=http, tls=context)
+    doors = from_env(Doors(amqp=amqp.connection_protocol, http=http, tls=context), "ONCEBUS_LISTEN_")
     opened: list[Listener] = []
     try:
         main = Listener.open(host, port, doors, ALL_KINDS)

@@ -14,11 +14,17 @@ does the handshake; inside TLS the decrypted bytes are read by a small
 protocol that then hands the transport (and those bytes) over with
 ``transport.set_protocol``.
 
-Every step is bounded: at most ``max_pending`` connections may be undecided at
-once (more are closed at accept), a connection must show its kind within
-``sniff_timeout`` seconds, the TLS handshake within ``handshake_timeout``;
-anything else is closed. Each listener admits a subset of the kinds (the TLS
-port only TLS, the HTTP port only plain HTTP).
+Every step is bounded: a connection must show its kind within ``sniff_timeout``
+seconds (``pressure_sniff_timeout`` once half of ``max_pending`` are undecided),
+the TLS handshake within ``handshake_timeout`` and its first decrypted bytes
+within the sniff timeout; anything else is closed. At most ``max_pending``
+connections may be undecided at once (TLS handshakes and the wait for the first
+decrypted bytes included), at most ``max_pending_per_peer`` from one address:
+past either bound the *oldest* undecided connection (of that address, or of the
+address holding the most) is closed, never the newcomer, so idle sockets cannot
+lock a client out, even one on the same address as the attacker (every local
+client is 127.0.0.1). Each listener admits a subset of the kinds (the TLS port
+only TLS, the HTTP port only plain HTTP).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ import ssl
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from oncebus.amqp.limits import OldestFirst
 
 _LOG = logging.getLogger(__name__)
 
@@ -74,13 +82,17 @@ class Doors:
     sniff_timeout: float = 10.0
     handshake_timeout: float = 10.0
     max_pending: int = 256
+    max_pending_per_peer: int = 64
+    pressure_sniff_timeout: float = 2.0  # the sniff timeout of a connection accepted while half of max_pending wait
 
 
 class _TlsSniffer(asyncio.Protocol):
     """Inside TLS: buffer the first decrypted bytes, then hand the transport to AMQP or HTTP."""
 
-    def __init__(self, doors: Doors) -> None:
+    def __init__(self, doors: Doors, timeout: float, decided: Callable[[], None] = lambda: None) -> None:
         self.doors = doors
+        self.timeout = timeout
+        self.decided = decided  # called once, when the connection is handed over or closed
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -88,11 +100,16 @@ class _TlsSniffer(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.timer = asyncio.get_running_loop().call_later(self.doors.sniff_timeout, self._give_up)
+        self.timer = asyncio.get_running_loop().call_later(self.timeout, self._give_up)
 
     def _give_up(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+        self._decided()
+
+    def _decided(self) -> None:
+        decided, self.decided = self.decided, lambda: None
+        decided()
 
     def data_received(self, data: bytes) -> None:
         assert self.transport is not None
@@ -102,6 +119,7 @@ class _TlsSniffer(asyncio.Protocol):
             return
         if self.timer is not None:
             self.timer.cancel()
+        self._decided()
         if kind == AMQP:
             protocol = self.doors.amqp()
         elif kind == HTTP:
@@ -121,6 +139,7 @@ class _TlsSniffer(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.timer is not None:
             self.timer.cancel()
+        self._decided()
 
 
 def bind(host: str, port: int) -> list[socket.socket]:
@@ -160,6 +179,13 @@ def _peer_closed(fd: int) -> bool:
     return any(events & (select.POLLRDHUP | select.POLLHUP) for _, events in poller.poll(0))
 
 
+def _peer_of(sock: socket.socket) -> str:
+    try:
+        return str(sock.getpeername()[0])
+    except OSError:
+        return ""
+
+
 def _set_once(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -177,6 +203,8 @@ class Listener:
         self.port = int(self.sockets[0].getsockname()[1])
         self._accepting: list[asyncio.Task[None]] = []
         self._pending: set[asyncio.Task[None]] = set()
+        self.undecided = OldestFirst()
+        self.shed_count = 0  # undecided connections closed to make room (for tests and logs)
 
     @classmethod
     def open(cls, host: str, port: int, doors: Doors, kinds: frozenset[str] = ALL_KINDS) -> Listener:
@@ -207,40 +235,98 @@ class Listener:
                     _LOG.warning("accept failed (%s); pausing for a second", exc)
                     await asyncio.sleep(1.0)
                 continue
-            if len(self._pending) >= self.doors.max_pending:
-                _LOG.warning("too many connections still undecided (%d); closing a new one", len(self._pending))
-                sock.close()
-                continue
             sock.setblocking(False)
-            task = loop.create_task(self._sniff(sock))
+            if self._decided_at_once(sock):  # its first bytes are there already: it never waits among the others
+                continue
+            peer = _peer_of(sock)
+            self._make_room(peer)
+            pressure = len(self.undecided) >= self.doors.max_pending // 2
+            timeout = min(self.doors.sniff_timeout, self.doors.pressure_sniff_timeout) if pressure else None
+            key = object()
+            task = loop.create_task(self._sniff(sock, key, timeout or self.doors.sniff_timeout))
+            self.undecided.add(key, peer, task.cancel)
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
 
-    async def _sniff(self, sock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
+    def _decided_at_once(self, sock: socket.socket) -> bool:
+        """Hand ``sock`` over now if its first bytes (already received) tell AMQP or HTTP."""
         try:
-            kind = await self._peek(sock, time.monotonic() + self.doors.sniff_timeout)
+            kind = classify(sock.recv(PEEK_BYTES, socket.MSG_PEEK))
+        except OSError:
+            return False
+        if kind not in (AMQP, HTTP) or kind not in self.kinds:
+            return False
+        loop = asyncio.get_running_loop()
+        factory: Callable[[], asyncio.Protocol] = self.doors.amqp if kind == AMQP else lambda: self.doors.http("http")
+        task = loop.create_task(self._connect(sock, factory))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return True
+
+    async def _connect(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol]) -> None:
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(factory, sock)
+        except asyncio.CancelledError:
+            sock.close()
+            raise
+        except OSError as exc:
+            _LOG.info("closing a connection at its hand-over: %r", exc)
+            sock.close()
+
+    def _make_room(self, peer: str) -> None:
+        """Past a bound, close the oldest undecided connection (the peer's own first), never the newcomer."""
+        undecided = self.undecided
+        if undecided.count(peer) >= self.doors.max_pending_per_peer:
+            undecided.shed_oldest(peer)
+            self._shed("from one address", self.doors.max_pending_per_peer)
+        if len(undecided) >= self.doors.max_pending:
+            undecided.shed_oldest()
+            self._shed("in all", self.doors.max_pending)
+
+    def _shed(self, where: str, bound: int) -> None:
+        self.shed_count += 1
+        if self.shed_count in (1, 10, 100) or self.shed_count % 1000 == 0:
+            _LOG.warning(
+                "%d connections undecided %s (the bound): closed the oldest; %d closed so far",
+                bound,
+                where,
+                self.shed_count,
+            )
+
+    async def _sniff(self, sock: socket.socket, key: object, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        handed_over = False
+        try:
+            kind = await self._peek(sock, time.monotonic() + timeout)
             if kind not in self.kinds:
                 _LOG.info("closing a connection of kind %r on a port that takes %s", kind, sorted(self.kinds))
                 sock.close()
                 return
             if kind == AMQP:
+                self.undecided.remove(key)
                 await loop.connect_accepted_socket(self.doors.amqp, sock)
             elif kind == HTTP:
+                self.undecided.remove(key)
                 await loop.connect_accepted_socket(lambda: self.doors.http("http"), sock)
             else:
-                await loop.connect_accepted_socket(
-                    lambda: _TlsSniffer(self.doors),
+                sniffer = _TlsSniffer(self.doors, timeout, lambda: self.undecided.remove(key))
+                transport, _ = await loop.connect_accepted_socket(
+                    lambda: sniffer,
                     sock,
                     ssl=self.doors.tls,
-                    ssl_handshake_timeout=self.doors.handshake_timeout,
+                    ssl_handshake_timeout=min(self.doors.handshake_timeout, timeout),
                 )
+                handed_over = True
+                self.undecided.set_shed(key, transport.abort)  # still undecided until its first decrypted bytes
         except asyncio.CancelledError:
             sock.close()
             raise
         except (OSError, TimeoutError, ssl.SSLError, ConnectionError) as exc:
             _LOG.info("closing a connection during its first bytes or TLS handshake: %r", exc)
             sock.close()
+        finally:
+            if not handed_over:
+                self.undecided.remove(key)
 
     async def _peek(self, sock: socket.socket, deadline: float) -> str:
         """Wait (bounded) until the first bytes tell the connection's kind; "" when unknown or closed."""

@@ -330,10 +330,16 @@ def check_topology(namespace: Namespace, topology: Topology) -> None:
 
 
 async def apply_topology(namespace: Namespace, topology: Topology) -> None:
-    """Create what is missing and update what exists, all or nothing (properties fixed at creation must match)."""
+    """Create what is missing and update what exists, all or nothing (properties fixed at creation must match),
+    in one store transaction: a crash during the apply leaves the old topology or the whole new one."""
     check_topology(namespace, topology)
     for warning in topology.warnings:
         print(f"oncebus: warning: {warning}", file=sys.stderr)
+    async with namespace.one_unit():  # a failure below undoes in memory, and the unit stores the net: nothing
+        await _apply_all(namespace, topology)
+
+
+async def _apply_all(namespace: Namespace, topology: Topology) -> None:
     undo: list[Callable[[], Awaitable[Any]]] = []
     spec: EntitySpec | None = None
     try:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from oncebus.amqp.connection import AmqpConnection
 from oncebus.amqp.limits import AmqpLimits
 from oncebus.amqp.routing import Router
-from oncebus.amqp.sas import DEFAULT_KEYS, connection_string
+from oncebus.amqp.sas import DEFAULT_KEYS, KeyRing, connection_string
 
 if TYPE_CHECKING:
     import proton
@@ -35,7 +35,7 @@ class AmqpServer:
         limits: AmqpLimits | None = None,
     ) -> None:
         self.namespace = namespace
-        self.keys = dict(keys)
+        self.keys = KeyRing.of(keys)  # name -> key, with each key's rights
         self.wall_time = wall_time
         self.limits = limits if limits is not None else AmqpLimits.from_env()
         self.router = Router(self)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from oncebus.amqp.server import AmqpServer
-from oncebus.auth import connection_string
+from oncebus.auth import connection_string, is_loopback
 from oncebus.broker.namespace import Namespace
 from oncebus.http.app import HttpApp
 from oncebus.http.observe import AmqpTransportGauges, make_observe_app
@@ -78,7 +78,7 @@ async def open_front(
     amqp = AmqpServer(namespace, keys)
     if mount is None:  # /metrics and the dashboard (oncebus.http.observe)
         mount = make_observe_app(namespace, transport=AmqpTransportGauges(amqp))
-    app = HttpApp(namespace, keys, mounted=mount)
+    app = HttpApp(namespace, keys, mounted=mount, observe_needs_key=not is_loopback(host))  # beyond loopback: a key
     context = certificates.server_context()
     connections: set[HttpProtocol] = set()
     limits = HttpLimits()

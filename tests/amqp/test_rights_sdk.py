@@ -1,0 +1,95 @@
+"""Send/Listen rights with the real azure-servicebus SDK: a Send-only key sends and schedules but cannot receive
+or peek; a Listen-only key the reverse (the Manage right is tested through the admin client in
+tests/http/test_admin_rights.py). Keys come from ONCEBUS_SAS_KEYS, so none shows in the process list."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.exceptions import ServiceBusError
+
+from tests.amqp.conftest import ServerProcess, topology
+
+KEYS = {"sender": "send-secret", "listener": "listen-secret", "admin": "admin-secret"}
+ENV = {"ONCEBUS_SAS_KEYS": "sender:Send=send-secret; listener:Listen=listen-secret; admin:Manage=admin-secret"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    base = tmp_path_factory.mktemp("rights")
+    process = ServerProcess(base / "data", topology({"orders": {}}, {}), env=ENV).start()
+    yield process
+    process.stop()
+
+
+def client(server: ServerProcess, key_name: str) -> ServiceBusClient:
+    text = (
+        f"Endpoint=sb://127.0.0.1:{server.port};SharedAccessKeyName={key_name};"
+        f"SharedAccessKey={KEYS[key_name]};UseDevelopmentEmulator=true"
+    )
+    return ServiceBusClient.from_connection_string(text, retry_total=0)
+
+
+def test_the_printed_connection_string_uses_a_configured_key(server: ServerProcess) -> None:
+    assert "SAS_KEY_VALUE" not in server.connection_string
+    assert not any(secret in " ".join(server.command()) for secret in KEYS.values())
+
+
+def test_a_send_only_key_sends_and_schedules_but_cannot_receive_or_peek(server: ServerProcess) -> None:
+    body = uuid.uuid4().hex
+    with client(server, "sender") as sb:
+        with sb.get_queue_sender("orders") as sender:
+            sender.send_messages(ServiceBusMessage(body, message_id=body))
+            later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+            (number,) = sender.schedule_messages(ServiceBusMessage("later"), later)
+            sender.cancel_scheduled_messages(number)
+        with pytest.raises(ServiceBusError) as refused:
+            with sb.get_queue_receiver("orders", max_wait_time=2) as receiver:
+                receiver.receive_messages(max_message_count=1, max_wait_time=2)
+        assert "'Listen' claim(s) are required" in str(refused.value)
+        with pytest.raises(ServiceBusError) as refused:
+            with sb.get_queue_receiver("orders") as receiver:
+                receiver.peek_messages(max_message_count=1)
+        assert "'Listen' claim(s) are required" in str(refused.value)
+    # the message is still there for a key that may listen
+    with client(server, "listener") as sb, sb.get_queue_receiver("orders", max_wait_time=5) as receiver:
+        got = receiver.receive_messages(max_message_count=10, max_wait_time=5)
+        assert body in [str(message) for message in got]
+        for message in got:
+            receiver.complete_message(message)
+
+
+def test_a_listen_only_key_receives_and_peeks_but_cannot_send_or_schedule(server: ServerProcess) -> None:
+    body = uuid.uuid4().hex
+    with client(server, "admin") as sb, sb.get_queue_sender("orders") as sender:  # Manage brings Send
+        sender.send_messages(ServiceBusMessage(body, message_id=body))
+    with client(server, "listener") as sb:
+        with pytest.raises(ServiceBusError) as refused:
+            with sb.get_queue_sender("orders") as sender:
+                sender.send_messages(ServiceBusMessage("nope"))
+        assert "'Send' claim(s) are required" in str(refused.value)
+        with pytest.raises(ServiceBusError) as refused:
+            with sb.get_queue_sender("orders") as sender:
+                later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+                sender.schedule_messages(ServiceBusMessage("later"), later)
+        assert "'Send' claim(s) are required" in str(refused.value)
+        with sb.get_queue_receiver("orders", max_wait_time=5) as receiver:
+            assert body in [str(message) for message in receiver.peek_messages(max_message_count=10)]
+            got = receiver.receive_messages(max_message_count=10, max_wait_time=5)
+            assert body in [str(message) for message in got]
+            for message in got:
+                receiver.complete_message(message)
+
+
+def test_the_emulator_key_is_not_accepted_when_keys_are_configured(server: ServerProcess) -> None:
+    text = (
+        f"Endpoint=sb://127.0.0.1:{server.port};SharedAccessKeyName=RootManageSharedAccessKey;"
+        "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true"
+    )
+    with ServiceBusClient.from_connection_string(text, retry_total=0) as sb, pytest.raises(ServiceBusError):
+        with sb.get_queue_sender("orders") as sender:
+            sender.send_messages(ServiceBusMessage("x"))

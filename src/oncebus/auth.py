@@ -123,8 +123,12 @@ class KeyRing(Mapping[str, str]):
         return list(self._keys.values())
 
     def with_right(self, right: str) -> SasKey | None:
-        """The first key that has ``right`` (for the connection string the server prints)."""
+        """The first key that has ``right``."""
         return next((key for key in self._keys.values() if right in key.rights), None)
+
+    def printed(self) -> SasKey:
+        """The key the printed connection string carries: the first with Manage, else the first."""
+        return self.with_right(MANAGE) or next(iter(self._keys.values()))
 
     def __repr__(self) -> str:  # never the keys themselves
         return "KeyRing(" + ", ".join(f"{k.name}:{rights_text(k.rights)}" for k in self._keys.values()) + ")"
@@ -140,9 +144,10 @@ def parse_key_spec(spec: str) -> SasKey:
     name, colon, rights = head.strip().partition(":")
     name = name.strip()
     if not sep or not key or not _KEY_NAME.fullmatch(name):
-        shown = head[:60] + ("=..." if sep else "")  # never the key itself
+        # never the key itself (without '=' the whole text may be one)
+        shown = f"SAS key {head[:60] + '=...'!r}" if sep else "a SAS key without '='"
         raise ValueError(
-            f"SAS key {shown!r} is not of the form NAME=KEY or NAME:RIGHTS=KEY (RIGHTS: a comma-separated list of "
+            f"{shown} is not of the form NAME=KEY or NAME:RIGHTS=KEY (RIGHTS: a comma-separated list of "
             "Send, Listen, Manage; NAME without '=', ':', ';' or spaces)"
         )
     return SasKey(name, key, parse_rights(rights) if colon else ALL_RIGHTS)

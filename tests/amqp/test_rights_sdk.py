@@ -34,8 +34,8 @@ def client(server: ServerProcess, key_name: str) -> ServiceBusClient:
     return ServiceBusClient.from_connection_string(text, retry_total=0)
 
 
-def test_the_printed_connection_string_uses_a_configured_key(server: ServerProcess) -> None:
-    assert "SAS_KEY_VALUE" not in server.connection_string
+def test_the_printed_connection_string_carries_the_key_with_manage(server: ServerProcess) -> None:
+    assert "SharedAccessKeyName=admin;SharedAccessKey=admin-secret" in server.connection_string
     assert not any(secret in " ".join(server.command()) for secret in KEYS.values())
 
 
@@ -51,6 +51,7 @@ def test_a_send_only_key_sends_and_schedules_but_cannot_receive_or_peek(server: 
             with sb.get_queue_receiver("orders", max_wait_time=2) as receiver:
                 receiver.receive_messages(max_message_count=1, max_wait_time=2)
         assert "'Listen' claim(s) are required" in str(refused.value)
+        assert "Resource: 'sb://127.0.0.1/orders'" in str(refused.value)
         with pytest.raises(ServiceBusError) as refused:
             with sb.get_queue_receiver("orders") as receiver:
                 receiver.peek_messages(max_message_count=1)

@@ -348,3 +348,18 @@ def test_grants_per_connection_are_bounded_and_a_renewal_replaces(listener: Scop
         other.handshake()
         assert other.token("q2")[0] == 202
         assert other.attach("q2", sender=True) == (True, "")
+
+
+def test_responses_are_sent_settled_so_a_client_that_never_settles_keeps_nothing_on_the_server(
+    client: Client,
+) -> None:
+    """50,000 put-tokens from a client that never settled the answers held ~100 MB of deliveries."""
+    client.token("q")
+    request = Message(
+        value="not a token",
+        properties=Properties(message_id="m", reply_to="cbs-receiver"),
+        application_properties={"operation": "put-token", "type": "servicebus.windows.net:sastoken", "name": "x"},
+    )
+    client.transfer(100, encoded(request))
+    answer = client.expect(TRANSFER)
+    assert answer.fields[4] is True  # settled

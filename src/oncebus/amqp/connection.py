@@ -385,7 +385,8 @@ class AmqpConnection(asyncio.Protocol):
             return f"Unauthorized access to {normalize_path(path)!r}: no valid token covers it; put a token on $cbs"
         if right is None or any(right in grant.rights for grant in covering):
             return None
-        return missing_right_text(right, normalize_path(path))
+        host = self.client_hostname
+        return missing_right_text(right, f"sb://{host}/{normalize_path(path)}" if host else normalize_path(path))
 
     def check_tokens(self, now: float) -> None:
         """Detach every link whose path no unexpired CBS token covers any more (as Service Bus does).

@@ -529,7 +529,8 @@ class RequestLink:
         delivery = target.delivery(uuid.uuid4().bytes)
         target.send(response.encode())
         target.advance()
-        if target.snd_settle_mode == proton.Link.SND_SETTLED:
+        if target.snd_settle_mode != proton.Link.SND_UNSETTLED:
+            # sent settled (the link is mixed): a client that never settles its responses keeps nothing here
             delivery.settle()
         self.conn.pump()
 

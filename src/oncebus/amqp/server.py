@@ -47,9 +47,9 @@ class AmqpServer:
 
     @property
     def connection_string(self) -> str:
-        name, key = next(iter(self.keys.items()))
+        key = self.keys.printed()  # a key with Manage when there is one
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return connection_string(host, self.port, name, key)
+        return connection_string(host, self.port, key.name, key.key)
 
     def connection_protocol(self) -> AmqpConnection:
         """A protocol for a transport accepted elsewhere (``oncebus.server``'s sniffing listener)."""

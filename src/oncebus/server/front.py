@@ -39,8 +39,8 @@ class Front:
 
     @property
     def connection_string(self) -> str:
-        name, key = next(iter(self.amqp.keys.items()))
-        return connection_string(self.client_host, self.listener.port, name, key)
+        key = self.amqp.keys.printed()  # a key with Manage when there is one
+        return connection_string(self.client_host, self.listener.port, key.name, key.key)
 
     def info(self) -> dict[str, object]:
         return {

@@ -10,8 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
-from azure.servicebus.exceptions import ServiceBusError
+from azure.servicebus.exceptions import ServiceBusAuthenticationError, ServiceBusError
 
+from oncebus.auth import make_token
 from tests.amqp.conftest import ServerProcess, topology
 
 KEYS = {"sender": "send-secret", "listener": "listen-secret", "admin": "admin-secret"}
@@ -21,7 +22,7 @@ ENV = {"ONCEBUS_SAS_KEYS": "sender:Send=send-secret; listener:Listen=listen-secr
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     base = tmp_path_factory.mktemp("rights")
-    process = ServerProcess(base / "data", topology({"orders": {}}, {}), env=ENV).start()
+    process = ServerProcess(base / "data", topology({"orders": {}, "orders2": {}}, {}), env=ENV).start()
     yield process
     process.stop()
 
@@ -94,3 +95,37 @@ def test_the_emulator_key_is_not_accepted_when_keys_are_configured(server: Serve
     with ServiceBusClient.from_connection_string(text, retry_total=0) as sb, pytest.raises(ServiceBusError):
         with sb.get_queue_sender("orders") as sender:
             sender.send_messages(ServiceBusMessage("x"))
+
+
+def _sas_client(server: ServerProcess, resource: str, key_name: str = "admin") -> ServiceBusClient:
+    """The SDK with a fixed SharedAccessSignature in its connection string (it puts that token for every link)."""
+    token = make_token(resource, key_name, KEYS[key_name], 2**31)
+    text = f"Endpoint=sb://127.0.0.1:{server.port};SharedAccessSignature={token};UseDevelopmentEmulator=true"
+    return ServiceBusClient.from_connection_string(text, retry_total=0)
+
+
+def test_a_token_for_one_queue_covers_it_and_not_a_sibling_with_a_common_prefix(server: ServerProcess) -> None:
+    with _sas_client(server, f"sb://127.0.0.1:{server.port}/orders") as sb:
+        with sb.get_queue_sender("orders") as sender:
+            sender.send_messages(ServiceBusMessage("mine"))
+        with sb.get_queue_receiver("orders", max_wait_time=5) as receiver:
+            got = receiver.receive_messages(max_message_count=10, max_wait_time=5)
+            assert "mine" in [str(message) for message in got]
+            for message in got:
+                receiver.complete_message(message)
+        with pytest.raises(ServiceBusAuthenticationError):  # $cbs answered 401 (the SDK shows no text)
+            with sb.get_queue_sender("orders2") as sender:
+                sender.send_messages(ServiceBusMessage("not mine"))
+
+
+def test_a_token_made_for_another_host_is_refused(server: ServerProcess) -> None:
+    with _sas_client(server, "sb://elsewhere.example/orders") as sb, pytest.raises(ServiceBusAuthenticationError):
+        with sb.get_queue_sender("orders") as sender:
+            sender.send_messages(ServiceBusMessage("x"))
+
+
+def test_a_namespace_token_covers_every_queue(server: ServerProcess) -> None:
+    with _sas_client(server, f"sb://127.0.0.1:{server.port}/", "sender") as sb:
+        for queue in ("orders", "orders2"):
+            with sb.get_queue_sender(queue) as sender:
+                sender.send_messages(ServiceBusMessage("x"))

@@ -1,18 +1,29 @@
-"""Shared access signatures: the keys of the namespace and the verification of tokens (CBS and HTTP).
+"""Shared access signatures: the keys of the namespace, their rights, and the verification of tokens (CBS and HTTP).
 
 A token is ``SharedAccessSignature sr=<url-encoded resource>&sig=<signature>&se=<expiry>&skn=<key name>``
 where the signature is the base64 of HMAC-SHA256, keyed with the named key, over
 ``<url-encoded resource>\\n<expiry>`` (the resource exactly as it appears in the token).
-A token grants access to its resource and everything below it, until its
-expiry. oncebus has one namespace, so the host part of the resource is not
-compared, only its path: a token for ``sb://anything/orders`` covers the queue
-``orders`` and its sub-queues and ``$management`` node; a token for
-``sb://anything/`` covers the whole namespace.
+
+As in Azure, a token grants what its key's rights allow (``Send``, ``Listen``, ``Manage``; Manage implies
+the other two) on the resource its audience names and everything below it, until its expiry. The resource
+is compared without its scheme and port, case-insensitively and URL-decoded, against the node or URL the
+client actually uses: a token for ``sb://host/orders`` covers the queue ``orders``, its sub-queues and its
+``$management`` node; one for ``sb://host/orders/$management`` covers that node only; one for
+``https://host/$Resources/Queues`` covers listing the queues; one for ``sb://host/`` the whole namespace.
+Never a sibling (``orders`` does not cover ``orders2``). When the client names the host it talks to (the
+AMQP ``open``'s hostname, the HTTP ``Host`` header), a token made for another host is refused, as Azure
+refuses a token for another namespace.
+
+Keys are given as ``NAME=KEY`` (all rights) or ``NAME:RIGHTS=KEY`` (``RIGHTS`` a comma-separated list of
+Send, Listen, Manage): on the command line (``--key``), one per line in a keys file (``--keys-file``), or
+separated by ``;`` or newlines in the ``ONCEBUS_SAS_KEYS`` environment variable. A key name holds neither
+``=`` nor ``:`` (Azure allows letters, digits, ``.``, ``-`` and ``_``), so the form is unambiguous whatever
+the key holds.
 
 The local default key is the one the official Service Bus emulator documents
 (``RootManageSharedAccessKey`` = ``SAS_KEY_VALUE``), so connection strings
-written for the emulator work unchanged. Configure other keys for anything
-reachable from other machines.
+written for the emulator work unchanged. It is public: ``oncebus serve`` refuses
+to listen beyond loopback with it unless told to.
 
 The same verification serves AMQP's CBS ``put-token`` and the administration
 API's ``Authorization: SharedAccessSignature ...`` header (``oncebus.amqp.sas``
@@ -25,9 +36,13 @@ import base64
 import dataclasses
 import hashlib
 import hmac
+import ipaddress
+import os
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import quote_plus, unquote, unquote_plus, urlencode, urlsplit
 
 from oncebus.core.errors import UnauthorizedError
@@ -35,41 +50,167 @@ from oncebus.core.errors import UnauthorizedError
 DEFAULT_KEY_NAME = "RootManageSharedAccessKey"
 DEFAULT_KEY = "SAS_KEY_VALUE"
 DEFAULT_KEYS: Mapping[str, str] = {DEFAULT_KEY_NAME: DEFAULT_KEY}
+KEYS_ENV = "ONCEBUS_SAS_KEYS"
 
 TOKEN_PREFIX = "SharedAccessSignature "
+
+SEND, LISTEN, MANAGE = "Send", "Listen", "Manage"
+RIGHTS = (MANAGE, SEND, LISTEN)
+ALL_RIGHTS: frozenset[str] = frozenset(RIGHTS)
+MAX_EXPIRY = 253_402_300_799  # 9999-12-31T23:59:59Z: a later se is refused, not overflowed
+_SE = re.compile(r"[0-9]{1,20}")
+_KEY_NAME = re.compile(r"[^=:;\s]{1,256}")
+
+
+def parse_rights(text: str) -> frozenset[str]:
+    """``Send,Listen`` (any case) to the rights it grants; Manage brings Send and Listen with it."""
+    rights: set[str] = set()
+    for item in text.split(","):
+        name = item.strip()
+        match = [right for right in RIGHTS if right.lower() == name.lower()]
+        if not match:
+            raise ValueError(f"{name!r} is not a right; use a comma-separated list of Send, Listen, Manage")
+        rights.add(match[0])
+    if MANAGE in rights:
+        rights |= ALL_RIGHTS
+    return frozenset(rights)
+
+
+def rights_text(rights: Iterable[str]) -> str:
+    return ",".join(right for right in RIGHTS if right in set(rights))
+
+
+@dataclass(frozen=True)
+class SasKey:
+    """A shared access rule: a key name, its key, and the rights a token signed with it grants."""
+
+    name: str
+    key: str
+    rights: frozenset[str] = ALL_RIGHTS
+
+
+class KeyRing(Mapping[str, str]):
+    """The namespace's keys: a mapping of key name to key (as everything that verifies tokens reads them) that
+    also knows each key's rights. A plain ``{name: key}`` mapping means all rights for every key."""
+
+    def __init__(self, keys: Iterable[SasKey]) -> None:
+        self._keys: dict[str, SasKey] = {}
+        for key in keys:
+            if key.name in self._keys:
+                raise ValueError(f"the SAS key name {key.name!r} is given twice; give each key name once")
+            self._keys[key.name] = key
+
+    @classmethod
+    def of(cls, keys: Mapping[str, str]) -> KeyRing:
+        if isinstance(keys, KeyRing):
+            return keys
+        return cls(SasKey(name, key) for name, key in keys.items())
+
+    def __getitem__(self, name: str) -> str:
+        return self._keys[name].key
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def rights(self, name: str) -> frozenset[str]:
+        key = self._keys.get(name)
+        return key.rights if key is not None else frozenset()
+
+    def entries(self) -> list[SasKey]:
+        return list(self._keys.values())
+
+    def with_right(self, right: str) -> SasKey | None:
+        """The first key that has ``right``."""
+        return next((key for key in self._keys.values() if right in key.rights), None)
+
+    def printed(self) -> SasKey:
+        """The key the printed connection string carries: the first with Manage, else the first."""
+        return self.with_right(MANAGE) or next(iter(self._keys.values()))
+
+    def __repr__(self) -> str:  # never the keys themselves
+        return "KeyRing(" + ", ".join(f"{k.name}:{rights_text(k.rights)}" for k in self._keys.values()) + ")"
+
+
+def rights_of(keys: Mapping[str, str], name: str) -> frozenset[str]:
+    return keys.rights(name) if isinstance(keys, KeyRing) else (ALL_RIGHTS if name in keys else frozenset())
+
+
+def parse_key_spec(spec: str) -> SasKey:
+    """``NAME=KEY`` (all rights) or ``NAME:RIGHTS=KEY`` (e.g. ``sender:Send=s3cr3t``)."""
+    head, sep, key = spec.partition("=")
+    name, colon, rights = head.strip().partition(":")
+    name = name.strip()
+    if not sep or not key or not _KEY_NAME.fullmatch(name):
+        # never the key itself (without '=' the whole text may be one)
+        shown = f"SAS key {head[:60] + '=...'!r}" if sep else "a SAS key without '='"
+        raise ValueError(
+            f"{shown} is not of the form NAME=KEY or NAME:RIGHTS=KEY (RIGHTS: a comma-separated list of "
+            "Send, Listen, Manage; NAME without '=', ':', ';' or spaces)"
+        )
+    return SasKey(name, key, parse_rights(rights) if colon else ALL_RIGHTS)
+
+
+def parse_keys(text: str) -> KeyRing:
+    """Key specs (see :func:`parse_key_spec`) separated by ``;`` or newlines, as in ``ONCEBUS_SAS_KEYS`` or a
+    keys file; blank lines and lines starting with ``#`` are skipped."""
+    specs = []
+    for line in text.splitlines():
+        if line.strip().startswith("#"):
+            continue
+        specs += [item.strip() for item in line.split(";") if item.strip()]
+    if not specs:
+        raise ValueError("no SAS key given; use NAME=KEY or NAME:RIGHTS=KEY, separated by ';' or newlines")
+    return KeyRing(parse_key_spec(spec) for spec in specs)
+
+
+def read_keys_file(path: str | os.PathLike[str]) -> KeyRing:
+    """A keys file: one ``NAME=KEY`` or ``NAME:RIGHTS=KEY`` a line (``#`` comments)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the keys file {os.fspath(path)!r}: {exc}") from None
+    try:
+        return parse_keys(text)
+    except ValueError as exc:
+        raise ValueError(f"keys file {os.fspath(path)!r}: {exc}") from None
+
+
+def uses_public_key(keys: Mapping[str, str]) -> bool:
+    """True when one of ``keys`` is the emulator's documented (public) key."""
+    return any(hmac.compare_digest(key.encode(), DEFAULT_KEY.encode()) for key in keys.values())
+
+
+def is_loopback(host: str) -> bool:
+    """True for a listen address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
 class Grant:
-    """What a verified token allows: the entity path prefix it covers, until when (epoch seconds)."""
+    """What a verified token allows: the path it covers, until when (epoch seconds), with which rights,
+    for which host (None: the token names none)."""
 
     resource_path: str
     expires_at: float
     key_name: str
+    rights: frozenset[str] = ALL_RIGHTS
+    host: str | None = None
 
     def covers(self, entity_path: str, now: float) -> bool:
         return now < self.expires_at and path_covers(self.resource_path, normalize_path(entity_path))
 
 
-def parse_keys(text: str) -> dict[str, str]:
-    """``name=key[,name=key...]`` (as given on the command line or in ONCEBUS_SAS_KEYS) to a mapping."""
-    keys: dict[str, str] = {}
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        name, sep, key = item.partition("=")
-        if not sep or not name.strip() or not key:
-            raise ValueError(f"SAS key {item!r} is not of the form name=key")
-        keys[name.strip()] = key
-    if not keys:
-        raise ValueError("no SAS key given; use name=key[,name=key...]")
-    return keys
-
-
 def normalize_path(path: str) -> str:
-    """Entity paths compare case-insensitively, without surrounding slashes."""
-    return path.strip("/").lower()
+    """Paths compare case-insensitively, URL-decoded, without surrounding slashes."""
+    return unquote(path).strip("/").lower()
 
 
 def resource_path(uri: str) -> str:
@@ -79,11 +220,59 @@ def resource_path(uri: str) -> str:
     return normalize_path(uri)
 
 
+def resource_host(uri: str) -> str | None:
+    """The host of a resource URI without its port, lower-case (None for a bare path)."""
+    if "://" not in uri:
+        return None
+    try:
+        host = urlsplit(uri).hostname
+    except ValueError:
+        return None
+    return host.lower() if host else None
+
+
+def bare_host(host: str | None) -> str | None:
+    """``Host``/open hostname without its port, lower-case (None when not given)."""
+    if not host:
+        return None
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0] or None
+    if host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host or None
+
+
+def check_host(grant: Grant, host: str | None) -> None:
+    """Refuse a token made for another host than the one the client talks to (when both are known)."""
+    wanted = bare_host(host)
+    if grant.host is not None and wanted is not None and grant.host != wanted:
+        raise UnauthorizedError(
+            f"the token is for host {grant.host!r}, but this client talks to {wanted!r}: make the token for the "
+            "host in the connection string"
+        )
+
+
 def path_covers(scope: str, entity_path: str) -> bool:
     """True when ``scope`` is ``entity_path`` or one of its ancestors, on a segment boundary."""
     if scope == "":
         return True
     return entity_path == scope or entity_path.startswith(scope + "/")
+
+
+def ancestors(path: str) -> list[str]:
+    """``a/b/c`` -> ``["", "a", "a/b", "a/b/c"]``: every scope that covers ``path``."""
+    path = normalize_path(path)
+    out = [""]
+    if path:
+        parts = path.split("/")
+        out += ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return out
+
+
+def missing_right_text(right: str, resource: str) -> str:
+    """Azure's text for a token without the right an operation needs."""
+    return f"Unauthorized access. '{right}' claim(s) are required to perform this operation. Resource: '{resource}'."
 
 
 def sign(encoded_resource: str, expiry: int, key: str) -> str:
@@ -107,7 +296,7 @@ def verify_token(token: str, keys: Mapping[str, str], now: float | None = None) 
     for part in token[len(TOKEN_PREFIX) :].split("&"):
         name, sep, value = part.partition("=")
         if not sep or name in fields:
-            raise UnauthorizedError(f"malformed shared access signature field {part!r}")
+            raise UnauthorizedError(f"malformed shared access signature field {part[:80]!r}")
         fields[name] = value
     missing = [name for name in ("sr", "sig", "se", "skn") if not fields.get(name)]
     if missing:
@@ -115,17 +304,20 @@ def verify_token(token: str, keys: Mapping[str, str], now: float | None = None) 
     key_name = unquote_plus(fields["skn"])
     key = keys.get(key_name)
     if key is None:
-        raise UnauthorizedError(f"unknown shared access key name {key_name!r}")
-    try:
-        expiry = int(fields["se"])
-    except ValueError:
-        raise UnauthorizedError(f"the expiry se={fields['se']!r} is not a whole number of seconds") from None
+        raise UnauthorizedError(f"unknown shared access key name {key_name[:80]!r}")
+    if not _SE.fullmatch(fields["se"]) or int(fields["se"]) > MAX_EXPIRY:
+        raise UnauthorizedError(
+            f"the expiry se={fields['se'][:40]!r} is not a whole number of seconds since 1970 up to {MAX_EXPIRY} "
+            "(the end of year 9999)"
+        )
+    expiry = int(fields["se"])
     expected = sign(fields["sr"], expiry, key)
     if not hmac.compare_digest(expected.encode(), unquote(fields["sig"]).encode()):
         raise UnauthorizedError(f"the signature does not match key {key_name!r}")
     if expiry <= now:
         raise UnauthorizedError(f"the token expired at {expiry} (now {int(now)})")
-    return Grant(resource_path(unquote_plus(fields["sr"])), float(expiry), key_name)
+    resource = unquote_plus(fields["sr"])
+    return Grant(resource_path(resource), float(expiry), key_name, rights_of(keys, key_name), resource_host(resource))
 
 
 def authorize(token: str, audience: str, keys: Mapping[str, str], now: float | None = None) -> Grant:
@@ -134,6 +326,7 @@ def authorize(token: str, audience: str, keys: Mapping[str, str], now: float | N
     wanted = resource_path(audience)
     if not path_covers(grant.resource_path, wanted):
         raise UnauthorizedError(f"the token for {grant.resource_path or '/'!r} does not cover {wanted or '/'!r}")
+    check_host(grant, resource_host(audience))
     # the client asked for this audience: that is what the token now grants on this connection
     return dataclasses.replace(grant, resource_path=wanted)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from oncebus import __version__
+from oncebus.auth import KEYS_ENV, KeyRing, SasKey, parse_key_spec, parse_keys, read_keys_file
 from oncebus.broker import Namespace, SystemClock
 from oncebus.cli_rules import add_rule_parser, rule_command
 from oncebus.core.durations import parse_duration, to_micros
@@ -135,6 +136,7 @@ def _serve(args: argparse.Namespace) -> int:
         tls_port=args.tls_port,
         http_port=args.http_port,
         keys=_keys(args),
+        allow_default_key=args.allow_default_key,
         config=args.config,
         send_log=args.send_log,
         clock_file=os.environ.get("ONCEBUS_CLOCK_FILE"),  # tests only: time read from a file
@@ -145,16 +147,26 @@ def _serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_BUSY if exc.busy else EXIT_REFUSED) from exc
 
 
-def _keys(args: argparse.Namespace) -> dict[str, str] | None:
-    if not args.key:
-        return None
-    keys = {}
-    for item in args.key:
-        name, sep, value = item.partition("=")
-        if not sep or not name or not value:
-            raise CliError(f"--key {item!r}: use NAME=KEY", EXIT_USAGE)
-        keys[name] = value
-    return keys
+def _keys(args: argparse.Namespace) -> KeyRing | None:
+    """The SAS keys from --key, --keys-file and ONCEBUS_SAS_KEYS, together (None: the emulator's default key)."""
+    entries: list[SasKey] = []
+    try:
+        for item in args.key or []:
+            try:
+                entries.append(parse_key_spec(item))
+            except ValueError as exc:
+                raise ValueError(f"--key: {exc}") from None
+        if args.keys_file:
+            entries += read_keys_file(args.keys_file).entries()
+        from_env = os.environ.get(KEYS_ENV, "")
+        if from_env.strip():
+            try:
+                entries += parse_keys(from_env).entries()
+            except ValueError as exc:
+                raise ValueError(f"{KEYS_ENV}: {exc}") from None
+        return KeyRing(entries) if entries else None
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
 
 
 # ---------------------------------------------------------------------------------- entity commands
@@ -515,7 +527,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--config", help="topology file in the Service Bus emulator's config.json format")
     serve.add_argument("--send-log", help="directory to record every send attempt in (JSON lines)")
-    serve.add_argument("--key", action="append", help="SAS key NAME=KEY (repeatable)")
+    serve.add_argument(
+        "--key",
+        action="append",
+        help="SAS key NAME=KEY (all rights) or NAME:RIGHTS=KEY, RIGHTS a comma-separated list of Send, Listen, "
+        "Manage (repeatable; shows in the process list: prefer --keys-file or $ONCEBUS_SAS_KEYS)",
+    )
+    serve.add_argument(
+        "--keys-file",
+        help="file of SAS keys, one NAME=KEY or NAME:RIGHTS=KEY a line (# comments); "
+        "$ONCEBUS_SAS_KEYS holds the same, separated by ';'",
+    )
+    serve.add_argument(
+        "--allow-default-key",
+        action="store_true",
+        help="serve beyond loopback (--host) with the emulator's default key, which is public (refused otherwise)",
+    )
     serve.add_argument("--log-format", choices=["text", "json"], default="text", help="stderr log lines: text or json")
 
     for kind in ("queue", "topic", "subscription"):

@@ -31,6 +31,20 @@ def test_sdk_token_verifies_and_grants_its_resource() -> None:
     assert not grant.covers("orders", NOW + 3600)
 
 
+def test_a_verified_token_carries_its_keys_rights_and_host() -> None:
+    ring = sas.KeyRing([sas.SasKey("sender", "s3cr3t", frozenset({sas.SEND}))])
+    grant = sas.verify_token(sdk_token("sb://Host.Example:5671/q", "sender", "s3cr3t"), ring, NOW)
+    assert (grant.rights, grant.host) == ({sas.SEND}, "host.example")
+    assert sas.verify_token(sdk_token("sb://h/q"), KEYS, NOW).rights == sas.ALL_RIGHTS  # a plain mapping: all
+
+
+@pytest.mark.parametrize("expiry", ["1" + "0" * 400, "253402300800", "99999999999999999999999"])
+def test_an_expiry_past_year_9999_is_refused_not_overflowed(expiry: str) -> None:
+    token = sas.make_token("sb://h/q", "sender", "s3cr3t", int(expiry))
+    with pytest.raises(UnauthorizedError, match="9999"):
+        sas.verify_token(token, KEYS, NOW)
+
+
 def test_namespace_token_covers_everything() -> None:
     grant = sas.verify_token(sdk_token("sb://localhost/"), KEYS, NOW)
     assert grant.covers("anything/Subscriptions/sub", NOW)
@@ -72,9 +86,23 @@ def test_authorize_checks_the_audience_is_covered() -> None:
 
 
 def test_parse_keys_and_connection_string() -> None:
-    assert sas.parse_keys("a=1, b=x=y") == {"a": "1", "b": "x=y"}
-    with pytest.raises(ValueError, match="name=key"):
+    assert dict(sas.parse_keys("a=1,2; b=x=y\n# a comment\nc:Send,listen=k:e,y")) == {
+        "a": "1,2",
+        "b": "x=y",
+        "c": "k:e,y",
+    }
+    ring = sas.parse_keys("a=1;b:Send=2;c:Manage=3;d:listen,SEND=4")
+    assert ring.rights("a") == ring.rights("c") == sas.ALL_RIGHTS  # Manage brings Send and Listen
+    assert ring.rights("b") == {sas.SEND} and ring.rights("d") == {sas.SEND, sas.LISTEN}
+    with pytest.raises(ValueError, match="NAME=KEY or NAME:RIGHTS=KEY"):
         sas.parse_keys("nokey")
+    with pytest.raises(ValueError, match="'Read' is not a right; use a comma-separated list of Send, Listen, Manage"):
+        sas.parse_keys("a:Read=secret")
+    with pytest.raises(ValueError, match="given twice"):
+        sas.parse_keys("a=1;a=2")
+    with pytest.raises(ValueError) as refused:
+        sas.parse_keys("bad name=topsecret")
+    assert "topsecret" not in str(refused.value)  # an error never shows the key
     text = sas.connection_string("127.0.0.1", 5999)
     assert text == (
         "Endpoint=sb://127.0.0.1:5999;SharedAccessKeyName=RootManageSharedAccessKey;"

@@ -14,6 +14,7 @@ from typing import Any
 
 from oncebus.amqp.sas import Grant, authorize
 from oncebus.amqp.values import string_or_binary as _text
+from oncebus.auth import check_host
 from oncebus.core.errors import UnauthorizedError
 
 CBS_NODE = "$cbs"
@@ -31,8 +32,12 @@ def put_token(
     body: Any,
     keys: Mapping[str, str],
     now: float,
+    host: str | None = None,
 ) -> PutTokenResult:
-    """Judge one CBS request; a granted token comes back as ``grant`` (status 202, as Service Bus answers)."""
+    """Judge one CBS request; a granted token comes back as ``grant`` (status 202, as Service Bus answers).
+
+    ``host``: the hostname the client named in its ``open`` (a token for another host is refused).
+    """
     props = dict(application_properties or {})
     operation = _text(props.get("operation"))
     if operation != "put-token":
@@ -45,6 +50,7 @@ def put_token(
         return PutTokenResult(400, "put-token needs the token as a string body", None)
     try:
         grant = authorize(token, audience, keys, now)
+        check_host(grant, host)
     except UnauthorizedError as exc:
         return PutTokenResult(401, f"Unauthorized: {exc}", None)
     return PutTokenResult(202, "Accepted", grant)

@@ -25,6 +25,7 @@ from oncebus.amqp.errors import INTERNAL_ERROR, TRACKING_ID
 from oncebus.amqp.frames import RESOURCE_LIMIT, FrameError, FrameScanner, IncomingDelivery, NotAmqpError
 from oncebus.amqp.performatives import AMQP_HEADER, close_frame, open_frame
 from oncebus.amqp.sas import Grant
+from oncebus.auth import ancestors, missing_right_text, normalize_path
 
 if TYPE_CHECKING:
     from oncebus.amqp.host import AmqpHost
@@ -36,6 +37,8 @@ CONNECTION_FORCED = "amqp:connection:forced"
 UNAUTHORIZED_ACCESS = "amqp:unauthorized-access"
 LINK_DETACH_FORCED = "amqp:link:detach-forced"
 TRANSFER_LIMIT_EXCEEDED = "amqp:link:transfer-limit-exceeded"
+# distinct token audiences one connection may hold at once (a new token for an audience replaces the old one)
+MAX_GRANTS_PER_CONNECTION = 1000
 _session_ids = itertools.count(1)
 
 
@@ -78,7 +81,8 @@ class AmqpConnection(asyncio.Protocol):
         self.limits = host.limits
         self.loop = asyncio.get_running_loop()
         self.scanner = FrameScanner(self.limits)
-        self.grants: list[Grant] = []
+        self.grants: dict[str, Grant] = {}  # by audience path: at most MAX_GRANTS_PER_CONNECTION
+        self._grants_expire_at = float("inf")  # the earliest expiry among ``grants``
         self.connection = proton.Connection()
         self.connection.container = _CONTAINER_ID
         self.transport = proton.Transport(proton.Transport.SERVER)
@@ -355,12 +359,54 @@ class AmqpConnection(asyncio.Protocol):
             link.close()
         self.pump()
 
-    def add_grant(self, grant: Grant) -> None:
-        self.grants.append(grant)
+    @property
+    def client_hostname(self) -> str | None:
+        """The hostname the client named in its ``open`` (tokens must be for it), if any."""
+        try:
+            return self.connection.remote_hostname or None
+        except Exception:  # not opened yet
+            return None
+
+    def add_grant(self, grant: Grant, now: float) -> str | None:
+        """Keep ``grant`` for its audience (replacing an earlier token for the same audience); None, or why not."""
+        self._drop_expired(now)
+        if grant.resource_path not in self.grants and len(self.grants) >= MAX_GRANTS_PER_CONNECTION:
+            return (
+                f"this connection holds tokens for {MAX_GRANTS_PER_CONNECTION} different audiences, the most oncebus "
+                "keeps per connection; put a token for a common parent (such as the namespace) or renew existing ones"
+            )
+        self.grants[grant.resource_path] = grant
+        self._grants_expire_at = min(self._grants_expire_at, grant.expires_at)
         self.authenticated = True
+        return None
+
+    def _drop_expired(self, now: float) -> None:
+        if now < self._grants_expire_at:
+            return
+        self.grants = {path: grant for path, grant in self.grants.items() if grant.expires_at > now}
+        self._grants_expire_at = min((grant.expires_at for grant in self.grants.values()), default=float("inf"))
+
+    def _covering(self, path: str, now: float) -> list[Grant]:
+        """The unexpired grants whose audience is ``path`` or one of its ancestors (a few dict look-ups)."""
+        self._drop_expired(now)
+        grants = self.grants
+        return [g for scope in ancestors(path) if (g := grants.get(scope)) is not None and g.expires_at > now]
+
+    def access_denied(self, path: str, right: str | None, now: float | None = None) -> str | None:
+        """None when an unexpired token on this connection covers ``path`` with ``right`` (None: any right);
+        otherwise why not, in Azure's words when a token covers it without the right."""
+        if now is None:
+            now = self.host.wall_time()
+        covering = self._covering(path, now)
+        if not covering:
+            return f"Unauthorized access to {normalize_path(path)!r}: no valid token covers it; put a token on $cbs"
+        if right is None or any(right in grant.rights for grant in covering):
+            return None
+        host = self.client_hostname
+        return missing_right_text(right, f"sb://{host}/{normalize_path(path)}" if host else normalize_path(path))
 
     def check_tokens(self, now: float) -> None:
-        """Detach every link whose entity no unexpired CBS token covers any more (as Service Bus does).
+        """Detach every link whose path no unexpired CBS token covers any more (as Service Bus does).
 
         A connection that was opened but has put no valid token within ``auth_timeout`` is closed: before
         its first token a client can do nothing but hold a socket.
@@ -377,19 +423,23 @@ class AmqpConnection(asyncio.Protocol):
                 f"no valid token was put on $cbs within {self.limits.auth_timeout:g} s of the open",
             )
             return
-        # (``authorized()`` may have dropped an expired grant already: the links are what is checked)
-        self.grants = [grant for grant in self.grants if grant.expires_at > now]
         for link in self._links():
             handler = getattr(link, "oncebus_handler", None)
             path = handler.covered_path() if handler is not None else None
-            if path is None or any(grant.covers(path, now) for grant in self.grants):
+            if path is None:
                 continue
+            if self._covering(path, now):
+                link.oncebus_covered = True
+                continue
+            if getattr(link, "oncebus_covered", False):
+                why = f"the token that covered {normalize_path(path)!r} expired and no new one was put on $cbs"
+            else:
+                why = f"no token covers {normalize_path(path)!r}: put a token for it (or a parent) on $cbs"
             self.close_link(
                 link,
                 proton.Condition(
                     LINK_DETACH_FORCED,
-                    f"The link {link.name!r} is force detached. Code: RenewToken. Details: Unauthorized access: "
-                    f"the token for {path!r} expired and no new one was put on $cbs",
+                    f"The link {link.name!r} is force detached. Code: RenewToken. Details: Unauthorized access: {why}",
                     {TRACKING_ID: str(uuid.uuid4())},
                 ),
             )
@@ -507,6 +557,13 @@ class AmqpConnection(asyncio.Protocol):
             ):
                 delivery.oncebus_done = True  # nobody reads it (a link refused or closed): drop it
                 self.scanner.discard(delivery.link.name)
+                # settled with an outcome (a bare settle reads as state null, which rhea cannot read)
+                delivery.local.condition = proton.Condition(
+                    LINK_DETACH_FORCED,
+                    f"link {delivery.link.name!r} was refused or closed: nothing sent on it is read",
+                    {TRACKING_ID: str(uuid.uuid4())},
+                )
+                delivery.update(proton.Delivery.REJECTED)
                 delivery.settle()
         elif kind == proton.Event.LINK_FLOW:
             handler = getattr(event.link, "oncebus_handler", None)
@@ -555,10 +612,8 @@ class AmqpConnection(asyncio.Protocol):
             raise FrameError(f"delivery tag mismatch on link {delivery.link.name!r}: {facts.tag!r} != {tag!r}")
         return facts
 
-    def authorized(self, entity_path: str) -> bool:
-        now = self.host.wall_time()
-        self.grants = [grant for grant in self.grants if grant.expires_at > now]
-        return any(grant.covers(entity_path, now) for grant in self.grants)
+    def authorized(self, path: str, right: str | None = None) -> bool:
+        return self.access_denied(path, right) is None
 
     def add_response_link(self, link: proton.Sender, address: str) -> None:
         self.response_links.setdefault((session_key(link), address.lower()), []).append(link)

@@ -17,6 +17,7 @@ import proton
 
 from oncebus.amqp import codec, outgoing
 from oncebus.amqp.errors import TRACKING_ID, condition_of
+from oncebus.auth import SEND
 from oncebus.core.errors import (
     InvalidArgumentError,
     MessageSizeExceededError,
@@ -161,8 +162,9 @@ class SendLink:
                     f"the transfer is {len(payload)} bytes, over the link's max-message-size of "
                     f"{self.max_message_size} bytes"
                 )
-            if not self.conn.authorized(self.entity):
-                raise UnauthorizedError(f"no valid token for {self.entity!r}: put a fresh token on $cbs")
+            denied = self.conn.access_denied(self.entity, SEND)
+            if denied is not None:
+                raise UnauthorizedError(denied)
             item = codec.decode_transfer(payload, facts.message_format, self.conn.limits.max_value_depth)
         except (OncebusError, ValueError) as exc:
             item = exc if isinstance(exc, OncebusError) else InvalidArgumentError(str(exc))
@@ -453,13 +455,15 @@ class RequestLink:
         *,
         max_message_size: int,
         entity: str | None = None,
+        covered: str | None = None,
     ) -> None:
         self.conn = conn
         self.link = link
         self.node = node
         self.handler = handler
         self.max_message_size = max_message_size
-        self.entity = entity  # the entity whose token must stay valid (None for $cbs)
+        self.entity = entity  # the entity the node serves (None for $cbs)
+        self.covered = covered  # the node path a token must keep covering (None for $cbs)
         self.closed = False
 
     def open(self) -> None:
@@ -474,7 +478,7 @@ class RequestLink:
         link.flow(REQUEST_CREDIT)
 
     def covered_path(self) -> str | None:
-        return self.entity
+        return self.covered
 
     def on_flow(self) -> None:
         pass
@@ -529,7 +533,8 @@ class RequestLink:
         delivery = target.delivery(uuid.uuid4().bytes)
         target.send(response.encode())
         target.advance()
-        if target.snd_settle_mode == proton.Link.SND_SETTLED:
+        if target.snd_settle_mode != proton.Link.SND_UNSETTLED:
+            # sent settled (the link is mixed): a client that never settles its responses keeps nothing here
             delivery.settle()
         self.conn.pump()
 

@@ -18,6 +18,7 @@ import proton
 from oncebus.amqp import codec, outgoing
 from oncebus.amqp.errors import condition_of, status_of
 from oncebus.amqp.values import text
+from oncebus.auth import LISTEN, SEND
 from oncebus.broker import address_path, parse_path
 from oncebus.core.errors import InvalidArgumentError, SessionLockLostError, UnauthorizedError
 from oncebus.core.messages import Message, ServiceBusReceiveMode
@@ -244,6 +245,21 @@ OPERATIONS: dict[str, Operation] = {
 }
 
 
+# the right each operation needs, as in Service Bus: scheduling is sending, everything else here reads or settles
+OPERATION_RIGHTS: dict[str, str] = {
+    "schedule-message": SEND,
+    "cancel-scheduled-message": SEND,
+    "peek-message": LISTEN,
+    "renew-lock": LISTEN,
+    "update-disposition": LISTEN,
+    "receive-by-sequence-number": LISTEN,
+    "get-session-state": LISTEN,
+    "set-session-state": LISTEN,
+    "renew-session-lock": LISTEN,
+    "get-message-sessions": LISTEN,
+}
+
+
 def _response(status: int, description: str, body: Body | None, condition: str | None = None) -> proton.Message:
     properties: dict[str, Any] = {"statusCode": proton.int32(status), "statusDescription": description}
     if condition is not None:
@@ -259,12 +275,15 @@ async def handle_request(
     The router binds ``namespace`` when it opens the ``$management`` link.
     """
     properties = {str(k): v for k, v in (request.properties or {}).items()}
-    entity = entity_of_node(link.remote_target.address or "")
+    node = address_path(link.remote_target.address or "")
+    entity = entity_of_node(node)
     operation = _text(properties.get("operation")) or ""
     name = operation[len(OPERATION_PREFIX) :] if operation.startswith(OPERATION_PREFIX) else operation
     try:
-        if not conn.authorized(entity):
-            raise UnauthorizedError(f"no valid token for {entity!r}: put a token on $cbs first")
+        # the token must cover the node used (a token for the entity or for entity/$management does)
+        denied = conn.access_denied(node, OPERATION_RIGHTS.get(name))
+        if denied is not None:
+            raise UnauthorizedError(denied)
         handler = OPERATIONS.get(name)
         if handler is None:
             raise InvalidArgumentError(

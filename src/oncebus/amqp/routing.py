@@ -24,6 +24,7 @@ from oncebus.amqp.links import (
     refuse,
 )
 from oncebus.amqp.values import text
+from oncebus.auth import LISTEN, SEND
 from oncebus.broker import address_path, parse_path
 from oncebus.core.errors import EntityNotFoundError, InvalidArgumentError, UnauthorizedError
 from oncebus.core.messages import ServiceBusReceiveMode
@@ -71,7 +72,7 @@ class Router:
         size = limits.management_message_size
         with contextlib.suppress(Exception):  # an unknown entity is reported per request
             size = max(size, self._max_message_size(parse_path(entity).entity))
-        RequestLink(conn, link, node, handler, max_message_size=size, entity=entity).open()
+        RequestLink(conn, link, node, handler, max_message_size=size, entity=entity, covered=address_path(node)).open()
 
     def _max_message_size(self, entity: str) -> int:
         namespace = self.host.namespace
@@ -82,10 +83,13 @@ class Router:
         return max(int(props.max_message_size_in_kilobytes) * 1024, MIN_LINK_MESSAGE_SIZE)
 
     async def _put_token(self, conn: AmqpConnection, link: proton.Link, request: proton.Message) -> proton.Message:
-        result = cbs.put_token(request.properties, request.body, self.host.keys, self.host.wall_time())
+        now = self.host.wall_time()
+        result = cbs.put_token(request.properties, request.body, self.host.keys, now, conn.client_hostname)
         if result.grant is not None:
-            conn.add_grant(result.grant)
-        else:
+            refused = conn.add_grant(result.grant, now)
+            if refused is not None:
+                result = cbs.PutTokenResult(403, f"Forbidden: {refused}", None)
+        if result.grant is None:
             _LOG.info("CBS put-token refused: %s", result.status_description)
         return proton.Message(
             properties={
@@ -94,15 +98,15 @@ class Router:
             }
         )
 
-    def _check_access(self, conn: AmqpConnection, path: str) -> None:
-        if not conn.authorized(path):
-            raise UnauthorizedError(
-                f"Unauthorized access to {path!r}: no valid token covers it; put a token on $cbs before attaching"
-            )
+    def _check_access(self, conn: AmqpConnection, link: proton.Link, path: str, right: str) -> None:
+        denied = conn.access_denied(path, right)
+        if denied is not None:
+            raise UnauthorizedError(denied)
+        link.oncebus_covered = True  # a token covered it: a forced detach later says that token expired
 
     def _sender(self, conn: AmqpConnection, link: proton.Link, address: str) -> None:
         try:
-            self._check_access(conn, address)
+            self._check_access(conn, link, address, SEND)
             where = parse_path(address)
             if where.subscription is not None or where.dead_letter:
                 raise InvalidArgumentError(
@@ -117,7 +121,7 @@ class Router:
     async def _receiver(self, conn: AmqpConnection, link: proton.Link, address: str) -> None:
         namespace = self.host.namespace
         try:
-            self._check_access(conn, address)
+            self._check_access(conn, link, address, LISTEN)
             namespace.check_receivable(address)
             filters = read_filter(link.remote_source)
             mode = (

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from oncebus.auth import (
+    ALL_RIGHTS,
     DEFAULT_KEY,
     DEFAULT_KEY_NAME,
     DEFAULT_KEYS,
+    LISTEN,
+    MANAGE,
+    SEND,
     TOKEN_PREFIX,
     Grant,
+    KeyRing,
+    SasKey,
     authorize,
     connection_string,
     make_token,
@@ -20,11 +26,17 @@ from oncebus.auth import (
 )
 
 __all__ = [
+    "ALL_RIGHTS",
     "DEFAULT_KEY",
     "DEFAULT_KEYS",
     "DEFAULT_KEY_NAME",
+    "LISTEN",
+    "MANAGE",
+    "SEND",
     "TOKEN_PREFIX",
     "Grant",
+    "KeyRing",
+    "SasKey",
     "authorize",
     "connection_string",
     "make_token",

@@ -15,7 +15,7 @@ from oncebus.amqp.connection import AmqpConnection
 from oncebus.amqp.frames import RESOURCE_LIMIT
 from oncebus.amqp.limits import AmqpLimits, OldestFirst
 from oncebus.amqp.routing import Router
-from oncebus.amqp.sas import DEFAULT_KEYS, connection_string
+from oncebus.amqp.sas import DEFAULT_KEYS, KeyRing, connection_string
 
 if TYPE_CHECKING:
     import proton
@@ -36,7 +36,7 @@ class AmqpServer:
         limits: AmqpLimits | None = None,
     ) -> None:
         self.namespace = namespace
-        self.keys = dict(keys)
+        self.keys = KeyRing.of(keys)  # name -> key, with each key's rights
         self.wall_time = wall_time
         self.limits = limits if limits is not None else AmqpLimits.from_env()
         self.router = Router(self)
@@ -50,9 +50,9 @@ class AmqpServer:
 
     @property
     def connection_string(self) -> str:
-        name, key = next(iter(self.keys.items()))
+        key = self.keys.printed()  # a key with Manage when there is one
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return connection_string(host, self.port, name, key)
+        return connection_string(host, self.port, key.name, key.key)
 
     def connection_protocol(self) -> AmqpConnection:
         """A protocol for a transport accepted elsewhere (``oncebus.server``'s sniffing listener)."""

@@ -11,8 +11,9 @@ Routes (api-version 2017-04, 2021-05 and the SDK 7.15 default 2024-05)::
     GET | PUT | DELETE  /{topic}/Subscriptions/{sub}/Rules/{rule}   (see rules.py)
 
 Every request carries ``Authorization: SharedAccessSignature ...``, verified as
-CBS tokens are (``oncebus.auth``); the token must cover the entity (or the
-whole namespace for namespace-level routes). Entities are the Namespace's: the
+CBS tokens are (``oncebus.auth``); the token must cover the URL requested (its
+resource is that URL, a parent of it, or the namespace root, as the SDKs sign
+them) and its key must have the Manage right. Entities are the Namespace's: the
 same as the CLI's, the config file's and AMQP's, validated by core.
 """
 
@@ -25,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
-from oncebus.auth import verify_token
+from oncebus.auth import MANAGE, KeyRing, check_host, missing_right_text, normalize_path, verify_token
 from oncebus.broker import (
     UNKNOWN_TIME,
     Namespace,
@@ -106,7 +107,7 @@ class AdminApi:
         wall_time: Callable[[], float] = time.time,
     ) -> None:
         self.namespace = namespace
-        self.keys = dict(keys)
+        self.keys = KeyRing.of(keys)  # name -> key, with each key's rights
         self.rules: RuleBook = rules if rules is not None else NamespaceRules(namespace)
         self.namespace_name = namespace_name
         self.wall_time = wall_time
@@ -137,8 +138,8 @@ class AdminApi:
     async def handle(self, scope: Scope, body: bytes) -> Reply:
         try:
             request = self._request(scope, body)
-            handler, resource = self._route(request)
-            self._authorize(request, resource)
+            handler, _ = self._route(request)
+            self._authorize(request)
             return await handler(request)
         except OncebusError as exc:
             status = status_of(exc)
@@ -213,7 +214,8 @@ class AdminApi:
             return not_allowed
         return handler
 
-    def _authorize(self, request: Request, resource: str) -> None:
+    def _authorize(self, request: Request) -> None:
+        """The token must cover the URL used (as Azure checks it) and carry the Manage right."""
         header = request.headers.get(b"authorization")
         if header is None:
             raise UnauthorizedError(
@@ -221,10 +223,15 @@ class AdminApi:
                 "made with one of the namespace's keys"
             )
         grant = verify_token(header.decode("latin-1"), self.keys, self.wall_time())
-        if not grant.covers(resource, self.wall_time()):
+        wanted = normalize_path(request.path)
+        if not grant.covers(wanted, self.wall_time()):
             raise UnauthorizedError(
-                f"the token for {grant.resource_path or '/'!r} does not cover {resource or 'the namespace'!r}"
+                f"the token for {grant.resource_path or '/'!r} does not cover {wanted or 'the namespace'!r}"
             )
+        host = request.headers.get(b"host")  # (none given: not compared)
+        check_host(grant, host.decode("latin-1") if host is not None else None)
+        if MANAGE not in grant.rights:
+            raise UnauthorizedError(missing_right_text(MANAGE, f"{request.base}/{wanted}"))
 
     # --- helpers --------------------------------------------------------------------------------
     def _now(self) -> datetime:

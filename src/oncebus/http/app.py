@@ -4,15 +4,27 @@
 ``/``, ``/dashboard...`` and ``/api/dashboard...`` go to the mounted ASGI app
 when one is given (the dashboard and Prometheus exposition); everything else
 is the administration API (:mod:`oncebus.http.admin`), which requires a key.
+
+When the server listens beyond loopback (``observe_needs_key``), the mounted app
+needs a key with the Manage right too: ``Authorization: SharedAccessSignature ...``
+for the namespace root, or HTTP Basic with the key name as user and the key as
+password (what a browser prompts for and Prometheus' ``basic_auth`` sends).
+On loopback it stays open, as before.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hmac
 import json
+import time
 from collections.abc import Mapping
 
 from oncebus import __version__
+from oncebus.auth import MANAGE, KeyRing, missing_right_text, verify_token
 from oncebus.broker import Namespace
+from oncebus.core.errors import UnauthorizedError
 from oncebus.http.admin import AdminApi
 from oncebus.http.rules import RuleBook
 from oncebus.http.server import ASGIApp, Receive, Scope, Send
@@ -28,15 +40,10 @@ WEBSOCKET_TEXT = (
 )
 
 
-async def _text(send: Send, status: int, text: str) -> None:
+async def _text(send: Send, status: int, text: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
     body = text.encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())],
-        }
-    )
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -53,10 +60,13 @@ class HttpApp:
         mounted: ASGIApp | None = None,
         rules: RuleBook | None = None,
         namespace_name: str = "oncebus",
+        observe_needs_key: bool = False,
     ) -> None:
         self.namespace = namespace
-        self.admin = AdminApi(namespace, keys, rules=rules, namespace_name=namespace_name)
+        self.keys = KeyRing.of(keys)
+        self.admin = AdminApi(namespace, self.keys, rules=rules, namespace_name=namespace_name)
         self.mounted = mounted
+        self.observe_needs_key = observe_needs_key  # beyond loopback: /metrics and the dashboard need a key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -70,9 +80,43 @@ class HttpApp:
         elif path == "/health" and scope["method"] in ("GET", "HEAD"):
             await self._health(scope, send)
         elif self.mounted is not None and is_mounted_path(path):
+            refused = self._observe_refused(scope) if self.observe_needs_key else None
+            if refused is not None:
+                await _text(send, 401, refused + "\n", [(b"www-authenticate", b'Basic realm="oncebus"')])
+                return
             await self.mounted(scope, receive, send)
         else:
             await self.admin(scope, receive, send)
+
+    def _observe_refused(self, scope: Scope) -> str | None:
+        """None when the request carries a key with the Manage right (SAS token for the root, or Basic)."""
+        header = next((bytes(v) for k, v in scope["headers"] if bytes(k).lower() == b"authorization"), None)
+        if header is None:
+            return (
+                "Unauthorized: this server listens beyond loopback, so /metrics and the dashboard need a key with "
+                "the Manage right: HTTP Basic (user: the key name, password: the key) or a SharedAccessSignature"
+            )
+        text = header.decode("latin-1")
+        if text[:6].lower() == "basic ":
+            try:
+                name, _, key = base64.b64decode(text[6:].strip(), validate=True).decode("utf-8").partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                return "Unauthorized: the Basic credentials are not base64 of NAME:KEY"
+            known = self.keys.get(name)
+            if known is None or not hmac.compare_digest(known.encode(), key.encode()):
+                return "Unauthorized: unknown key name or wrong key"
+            rights = self.keys.rights(name)
+        else:
+            try:
+                grant = verify_token(text, self.keys, time.time())
+            except UnauthorizedError as exc:
+                return f"Unauthorized: {exc}"
+            if grant.resource_path:
+                return f"Unauthorized: the token for {grant.resource_path!r} does not cover the namespace root"
+            rights = grant.rights
+        if MANAGE not in rights:
+            return missing_right_text(MANAGE, str(scope["path"]))
+        return None
 
     async def _health(self, scope: Scope, send: Send) -> None:
         body = json.dumps({"status": "ok", "version": __version__}).encode() + b"\n"

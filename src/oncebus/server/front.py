@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from oncebus.amqp.server import AmqpServer
-from oncebus.auth import connection_string
+from oncebus.auth import connection_string, is_loopback
 from oncebus.broker import Namespace
 from oncebus.http.app import HttpApp
 from oncebus.http.observe import AmqpTransportGauges, make_observe_app
@@ -45,8 +45,8 @@ class Front:
 
     @property
     def connection_string(self) -> str:
-        name, key = next(iter(self.amqp.keys.items()))
-        return connection_string(self.client_host, self.listener.port, name, key)
+        key = self.amqp.keys.printed()  # a key with Manage when there is one
+        return connection_string(self.client_host, self.listener.port, key.name, key.key)
 
     def info(self) -> dict[str, object]:
         return {
@@ -132,7 +132,7 @@ async def open_front(
     amqp = AmqpServer(namespace, keys)
     if mount is None:  # /metrics and the dashboard (oncebus.http.observe)
         mount = make_observe_app(namespace, transport=AmqpTransportGauges(amqp))
-    app = HttpApp(namespace, keys, mounted=mount)
+    app = HttpApp(namespace, keys, mounted=mount, observe_needs_key=not is_loopback(host))  # beyond loopback: a key
     context = certificates.server_context()
     connections: set[HttpProtocol] = set()
     limits = from_env(HttpLimits(), "ONCEBUS_HTTP_")

@@ -19,7 +19,7 @@ from typing import Any
 
 from oncebus import __version__
 from oncebus.amqp.reencode import reencode
-from oncebus.auth import DEFAULT_KEYS
+from oncebus.auth import DEFAULT_KEYS, KEYS_ENV, KeyRing, is_loopback, uses_public_key
 from oncebus.broker import FileClock, Namespace, SystemClock
 from oncebus.core.errors import OncebusError
 from oncebus.http.server import ASGIApp
@@ -54,7 +54,8 @@ class ServeOptions:
     port: int = DEFAULT_PORT
     http_port: int | None = None
     tls_port: int | None = None
-    keys: Mapping[str, str] | None = None
+    keys: Mapping[str, str] | None = None  # a KeyRing gives keys rights; a plain mapping: all rights
+    allow_default_key: bool = False  # serve beyond loopback with the emulator's public key anyway
     config: str | None = None
     send_log: str | None = None
     clock_file: str | None = None  # tests only: time read from a file (ONCEBUS_CLOCK_FILE)
@@ -83,6 +84,13 @@ async def run(
     ``ready`` gets the server info (ports, connection string, ...) once every
     listener is up; ``say`` prints the start-up lines.
     """
+    keys = KeyRing.of(options.keys if options.keys is not None else DEFAULT_KEYS)
+    if not is_loopback(options.host) and uses_public_key(keys) and not options.allow_default_key:
+        raise ServeError(
+            f"refusing to serve on {options.host} with the emulator's default key (SAS_KEY_VALUE), which is public: "
+            f"anyone who reaches the port could use it; give your own key (--keys-file, ${KEYS_ENV} or --key) "
+            "or pass --allow-default-key"
+        )
     topology = None
     if options.config:  # read and shape-checked before the data directory is touched
         from oncebus.server.topology import load_topology
@@ -139,7 +147,7 @@ async def run(
                 port=options.port,
                 tls_port=options.resolved_port(options.tls_port, DEFAULT_TLS_PORT),
                 http_port=options.resolved_port(options.http_port, DEFAULT_HTTP_PORT),
-                keys=dict(options.keys) if options.keys is not None else dict(DEFAULT_KEYS),
+                keys=keys,
                 certificates=certificates,
                 mount=options.mount,
             )

@@ -21,6 +21,7 @@ from typing import Protocol
 from oncebus.broker.registry import Registry
 from oncebus.core.dedup import DuplicateDetector, ImageError
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
+from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.rules import RuleProperties
 from oncebus.store.base import MessageRow, PutDedupKey, Snapshot
 from oncebus.store.dedup_images import DedupImage, Dumpable
@@ -136,6 +137,20 @@ def restore_messages_in_steps(
             receivable.end_restore()
 
 
+def _setting(name: str, default: float, kind: type[int] | type[float], allowed: str) -> float:
+    """A checkpoint setting from the environment, or ``default``; a clear error naming it when it is bad."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        value = -1
+    if value < (1 if kind is int else 0) or value != value:
+        raise InvalidArgumentError(f"{name}={text!r} is not {allowed}: set it to one, or unset it")
+    return value
+
+
 class _Checkpointing(Protocol):
     def __call__(self, indexes: Iterable[tuple[str, Dumpable]], since_us: int) -> bool: ...
 
@@ -149,8 +164,8 @@ class DedupCheckpoints:
     def __init__(self, store: object, registry: Registry) -> None:
         self._start: _Checkpointing | None = getattr(store, "checkpoint_dedup", None)
         self._registry = registry
-        self.keys = int(os.environ.get("ONCEBUS_CHECKPOINT_KEYS", CHECKPOINT_KEYS))
-        self.min_seconds = float(os.environ.get("ONCEBUS_CHECKPOINT_SECONDS", CHECKPOINT_MIN_SECONDS))
+        self.keys = int(_setting("ONCEBUS_CHECKPOINT_KEYS", CHECKPOINT_KEYS, int, "a whole number of keys, 1 or more"))
+        self.min_seconds = _setting("ONCEBUS_CHECKPOINT_SECONDS", CHECKPOINT_MIN_SECONDS, float, "seconds, 0 or more")
         self.max_seconds = max(CHECKPOINT_MAX_SECONDS, self.min_seconds)
         self._accepted_then: int | None = None  # keys accepted (committed) at the last checkpoint or load
         self._replayed = 0  # rows read at the last load, not in any image

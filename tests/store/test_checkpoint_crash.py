@@ -89,7 +89,10 @@ def _preload(db: Path, count: int) -> list[str]:
     return keys
 
 
-@pytest.mark.skipif(not Path("/proc/self/task").exists() or not hasattr(os, "fork"), reason="needs Linux /proc")
+_CHILDREN = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children")  # Linux, CONFIG_PROC_CHILDREN
+
+
+@pytest.mark.skipif(not _CHILDREN.exists() or not hasattr(os, "fork"), reason="needs /proc/<pid>/task/<tid>/children")
 def test_sigkill_during_a_checkpoint_keeps_every_acknowledged_key_judged_exactly(tmp_path: Path) -> None:
     data = tmp_path / "data"
     cli(data, "queue", "create", "q", "--duplicate-detection", "--window", "PT1H")

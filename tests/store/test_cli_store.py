@@ -115,3 +115,13 @@ def test_the_lock_holds_when_the_data_directorys_files_are_deleted(tmp_path: Pat
     owner.unlock()
     assert other.try_lock()
     other.unlock()
+
+
+@pytest.mark.parametrize(("name", "value"), [("ONCEBUS_CHECKPOINT_KEYS", "lots"), ("ONCEBUS_CHECKPOINT_SECONDS", "-1")])
+def test_a_bad_checkpoint_setting_in_the_environment_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert main(["--data-dir", str(tmp_path / "data"), "queue", "list"]) == 1
+    err = capsys.readouterr().err
+    assert f"{name}={value!r} is not" in err and "internal error" not in err

@@ -21,6 +21,7 @@ from typing import Protocol
 from oncebus.broker.registry import Registry
 from oncebus.core.dedup import DuplicateDetector, ImageError
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
+from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.rules import RuleProperties
 from oncebus.store.base import MessageRow, PutDedupKey, Snapshot
 from oncebus.store.dedup_images import DedupImage, Dumpable
@@ -28,11 +29,11 @@ from oncebus.store.dedup_images import DedupImage, Dumpable
 _LOG = logging.getLogger("oncebus.broker")
 RESTORE_STEP = 5_000  # stored messages restored between two turns of the loop (about 10 ms)
 # a dedup checkpoint once this many keys were accepted (or read from the rows at start) since the last one, at
-# most one per CHECKPOINT_MIN_SECONDS; and at least one per CHECKPOINT_MAX_SECONDS while keys come. The
-# environment may set the first two (ONCEBUS_CHECKPOINT_KEYS, ONCEBUS_CHECKPOINT_SECONDS).
+# most one per CHECKPOINT_MIN_SECONDS (the environment may set both: ONCEBUS_CHECKPOINT_KEYS,
+# ONCEBUS_CHECKPOINT_SECONDS). Fewer keys are not worth an image of every held key: replaying 100,000 rows
+# takes about half a second, writing the image of 10 million keys (380 MB) one to two seconds of disk.
 CHECKPOINT_KEYS = 100_000
 CHECKPOINT_MIN_SECONDS = 10.0
-CHECKPOINT_MAX_SECONDS = 60.0
 
 
 def newest_time_us(snapshot: Snapshot) -> int:
@@ -136,6 +137,20 @@ def restore_messages_in_steps(
             receivable.end_restore()
 
 
+def _setting(name: str, default: float, kind: type[int] | type[float], allowed: str) -> float:
+    """A checkpoint setting from the environment, or ``default``; a clear error naming it when it is bad."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = kind(text)
+    except ValueError:
+        value = -1
+    if value < (1 if kind is int else 0) or value != value:
+        raise InvalidArgumentError(f"{name}={text!r} is not {allowed}: set it to one, or unset it")
+    return value
+
+
 class _Checkpointing(Protocol):
     def __call__(self, indexes: Iterable[tuple[str, Dumpable]], since_us: int) -> bool: ...
 
@@ -143,15 +158,14 @@ class _Checkpointing(Protocol):
 class DedupCheckpoints:
     """When to ask the store for a dedup checkpoint (``SqliteStore.checkpoint_dedup``; a store without one never
     checkpoints): once ``CHECKPOINT_KEYS`` keys were accepted, or read from the rows at the last load, since the
-    last checkpoint (at most one per ``CHECKPOINT_MIN_SECONDS``), and at least once a ``CHECKPOINT_MAX_SECONDS``
-    while keys come. Call ``tick`` from the loop between two of its steps (the namespace's timer)."""
+    last checkpoint (at most one per ``CHECKPOINT_MIN_SECONDS``). Call ``tick`` from the loop between two of its
+    steps (the namespace's timer)."""
 
     def __init__(self, store: object, registry: Registry) -> None:
         self._start: _Checkpointing | None = getattr(store, "checkpoint_dedup", None)
         self._registry = registry
-        self.keys = int(os.environ.get("ONCEBUS_CHECKPOINT_KEYS", CHECKPOINT_KEYS))
-        self.min_seconds = float(os.environ.get("ONCEBUS_CHECKPOINT_SECONDS", CHECKPOINT_MIN_SECONDS))
-        self.max_seconds = max(CHECKPOINT_MAX_SECONDS, self.min_seconds)
+        self.keys = int(_setting("ONCEBUS_CHECKPOINT_KEYS", CHECKPOINT_KEYS, int, "a whole number of keys, 1 or more"))
+        self.min_seconds = _setting("ONCEBUS_CHECKPOINT_SECONDS", CHECKPOINT_MIN_SECONDS, float, "seconds, 0 or more")
         self._accepted_then: int | None = None  # keys accepted (committed) at the last checkpoint or load
         self._replayed = 0  # rows read at the last load, not in any image
         self._last = time.monotonic()
@@ -174,7 +188,7 @@ class DedupCheckpoints:
             self._accepted_then = accepted
         new = accepted - self._accepted_then + self._replayed
         elapsed = time.monotonic() - self._last
-        if new <= 0 or elapsed < self.min_seconds or (new < self.keys and elapsed < self.max_seconds):
+        if new < self.keys or elapsed < self.min_seconds:
             return False
         return self.start(now_us, accepted)
 

@@ -191,6 +191,10 @@ def test_a_well_behaved_client_is_served_during_the_attack(served: Served, attac
         process.join(30)
         if process.is_alive():
             process.kill()
+    print(
+        f"{attack.__name__}: {len(sends)} round trips, send p99 {p99(sends) * 1000:.0f} ms, "
+        f"receive p99 {p99(receives) * 1000:.0f} ms"
+    )
     assert len(sends) >= 5, len(sends)
     assert p99(sends) < P99_BOUND, (attack.__name__, "send p99", p99(sends), len(sends))
     assert p99(receives) < P99_BOUND, (attack.__name__, "receive p99", p99(receives), len(receives))

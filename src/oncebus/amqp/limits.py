@@ -105,17 +105,17 @@ class OldestFirst:
     def __init__(self) -> None:
         self.all: dict[object, str] = {}  # key -> peer address, in arrival order
         self.by_peer: dict[str, dict[object, None]] = {}
-        self.shed: dict[object, Callable[[], None]] = {}
+        self.shed: dict[object, Callable[[], object]] = {}
 
     def __len__(self) -> int:
         return len(self.all)
 
-    def add(self, key: object, peer: str, shed: Callable[[], None]) -> None:
+    def add(self, key: object, peer: str, shed: Callable[[], object]) -> None:
         self.all[key] = peer
         self.by_peer.setdefault(peer, {})[key] = None
         self.shed[key] = shed
 
-    def set_shed(self, key: object, shed: Callable[[], None]) -> None:
+    def set_shed(self, key: object, shed: Callable[[], object]) -> None:
         if key in self.all:
             self.shed[key] = shed
 

@@ -262,6 +262,15 @@ def test_keys_replace_the_default_key(mode: Mode) -> None:
         assert server.stats("q")["active_message_count"] == 1
 
 
+def test_a_subprocess_brokers_keys_are_not_on_its_command_line() -> None:
+    """Any local user reads /proc/PID/cmdline: the keys travel in the environment instead."""
+    with serve(mode="subprocess", keys={"tester": "c2VjcmV0a2V5"}) as server:
+        cmdline = Path(f"/proc/{server.info['pid']}/cmdline").read_bytes()
+        assert b"c2VjcmV0a2V5" not in cmdline
+        server.create_queue("q")
+        send(server, "q", ServiceBusMessage("signed with the given key"))
+
+
 def test_a_subprocess_broker_stops_when_its_test_process_is_killed(tmp_path: Path) -> None:
     """SIGKILL leaves no fixture teardown to run; the broker must not outlive the tests anyway."""
     script = tmp_path / "killed.py"

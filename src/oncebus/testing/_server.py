@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
+from oncebus.auth import KEYS_ENV
 from oncebus.core.errors import OncebusError
 from oncebus.core.timeutil import us_to_datetime
 from oncebus.server.topology import Topology
@@ -75,10 +76,12 @@ class _SubprocessBroker:
         self.argv += ["--host", launch.host, "--port", "0"]
         if launch.config is not None:
             self.argv += ["--config", str(launch.config)]
-        for name, key in launch.keys.items():
-            self.argv += ["--key", f"{name}={key}"]
         self.data_dir = launch.data_dir
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # keys go through the environment, not the command line (which any local user reads in /proc)
+        self.env.pop(KEYS_ENV, None)
+        if launch.keys:
+            self.env[KEYS_ENV] = ";".join(f"{name}={key}" for name, key in launch.keys.items())
         self.env.pop("ONCEBUS_DATA_DIR", None)
         self.env.pop("ONCEBUS_CLOCK_FILE", None)
         if launch.clock_file is not None:

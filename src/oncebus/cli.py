@@ -252,7 +252,7 @@ def _body(args: argparse.Namespace) -> bytes:
     if args.file is not None:
         return Path(args.file).read_bytes()
     if args.body is not None and args.body != "-":
-        return args.body.encode()
+        return str(args.body).encode()
     if args.body == "-" or not sys.stdin.isatty():
         return sys.stdin.buffer.read()
     raise CliError("no message body: give it as an argument, with --file, or on stdin ('-')", EXIT_USAGE)
@@ -478,7 +478,9 @@ class _Parser(argparse.ArgumentParser):
         self._intermixed = intermixed
         self._inside = False
 
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+    def parse_known_args(  # type: ignore[override]  # argparse's overloads, one signature here
+        self, args: Any = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
         if not self._intermixed or self._inside or self._subparsers is not None:
             return super().parse_known_args(args, namespace)
         self._inside = True  # parse_known_intermixed_args calls parse_known_args twice

@@ -16,7 +16,7 @@ import itertools
 import logging
 import uuid
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import cproton
 import proton
@@ -221,7 +221,7 @@ class AmqpConnection(asyncio.Protocol):
         session = self.connection.session_head(0)
         while session is not None:
             pending += session.outgoing_bytes
-            session = session.next(0)
+            session = session.next(0)  # type: ignore[no-untyped-call]  # proton leaves it untyped
         return pending
 
     def has_room(self) -> bool:
@@ -323,7 +323,7 @@ class AmqpConnection(asyncio.Protocol):
         return True
 
     def _links(self) -> list[proton.Link]:
-        links = []
+        links: list[proton.Link] = []
         link = self.connection.link_head(0)
         while link is not None:
             links.append(link)
@@ -499,6 +499,7 @@ class AmqpConnection(asyncio.Protocol):
             if pending == 0:
                 return
             data = self.transport.peek(pending)
+            assert data is not None  # pending > 0 bytes are there to peek
             self.transport.pop(pending)
             try:
                 data = self.scanner.outgoing(data)
@@ -546,6 +547,7 @@ class AmqpConnection(asyncio.Protocol):
         kind = event.type
         if kind == proton.Event.DELIVERY:
             delivery = event.delivery
+            assert delivery is not None  # a delivery event carries its delivery
             handler = getattr(delivery.link, "oncebus_handler", None)
             if handler is not None:
                 handler.on_delivery(delivery)
@@ -570,17 +572,22 @@ class AmqpConnection(asyncio.Protocol):
             if handler is not None:
                 handler.on_flow()
         elif kind == proton.Event.LINK_REMOTE_OPEN:
+            assert event.link is not None  # link events carry their link, session events their session
             self.host.attach(self, event.link)
         elif kind in (proton.Event.LINK_REMOTE_CLOSE, proton.Event.LINK_REMOTE_DETACH):
-            self._link_gone(event.link)
-            if event.link.state & proton.Endpoint.LOCAL_ACTIVE:
+            link = event.link
+            assert link is not None
+            self._link_gone(link)
+            if link.state & proton.Endpoint.LOCAL_ACTIVE:
                 if kind == proton.Event.LINK_REMOTE_CLOSE:
-                    event.link.close()
+                    link.close()
                 else:
-                    event.link.detach()
+                    link.detach()
         elif kind == proton.Event.SESSION_REMOTE_OPEN:
+            assert event.session is not None
             event.session.open()
         elif kind == proton.Event.SESSION_REMOTE_CLOSE:
+            assert event.session is not None
             if event.session.state & proton.Endpoint.LOCAL_ACTIVE:
                 event.session.close()
         elif kind == proton.Event.CONNECTION_REMOTE_OPEN:
@@ -601,7 +608,7 @@ class AmqpConnection(asyncio.Protocol):
             self.scanner.forget(link.name)
         for links in self.response_links.values():
             if link in links:
-                links.remove(link)
+                links.remove(cast(proton.Sender, link))
 
     # --- helpers for the link handlers --------------------------------------------------------
     def incoming(self, delivery: proton.Delivery) -> IncomingDelivery:

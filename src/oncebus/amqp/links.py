@@ -11,7 +11,7 @@ import collections
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import proton
 
@@ -329,12 +329,12 @@ class ReceiveLink:
         payload = outgoing.encode_received(message, lock_annotations=self.session is None)
         self.largest = max(self.largest, len(payload))
         if self.mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE or message.lock_token is None:
-            delivery = self.link.delivery(uuid.uuid4().bytes)
+            delivery = self.link.delivery(uuid.uuid4().bytes)  # type: ignore[arg-type]  # proton takes binary tags
             self.link.send(payload)
             self.link.advance()
             delivery.settle()
             return
-        delivery = self.link.delivery(message.lock_token.bytes_le)
+        delivery = self.link.delivery(message.lock_token.bytes_le)  # type: ignore[arg-type]  # a binary tag
         delivery.oncebus_lock_token = message.lock_token
         self.link.send(payload)
         self.link.advance()
@@ -362,7 +362,7 @@ class ReceiveLink:
         remote = delivery.remote
         info: dict[Any, Any] = {}
         if state == proton.Delivery.REJECTED and remote.condition is not None and remote.condition.info:
-            info = {str(k): v for k, v in dict(remote.condition.info).items()}
+            info = {str(k): v for k, v in cast(dict[Any, Any], remote.condition.info).items()}
         settle = self._settlement(
             token,
             state,
@@ -530,7 +530,7 @@ class RequestLink:
         if target is None:
             _LOG.warning("no response link for a request to %s (reply-to %r)", self.node, request.reply_to)
             return
-        delivery = target.delivery(uuid.uuid4().bytes)
+        delivery = target.delivery(uuid.uuid4().bytes)  # type: ignore[arg-type]  # proton takes binary tags
         target.send(response.encode())
         target.advance()
         if target.snd_settle_mode != proton.Link.SND_UNSETTLED:

@@ -125,7 +125,13 @@ async def _schedule(request: _Request) -> Body:
         )
         for (position, _), number in zip(group, sequence_numbers, strict=True):
             numbers[position] = number
-    return {"sequence-numbers": proton.Array(proton.UNDESCRIBED, proton.Data.LONG, *numbers)}
+    return {
+        "sequence-numbers": proton.Array(
+            proton.UNDESCRIBED,  # type: ignore[arg-type]  # proton takes its UNDESCRIBED marker here
+            proton.Data.LONG,
+            *numbers,
+        )
+    }
 
 
 async def _cancel(request: _Request) -> None:
@@ -157,7 +163,13 @@ _PEEK_SLICE = 25  # messages a peek encodes before it lets the loop run other wo
 async def _renew_lock(request: _Request) -> Body:
     tokens = [_uuid(t) for t in _items(request.require("lock-tokens"))]
     expirations = [_ms(await request.namespace.renew_lock(request.entity, token)) for token in tokens]
-    return {"expirations": proton.Array(proton.UNDESCRIBED, proton.Data.TIMESTAMP, *expirations)}
+    return {
+        "expirations": proton.Array(
+            proton.UNDESCRIBED,  # type: ignore[arg-type]  # proton takes its UNDESCRIBED marker here
+            proton.Data.TIMESTAMP,
+            *expirations,
+        )
+    }
 
 
 async def _update_disposition(request: _Request) -> None:
@@ -283,7 +295,8 @@ async def handle_request(
 
     The router binds ``namespace`` when it opens the ``$management`` link.
     """
-    properties = {str(k): v for k, v in (request.properties or {}).items()}
+    raw_properties: dict[Any, Any] = request.properties or {}
+    properties = {str(k): v for k, v in raw_properties.items()}
     node = address_path(link.remote_target.address or "")
     entity = entity_of_node(node)
     operation = _text(properties.get("operation")) or ""

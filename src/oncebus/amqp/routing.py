@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import proton
 
@@ -62,17 +62,27 @@ class Router:
 
     def _node(self, conn: AmqpConnection, link: proton.Link, node: str, handler: Any) -> None:
         if not link.is_receiver:
-            ResponseLink(conn, link, node).open()
+            ResponseLink(conn, cast(proton.Sender, link), node).open()
             return
         limits = conn.limits
         if node == cbs.CBS_NODE:
-            RequestLink(conn, link, node, handler, max_message_size=limits.cbs_message_size).open()
+            RequestLink(
+                conn, cast(proton.Receiver, link), node, handler, max_message_size=limits.cbs_message_size
+            ).open()
             return
         entity = management.entity_of_node(node)
         size = limits.management_message_size
         with contextlib.suppress(Exception):  # an unknown entity is reported per request
             size = max(size, self._max_message_size(parse_path(entity).entity))
-        RequestLink(conn, link, node, handler, max_message_size=size, entity=entity, covered=address_path(node)).open()
+        RequestLink(
+            conn,
+            cast(proton.Receiver, link),
+            node,
+            handler,
+            max_message_size=size,
+            entity=entity,
+            covered=address_path(node),
+        ).open()
 
     def _max_message_size(self, entity: str) -> int:
         namespace = self.host.namespace
@@ -116,7 +126,7 @@ class Router:
         except Exception as exc:
             refuse(link, condition_of(exc))
             return
-        SendLink(conn, link, self.host.namespace, where.entity, size).open()
+        SendLink(conn, cast(proton.Receiver, link), self.host.namespace, where.entity, size).open()
 
     async def _receiver(self, conn: AmqpConnection, link: proton.Link, address: str) -> None:
         namespace = self.host.namespace
@@ -148,4 +158,4 @@ class Router:
             if session is not None:
                 await namespace.close_session(session)
             return
-        ReceiveLink(conn, link, namespace, address, mode, session).open()
+        ReceiveLink(conn, cast(proton.Sender, link), namespace, address, mode, session).open()

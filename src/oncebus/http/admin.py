@@ -68,8 +68,8 @@ class Request:
     def host(self) -> str:
         return self.base.split("://", 1)[-1]
 
-    def href(self, path: str | None = None, **query: Any) -> str:
-        params = {**query, "api-version": self.api_version}
+    def href(self, path: str | None = None, query: Mapping[str, Any] | None = None) -> str:
+        params = {**(query or {}), "api-version": self.api_version}
         return f"{self.base}/{quote(path if path is not None else self.path, safe='/$')}?{urlencode(params)}"
 
     def page(self) -> tuple[int, int]:
@@ -252,8 +252,8 @@ class AdminApi:
             for p, t, c in page
         ]
         more = skip + top < len(items)
-        next_href = request.href(**{"$skip": skip + top, "$top": top}) if more else None
-        self_href = request.href(**{"$skip": skip, "$top": top})
+        next_href = request.href(query={"$skip": skip + top, "$top": top}) if more else None
+        self_href = request.href(query={"$skip": skip, "$top": top})
         return Reply(200, atom.ATOM_FEED, atom.feed_document(self_href, title, entries, next_href, self._now()))
 
     def _queue_content(self, props: QueueProperties, request: Request) -> str:

@@ -146,7 +146,7 @@ def bind(host: str, port: int) -> list[socket.socket]:
     """Listening sockets for ``host:port`` (every address ``host`` resolves to; port 0 picks one for all)."""
     infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     sockets: list[socket.socket] = []
-    seen: set[tuple[int, str]] = set()
+    seen: set[tuple[int, str | int]] = set()
     try:
         for family, kind, proto, _, address in infos:
             if (family, address[0]) in seen:
@@ -162,7 +162,8 @@ def bind(host: str, port: int) -> list[socket.socket]:
             try:
                 sock.bind(address)
             except OSError as exc:
-                raise OSError(exc.errno, f"cannot listen on {address[0]}:{address[1]}: {exc.strerror}") from None
+                where = ":".join(str(part) for part in address[:2])
+                raise OSError(exc.errno, f"cannot listen on {where}: {exc.strerror}") from None
             sock.listen(512)
             sock.setblocking(False)
     except BaseException:

@@ -118,9 +118,11 @@ def deduplicate_stream(
     Within the bound the result equals the core's verdicts for the rows sorted
     by (time, ``order_col``). Each row is decided once the newest time seen
     passes its own time plus the bound, or (``idle_release``, on by default)
-    once it has waited the bound in processing time, as a watermark with an
-    idle timeout would: a quiet stream still produces all its output within
-    about the bound plus a trigger interval. (For that, the query also reads
+    once it has waited the bound in processing time and a micro-batch brings
+    no new row, as a watermark with an idle timeout would (a backlog read
+    faster than real time is decided by event time alone, so it stays exact):
+    a quiet stream still produces all its output within about the bound plus
+    a trigger interval. (For that, the query also reads
     ``oncebus-ticks``, a stream with no rows whose offset advances every
     second, so micro-batches run while the input is quiet.) A row later than that is
     decided in the batch it arrives in, against the keys held then (counted as

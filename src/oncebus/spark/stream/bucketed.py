@@ -28,7 +28,7 @@ from oncebus.spark.stream import buckets as _buckets
 from oncebus.spark.stream import joined as _joined
 from oncebus.spark.stream import state as _state
 from oncebus.spark.stream.files import local_directory
-from oncebus.spark.stream.layout import LAYOUT_BUCKETED, Seen, known_empty, next_watermark
+from oncebus.spark.stream.layout import LAYOUT_BUCKETED, Seen, any_due, is_quiet, known_empty, next_watermark
 from oncebus.spark.stream.manifest import KeyFolder, Manifest
 
 if TYPE_CHECKING:
@@ -113,14 +113,16 @@ def decide(
     buckets = int(previous.get("buckets") or spark.conf.get("spark.sql.shuffle.partitions") or 2)
     held_before = engine.held_before(previous)
     # the lowest watermark, from what earlier batches saw; each bucket's task raises it by what it sees
+    earlier = previous.get("arrivals", [])
     floor, arrivals = next_watermark(
         previous_us=previous_wm,
         max_time_us=previous["max_time_us"],
         bound_us=engine.bound_us,
         ordered=engine.ordered,
         idle_release=engine.idle_release,
-        arrivals=previous.get("arrivals", []),
+        arrivals=earlier,
         now_us=now_us,
+        quiet=not (engine.idle_release and any_due(earlier, now_us, engine.bound_us)) or is_quiet(batch),
     )
     arrivals = [a for a in arrivals if a[0] != now_us]  # this batch's arrival is added once its newest time is known
     if not flush and known_empty(batch) and engine.idle(previous, floor, flush):

@@ -129,6 +129,7 @@ def observe(
         idle_release=engine.idle_release,
         arrivals=previous.get("arrivals", []),
         now_us=now_us,
+        quiet=batch_rows == 0,
     )
     if flush:
         watermark, arrivals = 2**62, []

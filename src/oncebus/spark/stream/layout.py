@@ -67,6 +67,7 @@ def next_watermark(
     idle_release: bool,
     arrivals: Sequence[Sequence[int]],
     now_us: int,
+    quiet: bool = True,
 ) -> tuple[int | None, list[list[int]]]:
     """The watermark of a micro-batch (rows with time below it are decided) and the arrivals to remember.
 
@@ -74,19 +75,26 @@ def next_watermark(
     bounds, the highest wins; the watermark never goes back:
 
     * event time: ``newest time seen - bound`` (a row is never older than that);
-    * idle release (processing time): every row seen at least ``bound`` ago in processing time is
-      decided, with every row at or before its time, so a quiet stream still produces its output;
+    * idle release (processing time): in a ``quiet`` batch (no new row), every row seen at least
+      ``bound`` ago in processing time is decided, with every row at or before its time, so a quiet
+      stream still produces its output. While rows keep arriving (a backlog read faster than real
+      time) event time moves the watermark, and releasing by processing time would make the next
+      rows older than the released ones late: the due arrivals wait for a quiet batch;
     * ordered input (the source vouches that rows arrive in time order): everything seen is decided.
     """
     candidates = [previous_us]
     if max_time_us is not None:
         candidates.append(max_time_us + 1 if ordered else max_time_us - bound_us)
-    if idle_release:
+    release = idle_release and quiet
+    if release:
         due = [int(newest) for at, newest in arrivals if at <= now_us - bound_us]
         if due:
             candidates.append(max(due) + 1)
     watermark = max((c for c in candidates if c is not None), default=None)
-    remembered = [[int(at), int(newest)] for at, newest in arrivals if at > now_us - bound_us]
+    if release or not idle_release:  # released, or never to be: only what is not due yet is kept
+        remembered = [[int(at), int(newest)] for at, newest in arrivals if at > now_us - bound_us]
+    else:  # due arrivals wait for a quiet batch, unless the watermark has passed them anyway
+        remembered = [[int(at), int(newest)] for at, newest in arrivals if watermark is None or newest >= watermark]
     if max_time_us is not None and not ordered:
         if watermark is None or max_time_us >= watermark:  # rows at or above the watermark wait
             remembered.append([now_us, max_time_us])
@@ -103,6 +111,18 @@ def ordering_of(df: DataFrame, time_col: str) -> str | None:
         return None
     value = df.schema[time_col].metadata.get(ORDERED_BY)
     return str(value) if value and value in df.columns else None
+
+
+def any_due(arrivals: Sequence[Sequence[int]], now_us: int, bound_us: int) -> bool:
+    """Whether an arrival has waited the bound in processing time (idle release would decide it)."""
+    return any(at <= now_us - bound_us for at, _ in arrivals)
+
+
+def is_quiet(batch: DataFrame) -> bool:
+    """Whether no row arrived in this micro-batch: from the plan when it has no partition (an idle
+    trigger, no job), else ``isEmpty`` (a job that stops at the first row; asked only when an arrival
+    is due for release)."""
+    return known_empty(batch) or bool(batch.isEmpty())
 
 
 def known_empty(batch: DataFrame) -> bool:

@@ -10,7 +10,7 @@ watermark``); a merged folder still small is merged again later.
 A folder that no manifest lists any more is deleted once the batch after the
 compaction has committed (a replay of the compacting batch still reads it).
 
-``python -m oncebus.spark.stream.state STATE_PATH`` prints the report as JSON
+``python -m oncebus.spark._state STATE_PATH`` prints the report as JSON
 without changing anything.
 """
 
@@ -112,7 +112,7 @@ def compact(
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m oncebus.spark.stream.state STATE_PATH   (a local state path; changes nothing)")
+        print("usage: python -m oncebus.spark._state STATE_PATH   (a local state path; changes nothing)")
         return 2
     print(json.dumps(state_report(args[0]), indent=1))
     return 0

@@ -73,6 +73,7 @@ def resolve_columns(
     message_id = need(message_id_col, "message_id_col", text)
     time = need(time_col, "time_col", (T.TimestampType, T.LongType))
     assert message_id is not None and time is not None
+    order: tuple[str, ...]
     if isinstance(order_col, str):
         order = (order_col,)
     elif order_col is not None:

@@ -56,7 +56,7 @@ def entity_settings_of(value: Any, *, name: str = "entity") -> EntitySettings:
             requires_duplicate_detection=value.requires_duplicate_detection,
         )
     if isinstance(value, Mapping):
-        values = {_SHORT_NAMES.get(k, k): v for k, v in value.items()}
+        values: dict[str, Any] = {str(_SHORT_NAMES.get(k, k)): v for k, v in value.items()}
         unknown = sorted(set(values) - set(_NAMES))
         if unknown:
             raise InvalidArgumentError(
@@ -69,7 +69,7 @@ def entity_settings_of(value: Any, *, name: str = "entity") -> EntitySettings:
             requires_duplicate_detection=values.get("requires_duplicate_detection", True),
         )
     if isinstance(value, timedelta | str):
-        return EntitySettings(window=value)
+        return EntitySettings(window=validate_duplicate_window(value))
     raise InvalidArgumentError(
         f"settings of {name}: {value!r} is not EntitySettings, QueueProperties, TopicProperties, "
         "a mapping of property names or a window"

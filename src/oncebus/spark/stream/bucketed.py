@@ -144,12 +144,12 @@ def decide(
 
     # the live key folders: whole folders past their window dropped; an earlier layout's moved into buckets;
     # small ones merged
-    live = [
+    live: list[KeyFolder] = [
         f for f in previous["key_folders"] if previous_wm is None or f["max_t0"] + engine.max_window_us > previous_wm
     ]
-    earlier = [f for f in live if f.get("layout") != LAYOUT]
-    if earlier:
-        moved = _migrate(engine, spark, earlier, previous_wm, buckets, batch_id)
+    older_layout = [f for f in live if f.get("layout") != LAYOUT]
+    if older_layout:
+        moved = _migrate(engine, spark, older_layout, previous_wm, buckets, batch_id)
         live = [f for f in live if f.get("layout") == LAYOUT] + ([moved] if moved else [])
     else:
         live = _compact(engine, spark, live, previous_wm, buckets, batch_id)

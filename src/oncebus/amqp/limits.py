@@ -19,6 +19,8 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from oncebus.core.errors import InvalidArgumentError
+
 # AMQP 1.0 (2.4.1, 5.3.1): MIN-MAX-FRAME-SIZE, what either peer must accept before the open
 # (or SASL) exchange has told it more; a larger frame then is a protocol error.
 MIN_MAX_FRAME_SIZE = 512
@@ -91,7 +93,9 @@ class AmqpLimits:
             try:
                 changes[f.name] = kind(text)
             except ValueError:
-                raise ValueError(f"{name}={text!r} is not a{'' if kind is int else ' decimal'} number") from None
+                raise InvalidArgumentError(
+                    f"{name}={text!r} is not a{'' if kind is int else ' decimal'} number"
+                ) from None
         return cls(**changes)  # type: ignore[arg-type]
 
 

@@ -21,6 +21,7 @@ from typing import TypeVar
 from oncebus.amqp.server import AmqpServer
 from oncebus.auth import connection_string, is_loopback
 from oncebus.broker import Namespace
+from oncebus.core.errors import InvalidArgumentError
 from oncebus.http.app import HttpApp
 from oncebus.http.observe import AmqpTransportGauges, make_observe_app
 from oncebus.http.server import AllowedHosts, ASGIApp, HttpLimits, HttpProtocol, host_name
@@ -85,11 +86,11 @@ def from_env(defaults: T, prefix: str, environ: Mapping[str, str] | None = None)
         try:
             number = kind(text)
         except ValueError:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{prefix}{f.name.upper()}={text!r} is not a{'' if kind is int else ' decimal'} number"
             ) from None
         if not number > 0:
-            raise ValueError(f"{prefix}{f.name.upper()}={text!r} must be positive")
+            raise InvalidArgumentError(f"{prefix}{f.name.upper()}={text!r} must be positive")
         changes[f.name] = number
     return dataclasses.replace(defaults, **changes)  # type: ignore[type-var]
 

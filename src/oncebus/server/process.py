@@ -21,7 +21,7 @@ from oncebus import __version__
 from oncebus.amqp.reencode import reencode
 from oncebus.auth import DEFAULT_KEYS, KEYS_ENV, KeyRing, is_loopback, uses_public_key
 from oncebus.broker import FileClock, Namespace, SystemClock
-from oncebus.core.errors import OncebusError
+from oncebus.core.errors import InvalidArgumentError, OncebusError
 from oncebus.http.server import ASGIApp
 from oncebus.server.certs import ensure_certificates
 from oncebus.server.control import ControlServer
@@ -153,6 +153,8 @@ async def run(
             )
         except OSError as exc:
             raise ServeError(f"cannot listen: {exc}") from exc
+        except InvalidArgumentError as exc:  # a limit set in the environment (ONCEBUS_AMQP_/LISTEN_/HTTP_...)
+            raise ServeError(str(exc)) from exc
         info.update(front.info())
         timers = asyncio.create_task(namespace.run_timers(0.05 if options.clock_file else 0.5))
         settled = asyncio.create_task(_tune_gc_when_loaded(namespace))

@@ -160,22 +160,25 @@ def test_a_dead_letter_move_committed_between_the_two_reads_is_still_found(tmp_p
         assert len(await ns.receive("q")) == 1
         read = store.read_messages
         reads: list[str] = []
+        held = [False]  # whether this test holds the writer's lock (once released, the writer may hold it)
 
         def read_with_the_commit_in_between(path: str, sequence_numbers: Sequence[int]) -> dict[int, Any]:
             reads.append(path)
-            if path == "q" and store._lock.locked():  # the old place: let the move commit first, then read
+            if path == "q" and held[0]:  # the old place: let the move commit first, then read
+                held[0] = False
                 store._lock.release()
                 store.submit([]).result(timeout=10)  # the writer has committed everything before it
             return read(path, sequence_numbers)
 
         store.read_messages = read_with_the_commit_in_between  # type: ignore[method-assign]
         store._lock.acquire()  # the writer cannot commit the move until the reader has missed the new place
+        held[0] = True
         try:
             clock.advance(6)
             ns.tick()  # the lock expires: dead-lettered, the move submitted, not committed
             got = await ns.receive("q/$DeadLetterQueue", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
         finally:
-            if store._lock.locked():
+            if held[0]:
                 store._lock.release()
         assert reads[:2] == ["q/$deadletterqueue", "q"]
         assert [(m.body, m.dead_letter_reason) for m in got] == [(b"payload", "MaxDeliveryCountExceeded")]

@@ -65,3 +65,7 @@ def _cycle(folder: str) -> list[str] | None:
 
 def test_the_broker_has_no_import_circle() -> None:
     assert _cycle("broker") is None, " -> ".join(_cycle("broker") or [])
+
+
+def test_the_amqp_adapter_has_no_import_circle() -> None:
+    assert _cycle("amqp") is None, " -> ".join(_cycle("amqp") or [])

@@ -15,7 +15,7 @@ import asyncio
 import itertools
 import logging
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import cproton
@@ -28,8 +28,8 @@ from oncebus.amqp.sas import Grant
 from oncebus.auth import ancestors, missing_right_text, normalize_path
 
 if TYPE_CHECKING:
-    from oncebus.amqp.host import AmqpHost
-    from oncebus.broker import SessionLock
+    from oncebus.amqp.limits import AmqpLimits
+    from oncebus.broker import Namespace, SessionLock
 
 _LOG = logging.getLogger(__name__)
 _CONTAINER_ID = "oncebus"
@@ -40,6 +40,49 @@ TRANSFER_LIMIT_EXCEEDED = "amqp:link:transfer-limit-exceeded"
 # distinct token audiences one connection may hold at once (a new token for an audience replaces the old one)
 MAX_GRANTS_PER_CONNECTION = 1000
 _session_ids = itertools.count(1)
+
+
+class AmqpHost(Protocol):
+    """The engine, the SAS keys tokens are verified with, the wall clock, the limits, and connection bookkeeping."""
+
+    @property
+    def namespace(self) -> Namespace:
+        """The engine every link sends to and receives from."""
+        ...
+
+    @property
+    def keys(self) -> Mapping[str, str]:
+        """SAS key name -> key: what every CBS token is verified with."""
+        ...
+
+    @property
+    def limits(self) -> AmqpLimits:
+        """What a client may make the server do (frame sizes, handshake timeouts, buffers)."""
+        ...
+
+    def wall_time(self) -> float:
+        """Seconds since the epoch: token expiry is judged against this."""
+        ...
+
+    def connection_opened(self, conn: AmqpConnection) -> None:
+        """A connection started: keep checking its tokens."""
+        ...
+
+    def connection_active(self, conn: AmqpConnection) -> None:
+        """A connection without a token yet received bytes."""
+        ...
+
+    def connection_authenticated(self, conn: AmqpConnection) -> None:
+        """A connection's first CBS token was accepted."""
+        ...
+
+    def connection_closed(self, conn: AmqpConnection) -> None:
+        """A connection ended: forget it."""
+        ...
+
+    def attach(self, conn: AmqpConnection, link: proton.Link) -> None:
+        """A client attached ``link`` on ``conn``: give it its handler (or refuse it)."""
+        ...
 
 
 class LinkHandler(Protocol):

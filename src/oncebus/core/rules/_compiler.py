@@ -22,21 +22,11 @@ from lark.exceptions import VisitError
 from oncebus.core.errors import SqlExpressionError
 from oncebus.core.rules import _values as V
 from oncebus.core.rules._grammar import ACTION_KEYWORDS, KEYWORDS, near, parse
-from oncebus.core.rules._statements import Statement, check_system_value
+from oncebus.core.rules._statements import PropertyRef, Statement, check_system_value
 from oncebus.core.rules._view import SYSTEM_PROPERTIES, MessageView
 
 Fn = Callable[[MessageView], Any]
 FUNCTIONS = ("newid()", "property(name)", "p(name)")
-
-
-@dataclass(frozen=True)
-class PropertyRef:
-    scope: str  # "sys" or "user"
-    key: str  # lower-case name: the lookup key in MessageView.system / .user
-    name: str  # as written (without brackets or quotes)
-
-    def __str__(self) -> str:
-        return f"{self.scope}.{SYSTEM_PROPERTIES[self.key].name if self.scope == 'sys' else self.name}"
 
 
 @dataclass

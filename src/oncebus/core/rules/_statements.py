@@ -6,13 +6,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from oncebus.core.rules import _values as V
 from oncebus.core.rules._view import SYSTEM_PROPERTIES, MessageView
 
-if TYPE_CHECKING:
-    from oncebus.core.rules._compiler import PropertyRef
+
+@dataclass(frozen=True)
+class PropertyRef:
+    scope: str  # "sys" or "user"
+    key: str  # lower-case name: the lookup key in MessageView.system / .user
+    name: str  # as written (without brackets or quotes)
+
+    def __str__(self) -> str:
+        return f"{self.scope}.{SYSTEM_PROPERTIES[self.key].name if self.scope == 'sys' else self.name}"
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from oncebus.spark._datasource import _Options
+from oncebus.spark._options import _Options
 
 _ANY_SESSION = "*"
 

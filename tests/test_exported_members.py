@@ -87,3 +87,10 @@ def test_importing_oncebus_imports_neither_the_broker_nor_the_server() -> None:
     code = "import sys, oncebus; print(sorted(m for m in sys.modules if m.startswith('oncebus')))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "['oncebus']"
+
+
+def test_the_spark_option_error_is_under_the_root_too() -> None:
+    from oncebus.spark._options import OncebusOptionError
+
+    assert issubclass(OncebusOptionError, oncebus.OncebusError)
+    assert issubclass(OncebusOptionError, ValueError)  # as before

@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import sqlite3
-import subprocess
 import sys
 import threading
 import time
@@ -21,50 +20,10 @@ from pathlib import Path
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
-from tests.store.test_files_deleted_under_serve import _drain, cli
+from tests.store.test_files_deleted_under_serve import Serve, _drain, cli
 
 ONCEBUS = [sys.executable, "-m", "oncebus.cli"]
 PRELOADED = 30_000  # keys written straight into the store: an image of some size for the child to write
-
-
-class _Serve:
-    def __init__(self, data_dir: Path, env: dict[str, str]) -> None:
-        self.output: list[str] = []
-        self.connection_string = ""
-        full_env = dict(os.environ, PYTHONUNBUFFERED="1", **env)
-        full_env.pop("ONCEBUS_CLOCK_FILE", None)
-        self.process = subprocess.Popen(
-            [*ONCEBUS, "--data-dir", str(data_dir), "serve", "--port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=full_env,
-        )
-        ready = threading.Event()
-
-        def read() -> None:
-            assert self.process.stdout is not None
-            for line in self.process.stdout:
-                self.output.append(line.rstrip())
-                if line.startswith("connection string: "):
-                    self.connection_string = line.split(": ", 1)[1].strip()
-                if line.strip() == "ready":
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        assert ready.wait(60) and self.connection_string, "\n".join(self.output)
-
-    def children(self) -> list[int]:
-        pid = self.process.pid
-        with contextlib.suppress(OSError):
-            return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-        return []
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(30)
 
 
 def _committed_checkpoints(db: Path) -> int:
@@ -99,7 +58,7 @@ def test_sigkill_during_a_checkpoint_keeps_every_acknowledged_key_judged_exactly
     db = data / "oncebus.db"
     preloaded = _preload(db, PRELOADED)
     # a checkpoint at every timer tick that follows 200 new keys
-    server = _Serve(data, {"ONCEBUS_CHECKPOINT_KEYS": "200", "ONCEBUS_CHECKPOINT_SECONDS": "0"})
+    server = Serve(data, {"ONCEBUS_CHECKPOINT_KEYS": "200", "ONCEBUS_CHECKPOINT_SECONDS": "0"})
     acked: list[str] = []
     in_flight: list[str] = []
     stop_sending = threading.Event()
@@ -142,7 +101,7 @@ def test_sigkill_during_a_checkpoint_keeps_every_acknowledged_key_judged_exactly
     doubtful = [m for m in in_flight if m not in set(acked)]
     assert len(acked) >= 1000
 
-    again = _Serve(data, {})
+    again = Serve(data)
     try:
         assert not list(data.glob("oncebus.db.dedup*.tmp")) or again.children()  # the frozen one's is gone
         fresh = [f"fresh-{i}" for i in range(50)]

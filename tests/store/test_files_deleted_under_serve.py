@@ -6,6 +6,7 @@ on the way out) and started again: every acknowledged message is there once, and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,11 +23,11 @@ ONCEBUS = [sys.executable, "-m", "oncebus.cli"]
 
 
 class Serve:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.output: list[str] = []
         self.connection_string = ""
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         env.pop("ONCEBUS_CLOCK_FILE", None)
         self.process = subprocess.Popen(
             [*ONCEBUS, "--data-dir", str(data_dir), "serve", "--port", "0"],
@@ -48,7 +49,14 @@ class Serve:
             ready.set()
 
         threading.Thread(target=read, daemon=True).start()
-        assert ready.wait(30) and self.connection_string, "\n".join(self.output)
+        assert ready.wait(60) and self.connection_string, "\n".join(self.output)
+
+    def children(self) -> list[int]:
+        """The server's child processes (a dedup checkpoint being written)."""
+        pid = self.process.pid
+        with contextlib.suppress(OSError):
+            return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        return []
 
     def kill(self) -> None:
         os.kill(self.process.pid, signal.SIGKILL)
@@ -57,7 +65,7 @@ class Serve:
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            self.process.wait(15)
+            self.process.wait(30)
 
 
 def cli(data_dir: Path, *args: str) -> str:

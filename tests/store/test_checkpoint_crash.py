@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import sqlite3
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +21,6 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
 from tests.store.test_files_deleted_under_serve import Serve, _drain, cli
 
-ONCEBUS = [sys.executable, "-m", "oncebus.cli"]
 PRELOADED = 30_000  # keys written straight into the store: an image of some size for the child to write
 
 

@@ -141,7 +141,6 @@ class AmqpConnection(asyncio.Protocol):
         self.closed = False
         self._pumping = False
         self._pump_again = False
-        self._pump_scheduled = False
         self._tick_handle: asyncio.TimerHandle | None = None
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
@@ -499,19 +498,6 @@ class AmqpConnection(asyncio.Protocol):
         self.tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             _LOG.error("connection task failed", exc_info=task.exception())
-        self.pump_soon()
-
-    def pump_soon(self) -> None:
-        """``pump`` once this loop iteration's callbacks have run: outcomes decided together (a group
-        commit's settlements, tasks ending together) leave in one socket write, not one write each
-        (a write per settlement was 39 % of the loop's samples in bench/amqp_send.py's receive row)."""
-        if self._pump_scheduled or self.closed:
-            return
-        self._pump_scheduled = True
-        self.loop.call_soon(self._scheduled_pump)
-
-    def _scheduled_pump(self) -> None:
-        self._pump_scheduled = False
         self.pump()
 
     def pump(self) -> None:

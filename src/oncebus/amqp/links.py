@@ -428,7 +428,7 @@ class ReceiveLink:
                 delivery.local.undeliverable = delivery.remote.undeliverable
             delivery.update(state if state else proton.Delivery.ACCEPTED)
             delivery.settle()
-        self.conn.pump_soon()
+        self.conn.pump()
 
     def on_closed(self) -> None:
         self.closed = True

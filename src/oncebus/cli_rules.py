@@ -22,18 +22,7 @@ import json
 from typing import Any, Protocol
 
 from oncebus.core.errors import InvalidArgumentError
-
-_SYSTEM = {
-    "correlationid": "correlation_id",
-    "messageid": "message_id",
-    "to": "to",
-    "replyto": "reply_to",
-    "label": "label",
-    "subject": "label",
-    "sessionid": "session_id",
-    "replytosessionid": "reply_to_session_id",
-    "contenttype": "content_type",
-}
+from oncebus.core.properties import correlation_field
 
 
 class Target(Protocol):
@@ -88,7 +77,7 @@ def correlation_filter(items: list[str]) -> dict[str, Any]:
         key = key.strip()
         if not key:
             raise InvalidArgumentError(f"--correlation {item!r}: the key is empty")
-        field = _SYSTEM.get(key.replace("_", "").lower())
+        field = correlation_field(key)
         if field is not None and not typed:
             if field in out:
                 raise InvalidArgumentError(f"--correlation: {field} is given twice")

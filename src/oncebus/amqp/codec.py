@@ -28,6 +28,7 @@ from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT, PLAIN_MESSAGE_FORMA
 from oncebus.amqp.values import text as _text
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.messages import Message, MessageState
+from oncebus.core.properties import DEAD_LETTER_PROPERTIES, WIRE_PROPERTY_FIELDS, annotation_key
 from oncebus.core.timeutil import datetime_to_us, us_to_datetime
 
 HEADER = 0x70
@@ -40,16 +41,16 @@ AMQP_SEQUENCE = 0x76
 AMQP_VALUE = 0x77
 FOOTER = 0x78
 
-PARTITION_KEY = proton.symbol("x-opt-partition-key")
-SCHEDULED_ENQUEUE_TIME = proton.symbol("x-opt-scheduled-enqueue-time")
-SEQUENCE_NUMBER = proton.symbol("x-opt-sequence-number")
-ENQUEUED_TIME = proton.symbol("x-opt-enqueued-time")
-LOCKED_UNTIL = proton.symbol("x-opt-locked-until")
-LOCK_TOKEN = proton.symbol("x-opt-lock-token")
-MESSAGE_STATE = proton.symbol("x-opt-message-state")
-DEAD_LETTER_SOURCE = proton.symbol("x-opt-deadletter-source")
-DEAD_LETTER_REASON = "DeadLetterReason"
-DEAD_LETTER_ERROR_DESCRIPTION = "DeadLetterErrorDescription"
+# the annotations Service Bus carries properties in (oncebus.core.properties names them)
+PARTITION_KEY = proton.symbol(annotation_key("partition_key"))
+SCHEDULED_ENQUEUE_TIME = proton.symbol(annotation_key("scheduled_enqueue_time_utc"))
+SEQUENCE_NUMBER = proton.symbol(annotation_key("sequence_number"))
+ENQUEUED_TIME = proton.symbol(annotation_key("enqueued_time_utc"))
+LOCKED_UNTIL = proton.symbol(annotation_key("locked_until_utc"))
+LOCK_TOKEN = proton.symbol(annotation_key("lock_token"))
+MESSAGE_STATE = proton.symbol(annotation_key("state"))
+DEAD_LETTER_SOURCE = proton.symbol(annotation_key("dead_letter_source"))
+DEAD_LETTER_REASON, DEAD_LETTER_ERROR_DESCRIPTION = (name for _, name in DEAD_LETTER_PROPERTIES)
 
 SDK_STATES = {MessageState.ACTIVE: 0, MessageState.DEFERRED: 1, MessageState.SCHEDULED: 2}
 
@@ -293,6 +294,11 @@ def _compound(data: bytes, pos: int, list_codes: tuple[int, int, int]) -> tuple[
 _LIST_CODES = (0x45, 0xC0, 0xD0)
 
 
+_FIELD_AT = {field: at for at, field in WIRE_PROPERTY_FIELDS.items()}  # the properties section's fields
+_MESSAGE_ID_AT, _SESSION_ID_AT = _FIELD_AT["message_id"], _FIELD_AT["session_id"]
+_TEXT_AT = tuple((at, field) for at, field in WIRE_PROPERTY_FIELDS.items() if field not in ("message_id", "session_id"))
+
+
 def _message(
     *,
     body: bytes,
@@ -304,8 +310,6 @@ def _message(
 ) -> Message:
     """The broker's message from the decoded sections; a field of a type Service Bus refuses refuses the message."""
     properties = list(properties) + [None] * (13 - len(properties))
-    message_id, _user, to, subject, reply_to, correlation_id, content_type = properties[:7]
-    group_id, reply_to_group_id = properties[10], properties[12]
     annotations = annotations or {}
     ttl = _ttl(header[2] if header and len(header) > 2 else None)
     if application:
@@ -315,15 +319,10 @@ def _message(
     _check_reencodable(header, annotations, application)
     return Message(
         body=body,
-        message_id=message_id_of(message_id),
-        session_id=_string_field(group_id, "the session id (properties group-id)"),
+        message_id=message_id_of(properties[_MESSAGE_ID_AT]),
+        session_id=_string_field(properties[_SESSION_ID_AT], "the session id (properties group-id)"),
         partition_key=_string_field(annotations.get(PARTITION_KEY), "the partition key (x-opt-partition-key)"),
-        correlation_id=_text(correlation_id),
-        subject=_text(subject),
-        content_type=_text(content_type),
-        reply_to=_text(reply_to),
-        reply_to_session_id=_text(reply_to_group_id),
-        to=_text(to),
+        **{field: _text(properties[at]) for at, field in _TEXT_AT},
         application_properties={str(k): _json_safe(v) for k, v in (application or {}).items()},
         time_to_live=ttl,
         scheduled_enqueue_time_utc=_scheduled_time(annotations.get(SCHEDULED_ENQUEUE_TIME)),

@@ -32,19 +32,10 @@ from oncebus.amqp.codec import (
 )
 from oncebus.amqp.values import text as _text
 from oncebus.core.messages import StoredMessage
+from oncebus.core.properties import WIRE_PROPERTY_FIELDS
 from oncebus.core.timeutil import datetime_to_us
 
-# properties-section field index -> StoredMessage field
-_PROPERTY_FIELDS = {
-    0: "message_id",
-    2: "to",
-    3: "subject",
-    4: "reply_to",
-    5: "correlation_id",
-    6: "content_type",
-    10: "session_id",
-    12: "reply_to_session_id",
-}
+_PROPERTY_FIELDS = WIRE_PROPERTY_FIELDS  # properties-section field index -> StoredMessage field
 _INT_TYPES = {
     proton.byte: (-(2**7), 2**7 - 1),
     proton.short: (-(2**15), 2**15 - 1),

@@ -12,6 +12,7 @@ from typing import Any
 
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.keys import MessageId, id_type, service_bus_text
+from oncebus.core.properties import TEXT_FIELDS
 from oncebus.core.timeutil import us_to_datetime_or_max
 
 
@@ -60,16 +61,7 @@ def _size(body: bytes, application_properties: dict[str, Any]) -> int:
     return len(body) + len(props.encode())
 
 
-_TEXT_FIELDS = (
-    "session_id",
-    "partition_key",
-    "correlation_id",
-    "subject",
-    "content_type",
-    "reply_to",
-    "reply_to_session_id",
-    "to",
-)
+_TEXT_FIELDS = TEXT_FIELDS
 
 
 def check_message(message: Message) -> None:
@@ -106,14 +98,9 @@ def check_message(message: Message) -> None:
         )
 
 
+# what a store keeps in a message's metadata: the sender's properties but the id and the session id (columns)
 _STORED_META = (
-    "partition_key",
-    "correlation_id",
-    "subject",
-    "content_type",
-    "reply_to",
-    "reply_to_session_id",
-    "to",
+    *(name for name in TEXT_FIELDS if name != "session_id"),
     "application_properties",
     "time_to_live_us",
     "scheduled_enqueue_time_us",

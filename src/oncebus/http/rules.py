@@ -33,6 +33,7 @@ from xml.sax.saxutils import escape
 from oncebus.broker import UNKNOWN_TIME, Namespace
 from oncebus.core.durations import format_duration, parse_duration
 from oncebus.core.errors import InvalidArgumentError, named
+from oncebus.core.properties import CORRELATION_NAMES
 from oncebus.core.rules import (
     DEFAULT_RULE_NAME,
     CorrelationRuleFilter,
@@ -52,16 +53,7 @@ INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
 
 # CorrelationFilter elements, in the order the SDK writes them -> core field
-_CORRELATION = (
-    ("CorrelationId", "correlation_id"),
-    ("MessageId", "message_id"),
-    ("To", "to"),
-    ("ReplyTo", "reply_to"),
-    ("Label", "label"),
-    ("SessionId", "session_id"),
-    ("ReplyToSessionId", "reply_to_session_id"),
-    ("ContentType", "content_type"),
-)
+_CORRELATION = tuple((name, field) for field, name in CORRELATION_NAMES.items())
 _FILTER_TYPES = "SqlFilter, TrueFilter, FalseFilter or CorrelationFilter"
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from oncebus.core.errors import InvalidArgumentError, named
+from oncebus.core.properties import CORRELATION_NAMES, correlation_field
 from oncebus.core.rules._evaluate import RuleSet
 from oncebus.core.rules._model import (
     CorrelationRuleFilter,
@@ -24,20 +25,7 @@ from oncebus.core.rules._model import (
     default_rule,
 )
 
-_CORRELATION_FIELDS = {
-    "contenttype": "content_type",
-    "correlationid": "correlation_id",
-    "label": "label",
-    "subject": "label",
-    "messageid": "message_id",
-    "replyto": "reply_to",
-    "replytosessionid": "reply_to_session_id",
-    "sessionid": "session_id",
-    "to": "to",
-}
-_ALLOWED_CORRELATION = (
-    "ContentType, CorrelationId, Label, MessageId, ReplyTo, ReplyToSessionId, SessionId, To, Properties"
-)
+_ALLOWED_CORRELATION = ", ".join([*sorted(CORRELATION_NAMES.values()), "Properties"])
 
 
 def rules_from_emulator_config(entries: Any, *, where: str = "Rules") -> list[RuleProperties]:
@@ -108,7 +96,7 @@ def _correlation(spec: Any, where: str) -> CorrelationRuleFilter:
                 raise InvalidArgumentError(f"{where}: CorrelationFilter.Properties must be an object of name: value")
             properties = dict(value)
             continue
-        field = _CORRELATION_FIELDS.get(key.lower())
+        field = correlation_field(key)
         if field is None:
             raise InvalidArgumentError(
                 f"{where}: CorrelationFilter has no field {key!r}; its fields are {_ALLOWED_CORRELATION}"

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from oncebus.core.durations import format_duration, parse_duration
 from oncebus.core.errors import InvalidArgumentError
+from oncebus.core.properties import CORRELATION_NAMES
 from oncebus.core.rules import _values as V
 from oncebus.core.rules._compiler import compile_action, compile_filter
 from oncebus.core.rules._statements import Statement
@@ -123,16 +124,7 @@ class FalseRuleFilter(SqlRuleFilter):
         return False
 
 
-_CORRELATION_SYSTEM = {  # field -> MessageView.system key
-    "correlation_id": "correlationid",
-    "message_id": "messageid",
-    "to": "to",
-    "reply_to": "replyto",
-    "label": "label",
-    "session_id": "sessionid",
-    "reply_to_session_id": "replytosessionid",
-    "content_type": "contenttype",
-}
+_CORRELATION_SYSTEM = {field: name.lower() for field, name in CORRELATION_NAMES.items()}  # -> MessageView.system key
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from oncebus.core.errors import InvalidArgumentError
+from oncebus.core.properties import BROKER_PROPERTIES, SENDER_PROPERTIES
 from oncebus.core.timeutil import us_to_datetime
 
 
@@ -31,34 +32,12 @@ class SystemProperty:
 
 
 def _props() -> dict[str, SystemProperty]:
-    settable = [
-        ("MessageId", "message_id", str),
-        ("CorrelationId", "correlation_id", str),
-        ("ContentType", "content_type", str),
-        ("Label", "subject", str),
-        ("Subject", "subject", str),
-        ("To", "to", str),
-        ("ReplyTo", "reply_to", str),
-        ("ReplyToSessionId", "reply_to_session_id", str),
-        ("SessionId", "session_id", str),
-        ("PartitionKey", "partition_key", str),
-        ("TimeToLive", "time_to_live", timedelta),
-        ("ScheduledEnqueueTimeUtc", "scheduled_enqueue_time_utc", datetime),
-    ]
-    read_only = [
-        ("Size", int),
-        ("SequenceNumber", int),
-        ("EnqueuedSequenceNumber", int),
-        ("EnqueuedTimeUtc", datetime),
-        ("ExpiresAtUtc", datetime),
-        ("DeliveryCount", int),
-        ("DeadLetterSource", str),
-        ("LockToken", str),
-        ("LockedUntilUtc", datetime),
-        ("State", str),
-    ]
-    out = {name.lower(): SystemProperty(name, f, t) for name, f, t in settable}
-    out.update({name.lower(): SystemProperty(name, None, t) for name, t in read_only})
+    out: dict[str, SystemProperty] = {}
+    for prop in SENDER_PROPERTIES:
+        for name in (prop.name, *prop.aliases):
+            out[name.lower()] = SystemProperty(name, prop.field, prop.kind)
+    for prop in BROKER_PROPERTIES:
+        out[prop.name.lower()] = SystemProperty(prop.name, None, prop.kind)
     return out
 
 

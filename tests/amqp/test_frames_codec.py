@@ -30,6 +30,7 @@ from oncebus.amqp.frames import FrameError, FrameScanner
 from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.messages import MessageState, ReceivedMessage
+from tests.messages import received_of
 
 
 def frame(channel: int, performative: object) -> bytes:
@@ -143,7 +144,7 @@ def test_decode_reads_the_service_bus_fields() -> None:
 def test_encode_received_adds_broker_annotations_and_keeps_the_message() -> None:
     wire = encoded("m", b"hello")
     token = uuid.uuid4()
-    received = ReceivedMessage(
+    received = received_of(
         body=b"hello",
         message_id="m",
         sequence_number=42,
@@ -389,7 +390,7 @@ def _received(wire: bytes | None, **changes: object) -> ReceivedMessage:
         "wire": wire,
     }
     fields.update(changes)
-    return ReceivedMessage(**fields)  # type: ignore[arg-type]
+    return received_of(**fields)
 
 
 def test_the_fast_encoder_gives_receivers_what_proton_gives() -> None:

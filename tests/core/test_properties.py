@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
-from oncebus.core.messages import Message, ReceivedMessage, StoredMessage
+import pytest
+
+from oncebus.core.messages import Message, MessageState, ReceivedMessage, StoredMessage
 from oncebus.core.properties import (
     BROKER_PROPERTIES,
     CORRELATION_FIELDS,
@@ -14,14 +17,15 @@ from oncebus.core.properties import (
 )
 from oncebus.core.rules import CorrelationRuleFilter
 from oncebus.core.rules._view import SYSTEM_PROPERTIES
+from tests.messages import DeliveryEnvelope
 
 
-def _fields(cls: type) -> set[str]:
+def _fields(cls: type) -> set[str]:  # a dataclass's fields
     return {f.name for f in dataclasses.fields(cls)}
 
 
 def test_every_sender_property_is_a_field_of_the_sent_and_received_message() -> None:
-    sent, received = _fields(Message), _fields(ReceivedMessage)
+    sent, received = _fields(Message), set(ReceivedMessage.FIELDS)
     for prop in SENDER_PROPERTIES:
         assert prop.field in sent, prop
         assert prop.field in received, prop
@@ -35,7 +39,7 @@ def test_the_stored_message_keeps_every_sender_property() -> None:
 
 
 def test_every_broker_property_a_receiver_reads_is_a_received_field() -> None:
-    received = _fields(ReceivedMessage)
+    received = set(ReceivedMessage.FIELDS)
     for prop in BROKER_PROPERTIES:
         assert prop.field is None or prop.field in received, prop
 
@@ -70,3 +74,21 @@ def test_the_wire_positions_are_the_amqp_properties_section() -> None:
         10: "session_id",
         12: "reply_to_session_id",
     }
+
+
+def test_a_received_message_is_a_view_with_the_envelope_of_its_delivery() -> None:
+    stored = StoredMessage("q", 7, "m", b"x", 1_000_000, None, application_properties={"k": 1})
+    token = uuid.uuid4()
+    envelope = DeliveryEnvelope(MessageState.ACTIVE, 3, 2_000_000, None, token, 3_000_000)
+    received = ReceivedMessage.of(stored, envelope)
+    assert (received.delivery_count, received.enqueued_time_us) == (3, 2_000_000)
+    assert (received.lock_token, received.locked_until_us) == (token, 3_000_000)
+    assert ReceivedMessage.of(stored).lock_token is None  # as stored: not locked
+    assert stored.delivery_count == 0  # the stored record is not written to
+    assert received.body is stored.body
+    assert dict(received.application_properties) == {"k": 1}
+    with pytest.raises(TypeError):
+        received.application_properties["k"] = 2  # type: ignore[index]
+    for name in ReceivedMessage.FIELDS:
+        getattr(received, name)
+    assert set(received.to_dict()) == set(ReceivedMessage.FIELDS) - {"wire"}

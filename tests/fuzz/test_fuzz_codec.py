@@ -28,6 +28,7 @@ from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.messages import MessageState, ReceivedMessage
 from tests.fuzz.mutations import amqp_values, encode_value, nested, performative, scalars
+from tests.messages import received_of
 
 EXAMPLES = int(os.environ.get("ONCEBUS_FUZZ_CODEC_EXAMPLES", "1200"))
 FUZZ = settings(
@@ -96,7 +97,7 @@ def messages(draw: Any) -> bytes:
 
 
 def _received(message: Any, *, dead_lettered: bool) -> ReceivedMessage:
-    return ReceivedMessage(
+    return received_of(
         body=message.body,
         message_id=message.message_id,
         sequence_number=7,

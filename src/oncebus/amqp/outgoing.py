@@ -41,7 +41,7 @@ from oncebus.amqp.codec import (
 )
 from oncebus.amqp.encoding import DecodeError, Reader
 from oncebus.core.messages import ReceivedMessage
-from oncebus.core.timeutil import datetime_to_us
+from oncebus.core.timeutil import MAX_US, MIN_US, datetime_to_us
 
 
 def _fields_encoding(message: ReceivedMessage) -> bytes:
@@ -87,8 +87,9 @@ def _string(value: str) -> bytes:
     return bytes((0xA1, len(raw))) + raw if len(raw) < 256 else b"\xb1" + struct.pack(">I", len(raw)) + raw
 
 
-def _timestamp(moment: datetime.datetime) -> bytes:
-    return b"\x83" + struct.pack(">q", datetime_to_us(moment) // 1000)
+def _timestamp_us(us: int) -> bytes:
+    """An AMQP timestamp (milliseconds) of a time in microseconds, as ``_ms`` of its datetime gives it."""
+    return b"\x83" + struct.pack(">q", min(max(us, MIN_US), MAX_US) // 1000)
 
 
 def _uint(value: int) -> bytes:
@@ -167,17 +168,17 @@ def _encode_received_fast(
         raise Unusual
     ours = {
         _SEQUENCE_NUMBER_KEY: _long(int(message.sequence_number)),
-        _ENQUEUED_TIME_KEY: _timestamp(message.enqueued_time_utc),
+        _ENQUEUED_TIME_KEY: _timestamp_us(message.enqueued_time_us),
     }
-    if message.scheduled_enqueue_time_utc is not None:
-        ours[_SCHEDULED_KEY] = _timestamp(message.scheduled_enqueue_time_utc)
+    if message.scheduled_enqueue_time_us is not None:
+        ours[_SCHEDULED_KEY] = _timestamp_us(message.scheduled_enqueue_time_us)
     if message.partition_key is not None:
         ours[_PARTITION_KEY_KEY] = _string(message.partition_key)
     if message.dead_letter_source is not None:
         ours[_DEAD_LETTER_SOURCE_KEY] = _string(message.dead_letter_source)
     ours[_MESSAGE_STATE_KEY] = _long(int(SDK_STATES.get(message.state, 0)))
-    if lock_annotations and message.locked_until_utc is not None:
-        ours[_LOCKED_UNTIL_KEY] = _timestamp(message.locked_until_utc)
+    if lock_annotations and message.locked_until_us is not None:
+        ours[_LOCKED_UNTIL_KEY] = _timestamp_us(message.locked_until_us)
     pairs: list[bytes] = []
     for key, value in original:  # a key the broker sets keeps its place, as in a dict
         name, _ = scalar(key, 0) if key[0] in (0xA3, 0xB3) else (None, 0)

@@ -138,7 +138,7 @@ class Delivery:
         return current
 
     def _contents_of(self, receivable: Receivable, entries: list[Entry]) -> list[tuple[Entry, StoredMessage]]:
-        """Each entry with its content (read from the cache or the store), its state as held now."""
+        """Each entry with its content (from the cache or the store; the state is the entry's, not the record's)."""
         records = self._contents.read(receivable.path, [e.sequence_number for e in entries])
         out = []
         for entry in entries:
@@ -147,12 +147,6 @@ class Delivery:
                 _LOG.error("message %d of %s is not in the store; dropped", entry.sequence_number, receivable.path)
                 receivable.remove(entry)
                 continue
-            record.state = entry.state
-            record.delivery_count = entry.delivery_count
-            record.enqueued_time_us = entry.enqueued_time_us
-            record.expires_at_us = entry.expires_at_us
-            record.lock_token = entry.lock_token
-            record.locked_until_us = entry.locked_until_us
             out.append((entry, record))
         return out
 
@@ -174,11 +168,11 @@ class Delivery:
                 ops += receivable.remove(entry)
                 self._contents.discard(receivable.path, entry.sequence_number)
             await self._write(ops)
-            return [ReceivedMessage.of(record) for _, record in delivered]
+            return [ReceivedMessage.of(record, entry) for entry, record in delivered]
         for entry in entries:
             entry.delivery_count += 1
             receivable.lock(entry, now, session)
-        return [ReceivedMessage.of(record) for _, record in self._contents_of(receivable, entries)]
+        return [ReceivedMessage.of(record, entry) for entry, record in self._contents_of(receivable, entries)]
 
     def _locked(self, path: str, lock_token: uuid.UUID | str) -> tuple[Receivable, Entry]:
         receivable = self.receivable(path)
@@ -331,7 +325,7 @@ class Delivery:
             ),
         )
         entries = [receivable.messages[seq] for seq in chosen]
-        return [ReceivedMessage.of(record) for _, record in self._contents_of(receivable, entries)]
+        return [ReceivedMessage.of(record, entry) for entry, record in self._contents_of(receivable, entries)]
 
     # ------------------------------------------------------------------------------ sessions
     async def accept_session(

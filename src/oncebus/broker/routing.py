@@ -81,8 +81,6 @@ class Plan:
 def dead_lettered(message: StoredMessage, receivable: Any, reason: str, description: str) -> StoredMessage:
     dead = message.copy_for(receivable.path + DLQ_SUFFIX)
     dead.state = MessageState.DEAD_LETTERED
-    dead.lock_token = None
-    dead.locked_until_us = None
     dead.dead_letter_reason = reason
     dead.dead_letter_error_description = description
     return dead
@@ -215,7 +213,4 @@ def arrived(message: StoredMessage, destination: Any, seq: int, now: int) -> Sto
         state=MessageState.ACTIVE,
         delivery_count=0,
         application_properties=dict(message.application_properties),
-        lock_token=None,
-        locked_until_us=None,
-        counted_size=0,
     )

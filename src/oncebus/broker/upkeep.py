@@ -80,8 +80,6 @@ def _content(holder: Receivable, entry: Entry, contents: ContentCache) -> Stored
     record.delivery_count = entry.delivery_count
     record.enqueued_time_us = entry.enqueued_time_us
     record.expires_at_us = entry.expires_at_us
-    record.lock_token = None
-    record.locked_until_us = None
     return record
 
 

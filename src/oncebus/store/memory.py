@@ -101,10 +101,7 @@ class MemoryStore:
             case PutMessage(message=message, dedup_key=dedup_key):
                 if dedup_key is not None:
                     self.dedup[(dedup_key[0], dedup_key[1])] = dedup_key[2]
-                stored = message.copy_for(message.path)
-                stored.lock_token = None
-                stored.locked_until_us = None
-                self.messages[(message.path, message.sequence_number)] = stored
+                self.messages[(message.path, message.sequence_number)] = message.copy_for(message.path)
             case DeleteMessage(path=path, sequence_number=seq):
                 self.messages.pop((path, seq), None)
             case UpdateMessage(path=path, sequence_number=seq):

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import timedelta
+from pathlib import Path
 
 import proton
 
 from oncebus.amqp.codec import decode_message, split_sections
+from oncebus.amqp.outgoing import encode_received
 from oncebus.amqp.reencode import reencode
+from oncebus.broker import ManualClock, Namespace
 from oncebus.core.messages import StoredMessage
 from oncebus.core.rules import MessageView, RuleProperties, RuleSet, SqlRuleAction, SqlRuleFilter
+from oncebus.store.sqlite import SqliteStore
+from tests.broker.conftest import run
 
 
 def _sent() -> bytes:
@@ -105,3 +110,36 @@ def test_a_message_without_properties_sections_gets_them_before_its_body() -> No
     got = proton.Message()
     got.decode(out)
     assert (got.address, got.properties, got.body) == ("x", {"p": 1, "RuleName": "r"}, b"data")
+
+
+def test_a_copy_an_action_changed_keeps_its_encoding_in_any_namespace(tmp_path: Path) -> None:
+    """A Namespace opened without the AMQP adapter (in-process, as oncebus.testing or a script opens one)
+    keeps a changed copy's encoding and what changed, across a restart; the delivery encoder rewrites it."""
+    wire = _sent()
+
+    async def scenario() -> None:
+        clock = ManualClock(1_800_000_000_000_000)
+        store = SqliteStore(tmp_path / "oncebus.db")
+        namespace = await Namespace.open(store, clock)
+        await namespace.create_topic("t")
+        await namespace.create_subscription("t", "s")
+        rule = RuleProperties("r", SqlRuleFilter("1=1"), SqlRuleAction("SET sys.Label = 'changed'; SET n = 4"))
+        await namespace.create_rule("t", "s", rule)
+        await namespace.delete_rule("t", "s", "$Default")
+        await namespace.send("t", [decode_message(wire)])
+        await namespace.close()
+        store.close()
+        store = SqliteStore(tmp_path / "oncebus.db")
+        namespace = await Namespace.open(store, clock)  # restarted
+        (received,) = await namespace.receive("t/subscriptions/s", max_message_count=1)
+        await namespace.close()
+        store.close()
+        got = proton.Message()
+        got.decode(encode_received(received, lock_annotations=True))
+        assert got.body == {"key": [1, "two"]}  # the value body, as sent
+        assert got.subject == "changed"
+        assert got.properties["n"] == 4 and isinstance(got.properties["n"], proton.int32)
+        assert got.properties["keep"] == 7 and isinstance(got.properties["keep"], proton.short)
+        assert got.correlation_id == "c"
+
+    run(scenario())

@@ -40,6 +40,7 @@ from oncebus.amqp.codec import (
     split_sections,
 )
 from oncebus.amqp.encoding import DecodeError, Reader
+from oncebus.amqp.reencode import reencode
 from oncebus.core.messages import ReceivedMessage
 from oncebus.core.timeutil import MAX_US, MIN_US, datetime_to_us
 
@@ -194,7 +195,11 @@ def _encode_received_fast(
 
 def encode_received(message: ReceivedMessage, *, lock_annotations: bool, lock_token: uuid.UUID | None = None) -> bytes:
     """The encoding a receiver gets: the stored message, a fresh header and the broker's annotations."""
-    wire = message.wire if message.wire is not None else _fields_encoding(message)
+    wire = message.wire
+    if wire is None:
+        wire = _fields_encoding(message)
+    elif message.rewritten:  # a rule action changed these since the sender encoded it
+        wire = reencode(wire, message, message.rewritten)
     dead_lettered = message.dead_letter_reason is not None or message.dead_letter_error_description is not None
     if not dead_lettered:
         try:

@@ -2,8 +2,9 @@
 
 A subscription's copy keeps its sender's encoding (``wire``) so a receiver
 gets back exactly what was sent. When a rule action changes the copy's
-properties, the broker calls :func:`reencode` (injected as the namespace's
-``reencode``): the properties, application-properties, header (time to live)
+properties, the broker keeps the encoding and names the changed fields
+(``StoredMessage.rewritten``); the delivery encoder (``outgoing.encode_received``)
+calls :func:`reencode` when it sends the copy: the properties, application-properties, header (time to live)
 and message-annotations (partition key) sections are rewritten from the
 copy's fields; every other section (the body above all: data, value or
 sequence) is kept byte for byte. Application properties the action left alone
@@ -16,7 +17,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Collection, Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 import proton
 
@@ -31,9 +32,22 @@ from oncebus.amqp.codec import (
     split_sections,
 )
 from oncebus.amqp.values import text as _text
-from oncebus.core.messages import StoredMessage
 from oncebus.core.properties import WIRE_PROPERTY_FIELDS
 from oncebus.core.timeutil import datetime_to_us
+
+
+class Rewritten(Protocol):
+    """A message whose fields a rule action changed: a stored copy, or the view a receiver gets of it."""
+
+    @property
+    def application_properties(self) -> Mapping[str, Any]: ...
+
+    @property
+    def time_to_live_us(self) -> int | None: ...
+
+    @property
+    def partition_key(self) -> str | None: ...
+
 
 _PROPERTY_FIELDS = WIRE_PROPERTY_FIELDS  # properties-section field index -> StoredMessage field
 _INT_TYPES = {
@@ -81,7 +95,7 @@ def _application_properties(original: Mapping[Any, Any], wanted: Mapping[str, An
     return out
 
 
-def _properties_value(current: list[Any] | None, copy: StoredMessage, changed: Collection[str]) -> list[Any]:
+def _properties_value(current: list[Any] | None, copy: Rewritten, changed: Collection[str]) -> list[Any]:
     fields: list[Any] = list(current or [])
     fields += [None] * (13 - len(fields))
     for index, name in _PROPERTY_FIELDS.items():
@@ -102,7 +116,7 @@ def _properties_value(current: list[Any] | None, copy: StoredMessage, changed: C
     return fields
 
 
-def reencode(wire: bytes, copy: StoredMessage, changed: Collection[str]) -> bytes:
+def reencode(wire: bytes, copy: Rewritten, changed: Collection[str]) -> bytes:
     """``wire`` with the application properties of ``copy``, and the ``changed`` fields of ``copy``.
 
     ``changed`` names the :class:`~oncebus.core.messages.Message` fields an action set or removed

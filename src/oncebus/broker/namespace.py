@@ -36,7 +36,7 @@ from oncebus.broker.paths import parse_path, subscription_path
 from oncebus.broker.receivable import Receivable
 from oncebus.broker.recovery import DedupCheckpoints, newest_time_us, restore, restore_messages_in_steps
 from oncebus.broker.registry import Entity, EntityKind, Registry
-from oncebus.broker.routing import Reencode, Router
+from oncebus.broker.routing import Router
 from oncebus.broker.rulebook import Rules
 from oncebus.broker.sending import Sender, SendLog, SendOutcome
 from oncebus.broker.signals import ChangeSignal, wait_any, wait_until
@@ -81,7 +81,6 @@ class Namespace(Delivery):
         clock: Clock | None = None,
         *,
         send_log: SendLog | None = None,
-        reencode: Reencode | None = None,
     ) -> None:
         self.store = store
         self.clock = clock or SystemClock()
@@ -90,7 +89,7 @@ class Namespace(Delivery):
         self._changes = ChangeSignal()
         self._journal = Journal(store, reload=self._load, reloaded=self._notify)
         self._contents = ContentCache(store)
-        self._router = Router(lambda name: self._entities.get(name.lower()), reencode, self._touch)
+        self._router = Router(lambda name: self._entities.get(name.lower()), self._touch)
         self._sender = Sender(self._registry, self._journal, self._now, send_log, self._contents, self._router)
         self._floor_us = 0  # time never runs backwards for the broker, across restarts too
         self._timer_error: str | None = None
@@ -112,16 +111,12 @@ class Namespace(Delivery):
         clock: Clock | None = None,
         *,
         send_log: SendLog | None = None,
-        reencode: Reencode | None = None,
         backlog_in_background: bool = False,
     ) -> Namespace:
-        """``reencode``: how a copy changed by a rule action gets its AMQP encoding (the AMQP adapter's);
-        without it such a copy's encoding is dropped and rebuilt from its fields when delivered.
-
-        ``backlog_in_background``: return once entities and dedup keys are loaded (sends are judged exactly
+        """``backlog_in_background``: return once entities and dedup keys are loaded (sends are judged exactly
         from then on) and restore the stored messages in steps on the loop; until that is done, what reads or
         removes stored messages (receiving, peeking, sessions, entity changes, the timers) waits for it."""
-        namespace = cls(store, clock, send_log=send_log, reencode=reencode)
+        namespace = cls(store, clock, send_log=send_log)
         namespace._load(background=backlog_in_background)
         return namespace
 

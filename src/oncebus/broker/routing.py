@@ -23,7 +23,7 @@ the topic's counter, so every copy in a subscription has its own.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,9 +39,6 @@ HOP_LIMIT_REASON = "MaxTransferHopCountExceeded"
 HOP_LIMIT_DESCRIPTION = "The maximum number of allowed hops when forwarding between queues was exceeded (4)."
 FILTER_REASON = "FilterEvaluationException"
 NO_DESTINATION_REASON = "ForwardingDestinationNotFound"
-
-Reencode = Callable[[bytes, StoredMessage, Collection[str]], bytes]
-"""``(wire, changed copy, changed field names) -> wire``: the AMQP adapter's :func:`oncebus.amqp.reencode.reencode`."""
 
 
 @dataclass
@@ -89,19 +86,17 @@ def dead_lettered(message: StoredMessage, receivable: Any, reason: str, descript
 class Router:
     """Plans the route of accepted messages through rules and forwarding (pure bookkeeping, no I/O).
 
-    ``lookup(name)`` finds a queue or topic (None when there is none); ``reencode`` rewrites the
-    AMQP encoding of a copy an action changed (without one, the copy's encoding is dropped and the
-    AMQP layer encodes it from its fields).
+    ``lookup(name)`` finds a queue or topic (None when there is none). A copy a rule action changed
+    keeps its sender's encoding and names what changed (``StoredMessage.rewritten``): the door that
+    delivers it encodes those fields again; the broker never encodes.
     """
 
     def __init__(
         self,
         lookup: Callable[[str], Any],
-        reencode: Reencode | None = None,
         touch: Callable[[str], None] | None = None,
     ) -> None:
         self.lookup = lookup
-        self.reencode = reencode
         self.touch = touch  # a forward into an entity is a send to it (not idle)
 
     # ------------------------------------------------------------------------------ one message
@@ -130,10 +125,7 @@ class Router:
                     copy.sequence_number = entity.next_sequence_number
                     entity.next_sequence_number += 1
                 if delivery.changed:
-                    copy = delivery.apply_to(copy)
-                    changed = set(delivery.system_properties)
-                    if copy.wire is not None:
-                        copy.wire = None if self.reencode is None else self.reencode(copy.wire, copy, changed)
+                    copy = delivery.apply_to(copy)  # marks what changed; the encoding stays the sender's
                 self._arrive(receivable, subscription.properties, copy, now, plan, hops)
             if outcome.failures and subscription.properties.dead_lettering_on_filter_evaluation_exceptions:
                 reasons = "; ".join(f"rule {f.rule_name!r}: {f.reason}" for f in outcome.failures)

@@ -138,6 +138,9 @@ class StoredMessage:
     dead_letter_error_description: str | None = None
     dead_letter_source: str | None = None
     wire: bytes | None = None
+    # the fields a rule action changed since ``wire`` was encoded (the application properties are then
+    # taken from this record too): the door that delivers it encodes them again, the broker never does
+    rewritten: frozenset[str] = frozenset()
 
     @property
     def size(self) -> int:
@@ -162,11 +165,14 @@ class StoredMessage:
             and self.reply_to is None
             and self.reply_to_session_id is None
             and self.to is None
+            and not self.rewritten
         ):  # the usual message: its id alone, without a JSON encoder
             return '{"message_id":' + _quote(message_id) + "}"
         meta = {name: value for name in _STORED_META if (value := getattr(self, name)) is not None}
         if not self.application_properties:
             meta.pop("application_properties", None)
+        if self.rewritten:
+            meta["rewritten"] = sorted(self.rewritten)
         message_id = self.message_id
         if isinstance(message_id, str):
             meta["message_id"] = message_id
@@ -195,6 +201,8 @@ class StoredMessage:
         dead_letter_source: str | None = None,
     ) -> StoredMessage:
         values = json.loads(meta)
+        if "rewritten" in values:
+            values["rewritten"] = frozenset(values["rewritten"])
         kind = values.pop("message_id_type", None)
         if kind is not None:
             values["message_id"] = _typed_id(kind, values["message_id"])
@@ -416,6 +424,15 @@ class ReceivedMessage:
     def time_to_live(self) -> timedelta | None:
         ttl_us = self._stored.time_to_live_us
         return None if ttl_us is None else timedelta(microseconds=ttl_us)
+
+    @property
+    def time_to_live_us(self) -> int | None:
+        return self._stored.time_to_live_us
+
+    @property
+    def rewritten(self) -> frozenset[str]:
+        """The fields a rule action changed since ``wire`` was encoded (a door encodes them again)."""
+        return self._stored.rewritten
 
     @property
     def scheduled_enqueue_time_us(self) -> int | None:

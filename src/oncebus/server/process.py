@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from oncebus import __version__
-from oncebus.amqp.reencode import reencode
 from oncebus.auth import DEFAULT_KEYS, KEYS_ENV, KeyRing, is_loopback, uses_public_key
 from oncebus.broker import FileClock, Namespace, SystemClock
 from oncebus.core.errors import InvalidArgumentError, OncebusError
@@ -108,8 +107,8 @@ async def run(
     store = SqliteStore(datadir.store_path)
     send_log = SendLogWriter(options.send_log) if options.send_log else None
     clock = FileClock(options.clock_file) if options.clock_file else SystemClock()
-    namespace = await Namespace.open(  # reencode: rule actions' copies; the stored messages load while it serves
-        store, clock, send_log=send_log, reencode=reencode, backlog_in_background=True
+    namespace = await Namespace.open(  # the stored messages load while it serves
+        store, clock, send_log=send_log, backlog_in_background=True
     )
     if topology is not None:
         from oncebus.server.topology import apply_topology

@@ -49,7 +49,8 @@ class RuleDelivery(NamedTuple):
         return self.rule_name is not None
 
     def apply_to(self, stored: StoredMessage) -> StoredMessage:
-        """The stored copy with this delivery's properties (``wire``, the sender's encoding, is left as it was)."""
+        """The stored copy with this delivery's properties; ``wire``, the sender's encoding, is left as it was
+        and ``rewritten`` names what a door must encode again when it delivers the copy."""
         if self.rule_name is None:
             return stored
         changes: dict[str, Any] = {}
@@ -63,7 +64,10 @@ class RuleDelivery(NamedTuple):
                 changes["scheduled_enqueue_time_us"] = None if value is None else datetime_to_us(value)
             else:
                 changes[name] = value
-        return dataclasses.replace(stored, application_properties=dict(self.application_properties), **changes)
+        rewritten = stored.rewritten | set(self.system_properties) | {"application_properties"}
+        return dataclasses.replace(
+            stored, application_properties=dict(self.application_properties), rewritten=rewritten, **changes
+        )
 
 
 class RuleFailure(NamedTuple):

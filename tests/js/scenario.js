@@ -193,9 +193,19 @@ const scenarios = {
       out.overCap = await refused(() => receiver.deleteMessages({ maxMessageCount: 501 }));
       out.purged = await receiver.purgeMessages();
       out.peeked = (await receiver.peekMessages(20)).map((m) => m.body);
-      await sender.sendMessages({ body: "again", messageId: ids[5] });  // deleted: still a duplicate
-      await receiver.completeMessage(locked[0]);
+      await sender.sendMessages({ body: "again", messageId: ids[5] }); // deleted: still a duplicate
+      await receiver.deadLetterMessage(locked[0]);
       out.afterResend = (await receiver.peekMessages(20)).map((m) => m.body);
+      const deadLetters = client.createReceiver("js-purge", { subQueueType: "deadLetter" });
+      out.purgedDeadLetters = await deadLetters.purgeMessages();
+      out.deadLettersLeft = (await deadLetters.peekMessages(20)).length;
+      // a session receiver deletes its session's messages only
+      const sessions = client.createSender("js-purge-s");
+      await sessions.sendMessages(["s1", "s1", "s2"].map((sessionId, i) => ({ body: `${sessionId}-${i}`, sessionId })));
+      const s1 = await client.acceptSession("js-purge-s", "s1");
+      out.purgedSession = await s1.purgeMessages();
+      await s1.close();
+      out.sessionsLeft = (await client.acceptSession("js-purge-s", "s2").then((r) => r.peekMessages(20))).map((m) => m.body);
       out.ids = ids;
     } finally {
       await client.close();

@@ -57,6 +57,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         "js-dedup": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT10M"},
         "js-sched": {},
         "js-purge": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT10M"},
+        "js-purge-s": {"RequiresSession": True},
     }
     topics: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {"js-rules": ({}, {"sub": {}})}
     base = tmp_path_factory.mktemp("js")
@@ -161,6 +162,8 @@ def test_delete_and_purge_messages_keep_locked_ones_and_dedup_keys(node: str, se
     assert got["purged"] == 4  # 4 to 7; the locked one stays
     assert got["peeked"] == [ids[0]]
     assert got["afterResend"] == []  # the resend of a deleted id was dropped as a duplicate
+    assert got["purgedDeadLetters"] == 1 and got["deadLettersLeft"] == 0  # the dead-letter queue purges too
+    assert got["purgedSession"] == 2 and got["sessionsLeft"] == ["s2-2"]
     server.restart()  # deletes are durable, and so are the deleted messages' dedup keys
     after = run_scenario(node, server, "purge-after-restart", ONCEBUS_PURGED_ID=ids[2])
     assert after["peeked"] == []

@@ -213,6 +213,38 @@ const scenarios = {
     return out;
   },
 
+  // entity status set through the administration client and honoured at the links (com.microsoft:entity-disabled);
+  // forwarding from a session-enabled queue refused
+  async status() {
+    const admin = new ServiceBusAdministrationClient(connectionString);
+    const out = {};
+    const setStatus = async (status) => {
+      const queue = await admin.getQueue("js-status");
+      queue.status = status;
+      return (await admin.updateQueue(queue)).status;
+    };
+    await withClient(connectionString, async (client) => {
+      const sender = client.createSender("js-status");
+      const receive = () => client.createReceiver("js-status", { receiveMode: "receiveAndDelete" }).receiveMessages(5, { maxWaitTimeInMs: 1000 });
+      out.sendDisabled = await setStatus("SendDisabled");
+      out.readBack = (await admin.getQueue("js-status")).status;
+      out.sendRefused = await refused(() => sender.sendMessages({ body: "no" }));
+      out.receiveWhileSendDisabled = await refused(receive);
+      out.receiveDisabled = await setStatus("ReceiveDisabled");
+      await sender.sendMessages({ body: "kept" });
+      out.receiveRefused = await refused(receive);
+      out.disabled = await setStatus("Disabled");
+      out.sendRefusedDisabled = await refused(() => sender.sendMessages({ body: "no" }));
+      out.active = await setStatus("Active");
+      out.received = (await receive()).map((m) => m.body);
+    });
+    out.topicReceiveDisabled = await refused(() => admin.createTopic(`js-status-t-${Date.now()}`, { status: "ReceiveDisabled" }));
+    out.sessionForward = await refused(() =>
+      admin.createQueue(`js-status-s-${Date.now()}`, { requiresSession: true, forwardTo: "js-status" }),
+    );
+    return out;
+  },
+
   // after a restart: what the purge deleted is still gone, and its ids are still duplicates
   async "purge-after-restart"() {
     return withClient(connectionString, async (client) => {

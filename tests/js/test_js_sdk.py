@@ -58,6 +58,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         "js-sched": {},
         "js-purge": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT10M"},
         "js-purge-s": {"RequiresSession": True},
+        "js-status": {},
     }
     topics: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {"js-rules": ({}, {"sub": {}})}
     base = tmp_path_factory.mktemp("js")
@@ -150,6 +151,20 @@ def test_rules_over_amqp_with_the_rule_manager(node: str, server: ServerProcess)
     assert given == {"correlationId": "vip-1", "applicationProperties": {"tier": 3}}
     assert got["received"] == [["red", "yes"], ["vip", None]]  # blue matched no rule; the action ran on red
     assert "Manage" in got["listenOnly"]
+
+
+def test_entity_status_is_set_by_the_admin_client_and_honoured_at_the_links(node: str, server: ServerProcess) -> None:
+    """Failed before: any status but Active was refused (400), and forwarding from a session queue was accepted."""
+    got = run_scenario(node, server, "status")
+    assert got["sendDisabled"] == got["readBack"] == "SendDisabled"
+    assert "MessagingEntityDisabled" in got["sendRefused"] and "SendDisabled" in got["sendRefused"]
+    assert got["receiveWhileSendDisabled"] is None  # a SendDisabled queue still delivers
+    assert got["receiveDisabled"] == "ReceiveDisabled"
+    assert "MessagingEntityDisabled" in got["receiveRefused"]
+    assert got["disabled"] == "Disabled" and "MessagingEntityDisabled" in got["sendRefusedDisabled"]
+    assert got["active"] == "Active" and got["received"] == ["kept"]  # sent while ReceiveDisabled, kept
+    assert "ReceiveDisabled" in got["topicReceiveDisabled"] and "topic" in got["topicReceiveDisabled"]
+    assert "session" in got["sessionForward"]
 
 
 def test_delete_and_purge_messages_keep_locked_ones_and_dedup_keys(node: str, server: ServerProcess) -> None:

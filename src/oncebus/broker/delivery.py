@@ -81,6 +81,7 @@ class Delivery:
         def _entity(self, name: str, kind: EntityKind | None = None) -> Entity: ...
         def _touch(self, path: str) -> None: ...
         def receivable(self, path: str) -> Receivable: ...
+        def _check_status(self, path: str, operation: str) -> None: ...
 
     # ------------------------------------------------------------------------------ receiving
     async def receive(
@@ -103,6 +104,7 @@ class Delivery:
         deadline = None if max_wait_time is None else loop.time() + max_wait_time
         while True:
             receivable = self.receivable(path)
+            self._check_status(path, "receive")
             session_id = self._check_session(receivable, session, path)
             got: list[Entry] = []
             while len(got) < max_message_count:
@@ -290,6 +292,7 @@ class Delivery:
     ) -> list[ReceivedMessage]:
         await self._backlog_restored()
         receivable = self.receivable(path)
+        self._check_status(path, "receive")
         session_id = self._check_session(receivable, session, path)
         found = []
         for seq in sequence_numbers:
@@ -343,6 +346,7 @@ class Delivery:
         deadline = None if max_wait_time is None else loop.time() + max_wait_time
         while True:
             receivable = self.receivable(path)
+            self._check_status(path, "receive")
             if not receivable.settings.requires_session or receivable.is_dead_letter:
                 raise InvalidArgumentError(f"{path!r} does not require sessions; receive without a session")
             now = self._now()

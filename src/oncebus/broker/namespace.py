@@ -45,6 +45,7 @@ from oncebus.broker.upkeep import Activity, delete_idle, pump_forwarding, releas
 from oncebus.core.durations import to_micros
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.errors import (
+    EntityDisabledError,
     InvalidArgumentError,
     OncebusError,
     ServerBusyError,
@@ -344,8 +345,28 @@ class Namespace(Delivery):
         return receivable
 
     def check_receivable(self, path: str) -> None:
-        """Raise the error a receiver of ``path`` would meet (no such entity, a topic, ...); nothing else."""
+        """Raise the error a receiver of ``path`` would meet (no such entity, a topic, disabled, ...); nothing else."""
         self.receivable(path)
+        self._check_status(path, "receive")
+
+    def _check_status(self, path: str, operation: str) -> None:
+        """Refuse a send or a receive that the status of the entity (or of the subscription's topic) forbids."""
+        where = parse_path(path)
+        entity = self._entities.get(where.entity)
+        if entity is None:
+            return  # what looks the entity up says so
+        blocked = ("Disabled", "SendDisabled") if operation == "send" else ("Disabled", "ReceiveDisabled")
+        statuses = [(entity.properties.name, entity.properties.status)]
+        subscription = entity.subscriptions.get(where.subscription) if where.subscription is not None else None
+        if subscription is not None:
+            name = f"{entity.properties.name}/Subscriptions/{subscription.properties.name}"
+            statuses.append((name, subscription.properties.status))
+        for name, status in statuses:
+            if status in blocked:
+                raise EntityDisabledError(
+                    f"Messaging entity '{name}' is currently disabled: its status is {status}, which refuses "
+                    f"{operation}s until it is Active again"
+                )
 
     async def create_entity(self, kind: EntityKind, name: str, **properties: Any) -> QueueProperties | TopicProperties:
         self._check_alive()
@@ -475,6 +496,7 @@ class Namespace(Delivery):
         """Send one message or an atomic batch to a queue or topic."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
         self._touch(parse_path(entity_name).entity)
+        self._check_status(entity_name, "send")
         return await self._sender.send(entity_name, batch, None)
 
     async def schedule_messages(
@@ -483,6 +505,7 @@ class Namespace(Delivery):
         """Schedule messages; returns their sequence numbers (for cancelling)."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
         self._touch(parse_path(entity_name).entity)
+        self._check_status(entity_name, "send")
         outcomes = await self._sender.send(entity_name, batch, datetime_to_us(schedule_time_utc))
         return [o.sequence_number if o.sequence_number is not None else 0 for o in outcomes]
 

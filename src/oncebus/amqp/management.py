@@ -278,9 +278,9 @@ async def _batch_delete(request: _Request) -> Body:
     if isinstance(count, bool) or not isinstance(count, int):
         raise InvalidArgumentError(f"message-count must be an int, got {count!r}")
     before = request.get("enqueued-time-utc")
-    if before is not None and not isinstance(before, int | datetime.datetime):
+    if before is not None and (isinstance(before, bool) or not isinstance(before, int | datetime.datetime)):
         raise InvalidArgumentError(f"enqueued-time-utc must be a timestamp, got {before!r}")
-    cutoff = us_to_datetime(int(before) * 1000) if isinstance(before, int) else before
+    cutoff = us_to_datetime(int(before) * 1000, name="enqueued-time-utc") if isinstance(before, int) else before
     session = request.session()
     deleted = await request.namespace.delete_messages(
         request.entity,

@@ -1,6 +1,8 @@
 """The official JavaScript SDK (``@azure/service-bus`` 7.9.5, on rhea: another AMQP stack than the Python SDK's)
 against ``oncebus serve``: send/receive, duplicate detection, scheduling and peek on fresh links, the admin
-client over HTTPS (``NODE_EXTRA_CA_CERTS``), and Send/Listen/Manage refusals.
+client over HTTPS (``NODE_EXTRA_CA_CERTS``), Send/Listen/Manage refusals, the rule manager (rules over AMQP), entity
+status, and batch delete (``deleteMessages``/``purgeMessages``, which only 7.10.0-beta.2 has: installed beside 7.9.5
+as ``@azure/service-bus-beta``).
 
 The SDK is pinned in tests/js/package.json and package-lock.json; ``npm ci`` installs it into
 tests/js/node_modules on first use. Node 20 and npm must be on PATH: without them these tests fail (they

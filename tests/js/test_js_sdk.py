@@ -181,6 +181,11 @@ def test_delete_and_purge_messages_keep_locked_ones_and_dedup_keys(node: str, se
     assert got["afterResend"] == []  # the resend of a deleted id was dropped as a duplicate
     assert got["purgedDeadLetters"] == 1 and got["deadLettersLeft"] == 0  # the dead-letter queue purges too
     assert got["purgedSession"] == 2 and got["sessionsLeft"] == ["s2-2"]
-    server.restart()  # deletes are durable, and so are the deleted messages' dedup keys
+    # deletes are durable once answered, and so are the deleted messages' dedup keys: SIGKILL, then start again
+    assert server.process is not None
+    server.process.kill()
+    server.process.wait(15)
+    server.process = None
+    server.start()
     after = run_scenario(node, server, "purge-after-restart", ONCEBUS_PURGED_ID=ids[2])
     assert after["peeked"] == []

@@ -7,6 +7,8 @@
 "use strict";
 
 const { ServiceBusClient, ServiceBusAdministrationClient } = require("@azure/service-bus");
+// 7.10.0-beta.2 (package.json's alias): the first JavaScript SDK with deleteMessages and purgeMessages
+const beta = require("@azure/service-bus-beta");
 
 const connectionString = process.env.ONCEBUS_CONNECTION_STRING;
 const retryOptions = { maxRetries: 0, timeoutInMs: 15000 };
@@ -130,6 +132,127 @@ const scenarios = {
     expect(out.sendOnlyReceive && out.listenOnlySend && out.listenOnlyManage, "three refusals");
     expect(out.listenOnlyReceived, "the Listen-only key to receive what the Send-only key sent");
     return out;
+  },
+
+  // a subscription's rules through the rule manager (add-rule, remove-rule, enumerate-rules on its $management node),
+  // then what the rules let through; a Listen-only key cannot change rules
+  async "rules-amqp"() {
+    const out = {};
+    await withClient(connectionString, async (client) => {
+      const rules = client.createRuleManager("js-rules", "sub");
+      const names = async () => {
+        const found = [];
+        for await (const rule of rules.listRules()) found.push(rule);
+        return found;
+      };
+      out.initial = (await names()).map((r) => r.name);
+      await rules.deleteRule("$Default");
+      await rules.createRule("red", { sqlExpression: "color = 'red'" }, { sqlExpression: "SET seen = 'yes'" });
+      await rules.createRule("vip", { correlationId: "vip-1", applicationProperties: { tier: 3 } });
+      out.duplicate = await refused(() => rules.createRule("RED", { sqlExpression: "1=1" }));
+      out.badSql = await refused(() => rules.createRule("bad", { sqlExpression: "color = " }));
+      out.missing = await refused(() => rules.deleteRule("nothing-here"));
+      out.rules = (await names()).map((r) => ({ name: r.name, filter: r.filter, action: r.action }));
+      const sender = client.createSender("js-rules");
+      await sender.sendMessages([
+        { body: "red", applicationProperties: { color: "red" } },
+        { body: "blue", applicationProperties: { color: "blue" } },
+        { body: "vip", correlationId: "vip-1", applicationProperties: { tier: 3 } },
+      ]);
+      const receiver = client.createReceiver("js-rules", "sub", { receiveMode: "receiveAndDelete" });
+      const got = [];
+      while (got.length < 3) {
+        const batch = await receiver.receiveMessages(10, { maxWaitTimeInMs: 1500 });
+        if (batch.length === 0) break;
+        got.push(...batch);
+      }
+      out.received = got.map((m) => [m.body, m.applicationProperties.seen ?? null]).sort();
+    });
+    await withClient(process.env.ONCEBUS_LISTEN_ONLY, async (client) => {
+      out.listenOnly = await refused(() =>
+        client.createRuleManager("js-rules", "sub").createRule("sneaky", { sqlExpression: "1=1" }),
+      );
+    });
+    return out;
+  },
+
+  // deleteMessages / purgeMessages (7.10.0-beta.2): locked messages stay, the cap per call is refused past 500,
+  // and a deleted message's id is still a duplicate inside the window
+  async purge() {
+    const out = {};
+    const stamp = Date.now();
+    const client = new beta.ServiceBusClient(connectionString, { retryOptions });
+    try {
+      const sender = client.createSender("js-purge");
+      const ids = [...Array(8).keys()].map((i) => `purge-${stamp}-${i}`);
+      await sender.sendMessages(ids.map((id) => ({ body: id, messageId: id })));
+      const receiver = client.createReceiver("js-purge");
+      const locked = await receiver.receiveMessages(1, { maxWaitTimeInMs: 5000 });
+      out.locked = locked.map((m) => m.body);
+      out.deleted = await receiver.deleteMessages({ maxMessageCount: 3 });
+      out.overCap = await refused(() => receiver.deleteMessages({ maxMessageCount: 501 }));
+      out.purged = await receiver.purgeMessages();
+      out.peeked = (await receiver.peekMessages(20)).map((m) => m.body);
+      await sender.sendMessages({ body: "again", messageId: ids[5] }); // deleted: still a duplicate
+      await receiver.deadLetterMessage(locked[0]);
+      out.afterResend = (await receiver.peekMessages(20)).map((m) => m.body);
+      const deadLetters = client.createReceiver("js-purge", { subQueueType: "deadLetter" });
+      out.purgedDeadLetters = await deadLetters.purgeMessages();
+      out.deadLettersLeft = (await deadLetters.peekMessages(20)).length;
+      // a session receiver deletes its session's messages only
+      const sessions = client.createSender("js-purge-s");
+      await sessions.sendMessages(["s1", "s1", "s2"].map((sessionId, i) => ({ body: `${sessionId}-${i}`, sessionId })));
+      const s1 = await client.acceptSession("js-purge-s", "s1");
+      out.purgedSession = await s1.purgeMessages();
+      await s1.close();
+      out.sessionsLeft = (await client.acceptSession("js-purge-s", "s2").then((r) => r.peekMessages(20))).map((m) => m.body);
+      out.ids = ids;
+    } finally {
+      await client.close();
+    }
+    return out;
+  },
+
+  // entity status set through the administration client and honoured at the links (com.microsoft:entity-disabled);
+  // forwarding from a session-enabled queue refused
+  async status() {
+    const admin = new ServiceBusAdministrationClient(connectionString);
+    const out = {};
+    const setStatus = async (status) => {
+      const queue = await admin.getQueue("js-status");
+      queue.status = status;
+      return (await admin.updateQueue(queue)).status;
+    };
+    await withClient(connectionString, async (client) => {
+      const sender = client.createSender("js-status");
+      const receive = () => client.createReceiver("js-status", { receiveMode: "receiveAndDelete" }).receiveMessages(5, { maxWaitTimeInMs: 1000 });
+      out.sendDisabled = await setStatus("SendDisabled");
+      out.readBack = (await admin.getQueue("js-status")).status;
+      out.sendRefused = await refused(() => sender.sendMessages({ body: "no" }));
+      out.receiveWhileSendDisabled = await refused(receive);
+      out.receiveDisabled = await setStatus("ReceiveDisabled");
+      await sender.sendMessages({ body: "kept" });
+      out.receiveRefused = await refused(receive);
+      out.disabled = await setStatus("Disabled");
+      out.sendRefusedDisabled = await refused(() => sender.sendMessages({ body: "no" }));
+      out.active = await setStatus("Active");
+      out.received = (await receive()).map((m) => m.body);
+    });
+    out.topicReceiveDisabled = await refused(() => admin.createTopic(`js-status-t-${Date.now()}`, { status: "ReceiveDisabled" }));
+    out.sessionForward = await refused(() =>
+      admin.createQueue(`js-status-s-${Date.now()}`, { requiresSession: true, forwardTo: "js-status" }),
+    );
+    return out;
+  },
+
+  // after a restart: what the purge deleted is still gone, and its ids are still duplicates
+  async "purge-after-restart"() {
+    return withClient(connectionString, async (client) => {
+      const id = process.env.ONCEBUS_PURGED_ID;
+      await client.createSender("js-purge").sendMessages({ body: "after-restart", messageId: id });
+      const peeked = await client.createReceiver("js-purge").peekMessages(20);
+      return { peeked: peeked.map((m) => m.body) };
+    });
   },
 };
 

@@ -1,6 +1,8 @@
 """The official JavaScript SDK (``@azure/service-bus`` 7.9.5, on rhea: another AMQP stack than the Python SDK's)
 against ``oncebus serve``: send/receive, duplicate detection, scheduling and peek on fresh links, the admin
-client over HTTPS (``NODE_EXTRA_CA_CERTS``), and Send/Listen/Manage refusals.
+client over HTTPS (``NODE_EXTRA_CA_CERTS``), Send/Listen/Manage refusals, the rule manager (rules over AMQP), entity
+status, and batch delete (``deleteMessages``/``purgeMessages``, which only 7.10.0-beta.2 has: installed beside 7.9.5
+as ``@azure/service-bus-beta``).
 
 The SDK is pinned in tests/js/package.json and package-lock.json; ``npm ci`` installs it into
 tests/js/node_modules on first use. Node 20 and npm must be on PATH: without them these tests fail (they
@@ -40,7 +42,8 @@ def _tool(name: str) -> str:
 @pytest.fixture(scope="module")
 def node() -> str:
     node = _tool("node")
-    if not (HERE / "node_modules" / "@azure" / "service-bus" / "package.json").exists():
+    modules = HERE / "node_modules" / "@azure"
+    if not all((modules / sdk / "package.json").exists() for sdk in ("service-bus", "service-bus-beta")):
         result = subprocess.run(
             [_tool("npm"), "ci", "--no-audit", "--no-fund"], cwd=HERE, capture_output=True, text=True, timeout=300
         )
@@ -55,9 +58,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         "js-plain": {},
         "js-dedup": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT10M"},
         "js-sched": {},
+        "js-purge": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT10M"},
+        "js-purge-s": {"RequiresSession": True},
+        "js-status": {},
     }
+    topics: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {"js-rules": ({}, {"sub": {}})}
     base = tmp_path_factory.mktemp("js")
-    process = ServerProcess(base / "data", topology(queues, {}), env={"ONCEBUS_SAS_KEYS": ENV_KEYS}).start()
+    process = ServerProcess(base / "data", topology(queues, topics), env={"ONCEBUS_SAS_KEYS": ENV_KEYS}).start()
     yield process
     process.stop()
 
@@ -74,9 +81,10 @@ def _ca_file(server: ServerProcess) -> str:
     return line.split(": ", 1)[1].split(" (", 1)[0]
 
 
-def run_scenario(node: str, server: ServerProcess, name: str) -> dict[str, Any]:
+def run_scenario(node: str, server: ServerProcess, name: str, **extra: str) -> dict[str, Any]:
     env = dict(
         os.environ,
+        **extra,
         ONCEBUS_CONNECTION_STRING=_connection_string(server, "root"),
         ONCEBUS_SEND_ONLY=_connection_string(server, "sender"),
         ONCEBUS_LISTEN_ONLY=_connection_string(server, "listener"),
@@ -125,3 +133,59 @@ def test_rights_refusals(node: str, server: ServerProcess) -> None:
     assert "Send" in got["listenOnlySend"]
     assert "Manage" in got["listenOnlyManage"] or "401" in got["listenOnlyManage"]
     assert got["listenOnlyReceived"] is True
+
+
+def test_rules_over_amqp_with_the_rule_manager(node: str, server: ServerProcess) -> None:
+    """Failed before: add-rule, remove-rule and enumerate-rules on the subscription's $management answered 400."""
+    got = run_scenario(node, server, "rules-amqp")
+    assert got["initial"] == ["$Default"]
+    assert "MessagingEntityAlreadyExists" in got["duplicate"] and "'red'" in got["duplicate"]
+    assert "line 1" in got["badSql"] and "bad" in got["badSql"]  # core's SQL error, as the admin API gives it
+    assert "MessagingEntityNotFound" in got["missing"]
+    red, vip = got["rules"]
+    assert red == {
+        "name": "red",
+        "filter": {"sqlExpression": "color = 'red'"},
+        "action": {"sqlExpression": "SET seen = 'yes'"},
+    }
+    assert vip["name"] == "vip" and vip["action"] == {}
+    given = {key: value for key, value in vip["filter"].items() if value is not None}  # the fields not given are null
+    assert given == {"correlationId": "vip-1", "applicationProperties": {"tier": 3}}
+    assert got["received"] == [["red", "yes"], ["vip", None]]  # blue matched no rule; the action ran on red
+    assert "Manage" in got["listenOnly"]
+
+
+def test_entity_status_is_set_by_the_admin_client_and_honoured_at_the_links(node: str, server: ServerProcess) -> None:
+    """Failed before: any status but Active was refused (400), and forwarding from a session queue was accepted."""
+    got = run_scenario(node, server, "status")
+    assert got["sendDisabled"] == got["readBack"] == "SendDisabled"
+    assert "MessagingEntityDisabled" in got["sendRefused"] and "SendDisabled" in got["sendRefused"]
+    assert got["receiveWhileSendDisabled"] is None  # a SendDisabled queue still delivers
+    assert got["receiveDisabled"] == "ReceiveDisabled"
+    assert "MessagingEntityDisabled" in got["receiveRefused"]
+    assert got["disabled"] == "Disabled" and "MessagingEntityDisabled" in got["sendRefusedDisabled"]
+    assert got["active"] == "Active" and got["received"] == ["kept"]  # sent while ReceiveDisabled, kept
+    assert "ReceiveDisabled" in got["topicReceiveDisabled"] and "topic" in got["topicReceiveDisabled"]
+    assert "session" in got["sessionForward"]
+
+
+def test_delete_and_purge_messages_keep_locked_ones_and_dedup_keys(node: str, server: ServerProcess) -> None:
+    """Failed before: batch-delete-messages answered 400 (the beta SDK's deleteMessages and purgeMessages)."""
+    got = run_scenario(node, server, "purge")
+    ids = got["ids"]
+    assert got["locked"] == [ids[0]]
+    assert got["deleted"] == 3  # the oldest unlocked: 1, 2, 3
+    assert "500" in got["overCap"]
+    assert got["purged"] == 4  # 4 to 7; the locked one stays
+    assert got["peeked"] == [ids[0]]
+    assert got["afterResend"] == []  # the resend of a deleted id was dropped as a duplicate
+    assert got["purgedDeadLetters"] == 1 and got["deadLettersLeft"] == 0  # the dead-letter queue purges too
+    assert got["purgedSession"] == 2 and got["sessionsLeft"] == ["s2-2"]
+    # deletes are durable once answered, and so are the deleted messages' dedup keys: SIGKILL, then start again
+    assert server.process is not None
+    server.process.kill()
+    server.process.wait(15)
+    server.process = None
+    server.start()
+    after = run_scenario(node, server, "purge-after-restart", ONCEBUS_PURGED_ID=ids[2])
+    assert after["peeked"] == []

@@ -59,7 +59,7 @@ class AmqpLimits:
     # seconds between checks that every open link is still covered by an unexpired CBS token
     token_check_interval: float = 1.0
     # seconds from the client's open to its first accepted CBS token; then the connection is closed
-    auth_timeout: float = 60.0
+    auth_timeout: float = 20.0  # Azure closes a connection with no token 20 s after its open
     # authenticated AMQP connections (a CBS token accepted) served at once; past it a client's open is answered
     # with a close (amqp:resource-limit-exceeded)
     max_connections: int = 1000

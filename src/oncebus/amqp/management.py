@@ -18,12 +18,13 @@ import proton
 
 from oncebus.amqp import codec, outgoing
 from oncebus.amqp.errors import condition_of, status_of
+from oncebus.amqp.rules import rule_from_amqp, rule_to_amqp
 from oncebus.amqp.values import text
-from oncebus.auth import LISTEN, SEND
+from oncebus.auth import LISTEN, MANAGE, SEND
 from oncebus.broker import address_path, parse_path
 from oncebus.core.errors import InvalidArgumentError, SessionLockLostError, UnauthorizedError
 from oncebus.core.messages import Message, ServiceBusReceiveMode
-from oncebus.core.timeutil import datetime_to_us
+from oncebus.core.timeutil import datetime_to_us, us_to_datetime
 
 if TYPE_CHECKING:
     from oncebus.amqp.connection import AmqpConnection
@@ -246,10 +247,93 @@ async def _renew_session_lock(request: _Request) -> Body:
 async def _get_message_sessions(request: _Request) -> Body | None:
     skip = int(request.get("skip") or 0)
     top = int(request.get("top") or 100)
-    sessions = request.namespace.list_sessions(request.entity)[skip : skip + top]
+    after = _state_updated_after(request.get("last-updated-time"))
+    sessions = request.namespace.list_sessions(request.entity, state_updated_after=after)[skip : skip + top]
     if not sessions:
         return None
     return {"skip": proton.int32(skip + len(sessions)), "sessions-ids": sessions}
+
+
+# the last-updated-time the SDKs send for "no filter" (.NET's DateTime.MaxValue, encoded as 10000-01-01T00:00:00Z)
+_NO_SESSION_FILTER_MS = 253_402_300_800_000
+
+
+def _state_updated_after(value: Any) -> datetime.datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime.datetime):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"last-updated-time must be a timestamp, got {value!r}")
+    if value >= _NO_SESSION_FILTER_MS:
+        return None
+    if value < -62_135_596_800_000:  # before 0001-01-01: every state was set after it
+        return datetime.datetime.min.replace(tzinfo=datetime.UTC)
+    return us_to_datetime(int(value) * 1000)
+
+
+# ---------------------------------------------------------------------------------------- purge
+async def _batch_delete(request: _Request) -> Body:
+    count = request.require("message-count")
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise InvalidArgumentError(f"message-count must be an int, got {count!r}")
+    before = request.get("enqueued-time-utc")
+    if before is not None and (isinstance(before, bool) or not isinstance(before, int | datetime.datetime)):
+        raise InvalidArgumentError(f"enqueued-time-utc must be a timestamp, got {before!r}")
+    cutoff = us_to_datetime(int(before) * 1000, name="enqueued-time-utc") if isinstance(before, int) else before
+    session = request.session()
+    deleted = await request.namespace.delete_messages(
+        request.entity,
+        int(count),
+        before_enqueued_time=cutoff,
+        session_id=None if session is None else session.session_id,
+    )
+    return {"message-count": proton.int32(deleted)}
+
+
+# ---------------------------------------------------------------------------------------- rules
+async def _add_rule(request: _Request) -> None:
+    topic, subscription = _subscription_of(request)
+    name = _text(request.require("rule-name"))
+    description = request.require("rule-description")
+    rule = rule_from_amqp(name, description)
+    await request.namespace.create_rule(topic, subscription, rule)
+    return None
+
+
+async def _remove_rule(request: _Request) -> None:
+    topic, subscription = _subscription_of(request)
+    name = _text(request.require("rule-name"))
+    await request.namespace.delete_rule(topic, subscription, name or "")
+    return None
+
+
+async def _enumerate_rules(request: _Request) -> Body | None:
+    topic, subscription = _subscription_of(request)
+    top = _count(request.get("top"), "top", 2**31 - 1)
+    skip = _count(request.get("skip"), "skip", 0)
+    rules = request.namespace.list_rules(topic, subscription)[skip : skip + top] if top else []
+    if not rules:
+        return None
+    return {"rules": [{"rule-description": rule_to_amqp(rule)} for rule in rules]}
+
+
+def _count(value: Any, name: str, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgumentError(f"{name} must be a non-negative int, got {value!r}")
+    return int(value)
+
+
+def _subscription_of(request: _Request) -> tuple[str, str]:
+    where = parse_path(request.entity)
+    if where.subscription is None or where.dead_letter:
+        raise InvalidArgumentError(
+            f"rules belong to a subscription: use the $management node of <topic>/Subscriptions/<subscription>, "
+            f"not of {request.entity!r}"
+        )
+    return where.entity, where.subscription
 
 
 OPERATIONS: dict[str, Operation] = {
@@ -263,10 +347,15 @@ OPERATIONS: dict[str, Operation] = {
     "set-session-state": _set_session_state,
     "renew-session-lock": _renew_session_lock,
     "get-message-sessions": _get_message_sessions,
+    "batch-delete-messages": _batch_delete,
+    "add-rule": _add_rule,
+    "remove-rule": _remove_rule,
+    "enumerate-rules": _enumerate_rules,
 }
 
 
-# the right each operation needs, as in Service Bus: scheduling is sending, everything else here reads or settles
+# the right each operation needs, as in Service Bus: scheduling is sending, rules are managing, everything else here
+# reads or settles
 OPERATION_RIGHTS: dict[str, str] = {
     "schedule-message": SEND,
     "cancel-scheduled-message": SEND,
@@ -278,7 +367,14 @@ OPERATION_RIGHTS: dict[str, str] = {
     "set-session-state": LISTEN,
     "renew-session-lock": LISTEN,
     "get-message-sessions": LISTEN,
+    "batch-delete-messages": LISTEN,
+    "add-rule": MANAGE,
+    "remove-rule": MANAGE,
+    "enumerate-rules": MANAGE,
 }
+
+
+_NO_CONTENT = ("peek-message", "receive-by-sequence-number", "get-message-sessions", "enumerate-rules")
 
 
 def _response(status: int, description: str, body: Body | None, condition: str | None = None) -> proton.Message:
@@ -320,6 +416,6 @@ async def handle_request(
         condition = condition_of(exc)
         return _response(status_of(exc), condition.description or "", None, condition.name)
     if result is None:
-        status = 204 if name in ("peek-message", "receive-by-sequence-number", "get-message-sessions") else 200
+        status = 204 if name in _NO_CONTENT else 200
         return _response(status, "No Content" if status == 204 else "OK", None)
     return _response(200, "OK", result)

@@ -41,7 +41,7 @@ from oncebus.core.messages import (
     ServiceBusReceiveMode,
     StoredMessage,
 )
-from oncebus.core.timeutil import clamp_us, us_to_datetime
+from oncebus.core.timeutil import clamp_us, datetime_to_us, us_to_datetime
 from oncebus.store.base import (
     Op,
     PutSessionState,
@@ -81,6 +81,7 @@ class Delivery:
         def _entity(self, name: str, kind: EntityKind | None = None) -> Entity: ...
         def _touch(self, path: str) -> None: ...
         def receivable(self, path: str) -> Receivable: ...
+        def _check_status(self, path: str, operation: str) -> None: ...
 
     # ------------------------------------------------------------------------------ receiving
     async def receive(
@@ -103,6 +104,7 @@ class Delivery:
         deadline = None if max_wait_time is None else loop.time() + max_wait_time
         while True:
             receivable = self.receivable(path)
+            self._check_status(path, "receive")
             session_id = self._check_session(receivable, session, path)
             got: list[Entry] = []
             while len(got) < max_message_count:
@@ -284,6 +286,7 @@ class Delivery:
     ) -> list[ReceivedMessage]:
         await self._backlog_restored()
         receivable = self.receivable(path)
+        self._check_status(path, "receive")
         session_id = self._check_session(receivable, session, path)
         found = []
         for seq in sequence_numbers:
@@ -337,6 +340,7 @@ class Delivery:
         deadline = None if max_wait_time is None else loop.time() + max_wait_time
         while True:
             receivable = self.receivable(path)
+            self._check_status(path, "receive")
             if not receivable.settings.requires_session or receivable.is_dead_letter:
                 raise InvalidArgumentError(f"{path!r} does not require sessions; receive without a session")
             now = self._now()
@@ -391,10 +395,19 @@ class Delivery:
         self._session_lock(receivable, session)
         if state is None:
             receivable.session_states.pop(session.session_id, None)
+            receivable.session_state_times.pop(session.session_id, None)
         else:
             receivable.session_states[session.session_id] = bytes(state)
+            receivable.session_state_times[session.session_id] = self._now()
         await self._write([PutSessionState(receivable.path, session.session_id, state)])
 
-    def list_sessions(self, path: str) -> list[str]:
+    def list_sessions(self, path: str, *, state_updated_after: datetime | None = None) -> list[str]:
+        """The sessions with messages or a stored state, in order of their ids; with ``state_updated_after``, only
+        those whose state was set after that time (Service Bus's ``get-message-sessions`` with a last-updated time)."""
         self._require_backlog()
-        return self.receivable(path).session_ids()
+        receivable = self.receivable(path)
+        if state_updated_after is None:
+            return receivable.session_ids()
+        after_us = datetime_to_us(state_updated_after)
+        times = receivable.session_state_times
+        return sorted(sid for sid in receivable.session_states if times.get(sid, 0) > after_us)

@@ -45,14 +45,14 @@ from oncebus.broker.upkeep import Activity, delete_idle, pump_forwarding, releas
 from oncebus.core.durations import to_micros
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.errors import (
+    EntityDisabledError,
+    InvalidArgumentError,
     OncebusError,
     ServerBusyError,
     StoreError,
     StoreWriteError,
 )
-from oncebus.core.messages import (
-    Message,
-)
+from oncebus.core.messages import Message, MessageState
 from oncebus.core.rules import RuleProperties
 from oncebus.core.timeutil import datetime_to_us
 from oncebus.store.base import (
@@ -68,6 +68,8 @@ from oncebus.store.base import (
 __all__ = ["Namespace", "SendLog", "SendOutcome"]
 
 PRUNE_EVERY_US = 60_000_000
+MAX_BATCH_DELETE = 500
+"""The most messages one batch delete removes: Service Bus's Standard tier (its Premium tier: 4000)."""
 POLL_SECONDS = 0.25
 _LOG = logging.getLogger("oncebus.broker")
 
@@ -338,8 +340,28 @@ class Namespace(Delivery):
         return receivable
 
     def check_receivable(self, path: str) -> None:
-        """Raise the error a receiver of ``path`` would meet (no such entity, a topic, ...); nothing else."""
+        """Raise the error a receiver of ``path`` would meet (no such entity, a topic, disabled, ...); nothing else."""
         self.receivable(path)
+        self._check_status(path, "receive")
+
+    def _check_status(self, path: str, operation: str) -> None:
+        """Refuse a send or a receive that the status of the entity (or of the subscription's topic) forbids."""
+        where = parse_path(path)
+        entity = self._entities.get(where.entity)
+        if entity is None:
+            return  # what looks the entity up says so
+        blocked = ("Disabled", "SendDisabled") if operation == "send" else ("Disabled", "ReceiveDisabled")
+        statuses = [(entity.properties.name, entity.properties.status)]
+        subscription = entity.subscriptions.get(where.subscription) if where.subscription is not None else None
+        if subscription is not None:
+            name = f"{entity.properties.name}/Subscriptions/{subscription.properties.name}"
+            statuses.append((name, subscription.properties.status))
+        for name, status in statuses:
+            if status in blocked:
+                raise EntityDisabledError(
+                    f"Messaging entity '{name}' is currently disabled: its status is {status}, which refuses "
+                    f"{operation}s until it is Active again"
+                )
 
     async def create_entity(self, kind: EntityKind, name: str, **properties: Any) -> QueueProperties | TopicProperties:
         self._check_alive()
@@ -469,6 +491,7 @@ class Namespace(Delivery):
         """Send one message or an atomic batch to a queue or topic."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
         self._touch(parse_path(entity_name).entity)
+        self._check_status(entity_name, "send")
         return await self._sender.send(entity_name, batch, None)
 
     async def schedule_messages(
@@ -477,6 +500,7 @@ class Namespace(Delivery):
         """Schedule messages; returns their sequence numbers (for cancelling)."""
         batch = [messages] if isinstance(messages, Message) else list(messages)
         self._touch(parse_path(entity_name).entity)
+        self._check_status(entity_name, "send")
         outcomes = await self._sender.send(entity_name, batch, datetime_to_us(schedule_time_utc))
         return [o.sequence_number if o.sequence_number is not None else 0 for o in outcomes]
 
@@ -484,6 +508,51 @@ class Namespace(Delivery):
         """Cancel scheduled messages; their dedup keys stay in the history."""
         await self._backlog_restored()
         await self._sender.cancel_scheduled(entity_name, sequence_numbers)
+
+    # ------------------------------------------------------------------------------ batch delete (purge)
+    async def delete_messages(
+        self,
+        path: str,
+        max_message_count: int,
+        *,
+        before_enqueued_time: datetime | None = None,
+        session_id: str | None = None,
+    ) -> int:
+        """Delete up to ``max_message_count`` of the oldest messages of a queue, subscription or dead-letter queue
+        enqueued before ``before_enqueued_time`` (None: now), of one session if ``session_id`` is given; returns how
+        many were deleted (Service Bus's ``batch-delete-messages``: its SDKs' ``deleteMessages``/``purgeMessages``).
+
+        Locked and scheduled messages are not eligible (as in Service Bus); deferred ones are. At most
+        ``MAX_BATCH_DELETE`` a call (Service Bus's Standard tier). One durable unit: a crash leaves all of them or
+        none. Their dedup keys stay: a resend of a deleted message inside the window is still a duplicate."""
+        await self._backlog_restored()
+        self._check_alive()
+        if isinstance(max_message_count, bool) or not 1 <= max_message_count <= MAX_BATCH_DELETE:
+            raise InvalidArgumentError(
+                f"message-count {max_message_count!r} is out of range: a batch delete deletes 1 to "
+                f"{MAX_BATCH_DELETE} messages a call on the Standard tier (4000 on Premium); delete in batches"
+            )
+        receivable = self.receivable(path)
+        now = self._now()
+        before_us = now if before_enqueued_time is None else datetime_to_us(before_enqueued_time)
+        chosen: list[int] = []
+        for seq, entry in receivable.messages.items():  # in the order they arrived: the oldest first
+            if (
+                entry.lock_token is None
+                and entry.enqueued_time_us < before_us
+                and entry.state != MessageState.SCHEDULED
+                and (session_id is None or entry.session_id == session_id)
+            ):
+                chosen.append(seq)
+                if len(chosen) == max_message_count:
+                    break
+        ops: list[Op] = []
+        for seq in chosen:
+            ops += receivable.remove(receivable.messages[seq])
+            self._contents.discard(receivable.path, seq)
+        if ops:
+            await self._write(ops)
+        return len(chosen)
 
     # ------------------------------------------------------------------------------ statistics
     def entity_views(self) -> list[EntityView]:

@@ -124,7 +124,21 @@ class Messaging(Protocol):
 
     async def set_session_state(self, session: SessionLock, state: bytes | None) -> None: ...
 
-    def list_sessions(self, path: str) -> list[str]: ...
+    def list_sessions(self, path: str, *, state_updated_after: datetime | None = None) -> list[str]:
+        """Sessions with messages or a stored state; with ``state_updated_after``, those whose state was set since."""
+        ...
+
+    async def delete_messages(
+        self,
+        path: str,
+        max_message_count: int,
+        *,
+        before_enqueued_time: datetime | None = None,
+        session_id: str | None = None,
+    ) -> int:
+        """Batch delete: up to ``max_message_count`` of the oldest unlocked messages enqueued before the time (None:
+        now), of one session if given; returns how many were deleted, their dedup keys kept."""
+        ...
 
     async def wait_for_change(
         self, timeout: float, wake: asyncio.Future[None] | None = None, *, path: str | None = None

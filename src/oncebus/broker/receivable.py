@@ -189,6 +189,8 @@ class Receivable:
         self.sessions: dict[str, SessionLock] = {}
         self.changes = ChangeSignal()  # its waiting receivers: notified when a message becomes available
         self.session_states: dict[str, bytes] = {}
+        # when each session's state was last set (broker time, us; a state restored at start: the start's time)
+        self.session_state_times: dict[str, int] = {}
         self.counters = counters if counters is not None else ReceivableCounters()  # shared with the dead-letter queue
         self._state_counts = [0] * len(MessageState)  # messages by state, kept as they change (counts() is O(1))
         self._restoring: deque[Entry] | None = None  # the stored backlog's run, while restored in steps

@@ -80,6 +80,7 @@ def restore(registry: Registry, snapshot: Snapshot, now_us: int, *, messages: bo
         receivable = registry.receivable_by_path(state.path)
         if receivable is not None and state.state is not None:
             receivable.session_states[state.session_id] = state.state
+            receivable.session_state_times[state.session_id] = now_us  # not stored: set at the latest by now
     return read
 
 

@@ -148,7 +148,19 @@ def forward_target(value: Any, name: str = "forward_to") -> str | None:
         raise InvalidArgumentError(f"{name}: {exc}") from None
 
 
+STATUSES = ("Active", "Disabled", "SendDisabled", "ReceiveDisabled")
+
+
+def _status(value: Any) -> str:
+    """An entity status as Service Bus spells it (any case accepted); which apply to which kind: each class's."""
+    match = [s for s in STATUSES if isinstance(value, str) and s.lower() == value.strip().lower()]
+    if not match:
+        raise InvalidArgumentError(f"status {value!r} is not one of {', '.join(STATUSES)}")
+    return match[0]
+
+
 _VALIDATORS: dict[str, Any] = {
+    "status": _status,
     "lock_duration": _lock_duration,
     "max_size_in_megabytes": _positive_int("max_size_in_megabytes", MAX_SIZE_MB),
     "requires_duplicate_detection": _flag("requires_duplicate_detection"),
@@ -179,6 +191,7 @@ class _EntityProperties:
 
     kind: ClassVar[str] = "entity"
     immutable: ClassVar[tuple[str, ...]] = ()
+    statuses: ClassVar[tuple[str, ...]] = STATUSES
 
     name: str
     # when the entity was created and last changed (µs since the epoch; None: written by a release before 0.2),
@@ -186,8 +199,30 @@ class _EntityProperties:
     created_at_us: int | None = dataclasses.field(default=None, compare=False)
     updated_at_us: int | None = dataclasses.field(default=None, compare=False)
 
+    def __post_init__(self) -> None:
+        status = getattr(self, "status", "Active")
+        if status not in self.statuses:
+            raise InvalidArgumentError(
+                f"status {status!r} does not apply to a {self.kind}: use {', '.join(self.statuses)}"
+            )
+
+    def _check_forwarding(self) -> Any:
+        """Service Bus does not forward from a session-enabled queue or subscription (checked on create and update,
+        not when loading what an older release stored)."""
+        target = getattr(self, "forward_to", None)
+        if getattr(self, "requires_session", False) and target is not None:
+            raise InvalidArgumentError(
+                f"{self.kind} {self.name!r} requires sessions and forwards to {target!r}: "
+                "auto-forwarding from a session-enabled queue or subscription is not supported; drop one of them"
+            )
+        return self
+
     @classmethod
     def create(cls, name: str, **values: Any) -> Any:
+        return cls._create(name, values)._check_forwarding()
+
+    @classmethod
+    def _create(cls, name: str, values: dict[str, Any]) -> Any:
         unknown = sorted(set(values) - cls.settable())
         if unknown:
             raise InvalidArgumentError(
@@ -229,7 +264,7 @@ class _EntityProperties:
                     f"(it is {getattr(self, key)}); delete and recreate the {self.kind} to change it. "
                     "SubCode=40000"
                 )
-        return dataclasses.replace(self, **checked)
+        return dataclasses.replace(self, **checked)._check_forwarding()
 
     def to_dict(self) -> dict[str, Any]:
         """The properties as JSON values (the times only once the broker has set them)."""
@@ -246,7 +281,7 @@ class _EntityProperties:
         values = dict(data)
         name = values.pop("name")
         stamps = {key: values.pop(key) for key in STAMPS if key in values}
-        return dataclasses.replace(cls.create(name, **values), **stamps)
+        return dataclasses.replace(cls._create(name, values), **stamps)
 
 
 @dataclass(frozen=True)
@@ -269,12 +304,14 @@ class QueueProperties(_EntityProperties):
     auto_delete_on_idle: timedelta = TIMESPAN_MAX
     forward_to: str | None = None
     forward_dead_lettered_messages_to: str | None = None
+    status: str = "Active"
 
 
 @dataclass(frozen=True)
 class TopicProperties(_EntityProperties):
     kind: ClassVar[str] = "topic"
     immutable: ClassVar[tuple[str, ...]] = ("requires_duplicate_detection", "enable_partitioning")
+    statuses: ClassVar[tuple[str, ...]] = ("Active", "Disabled", "SendDisabled")
 
     max_size_in_megabytes: int = 1024
     requires_duplicate_detection: bool = False
@@ -286,12 +323,14 @@ class TopicProperties(_EntityProperties):
     max_message_size_in_kilobytes: int = 256
     user_metadata: str | None = None
     auto_delete_on_idle: timedelta = TIMESPAN_MAX
+    status: str = "Active"
 
 
 @dataclass(frozen=True)
 class SubscriptionProperties(_EntityProperties):
     kind: ClassVar[str] = "subscription"
     immutable: ClassVar[tuple[str, ...]] = ("requires_session",)
+    statuses: ClassVar[tuple[str, ...]] = ("Active", "Disabled", "ReceiveDisabled")
 
     lock_duration: timedelta = timedelta(minutes=1)
     requires_session: bool = False
@@ -304,3 +343,4 @@ class SubscriptionProperties(_EntityProperties):
     forward_to: str | None = None
     forward_dead_lettered_messages_to: str | None = None
     dead_lettering_on_filter_evaluation_exceptions: bool = True
+    status: str = "Active"

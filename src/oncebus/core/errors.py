@@ -100,6 +100,12 @@ class SessionCannotBeLockedError(OncebusError):
     condition = "com.microsoft:session-cannot-be-locked"
 
 
+class EntityDisabledError(OncebusError):
+    """The entity's status (Disabled, SendDisabled, ReceiveDisabled) refuses the operation."""
+
+    condition = "com.microsoft:entity-disabled"
+
+
 class OperationTimeoutError(OncebusError, TimeoutError):
     condition = "com.microsoft:timeout"
 

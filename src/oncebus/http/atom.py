@@ -119,7 +119,7 @@ def queue_description(props: QueueProperties, rt: RuntimeProperties, api_version
             ("MessageCount", rt.total_message_count),
             ("IsAnonymousAccessible", False),
             ("AuthorizationRules", _Raw("<AuthorizationRules/>")),
-            ("Status", "Active"),
+            ("Status", props.status),
             ("CreatedAt", rt.created_at_utc),
             ("UpdatedAt", rt.updated_at_utc),
             ("AccessedAt", rt.accessed_at_utc),
@@ -150,7 +150,7 @@ def topic_description(props: TopicProperties, rt: RuntimeProperties, api_version
             ("FilteringMessagesBeforePublishing", False),
             ("IsAnonymousAccessible", False),
             ("AuthorizationRules", _Raw("<AuthorizationRules/>")),
-            ("Status", "Active"),
+            ("Status", props.status),
             ("CreatedAt", rt.created_at_utc),
             ("UpdatedAt", rt.updated_at_utc),
             ("AccessedAt", rt.accessed_at_utc),
@@ -182,7 +182,7 @@ def subscription_description(props: SubscriptionProperties, rt: RuntimePropertie
             ("MessageCount", rt.total_message_count),
             ("MaxDeliveryCount", props.max_delivery_count),
             ("EnableBatchedOperations", props.enable_batched_operations),
-            ("Status", "Active"),
+            ("Status", props.status),
             ("ForwardTo", forward_url(props.forward_to, base)),
             ("CreatedAt", rt.created_at_utc),
             ("UpdatedAt", rt.updated_at_utc),
@@ -351,6 +351,10 @@ def _str(name: str, element: Element) -> str:
     return element.text or ""
 
 
+def _status_text(name: str, element: Element) -> str | None:
+    return (element.text or "").strip() or None  # empty: unchanged (core checks the value and the kind)
+
+
 # settable elements: XML name -> (core property, converter)
 _SETTABLE: dict[str, dict[str, tuple[str, Any]]] = {
     "Queue": {
@@ -369,6 +373,7 @@ _SETTABLE: dict[str, dict[str, tuple[str, Any]]] = {
         "AutoDeleteOnIdle": ("auto_delete_on_idle", _duration),
         "ForwardTo": ("forward_to", _str),
         "ForwardDeadLetteredMessagesTo": ("forward_dead_lettered_messages_to", _str),
+        "Status": ("status", _status_text),
     },
     "Topic": {
         "DefaultMessageTimeToLive": ("default_message_time_to_live", _duration),
@@ -381,6 +386,7 @@ _SETTABLE: dict[str, dict[str, tuple[str, Any]]] = {
         "UserMetadata": ("user_metadata", _str),
         "MaxMessageSizeInKilobytes": ("max_message_size_in_kilobytes", _int),
         "AutoDeleteOnIdle": ("auto_delete_on_idle", _duration),
+        "Status": ("status", _status_text),
     },
     "Subscription": {
         "LockDuration": ("lock_duration", _duration),
@@ -394,6 +400,7 @@ _SETTABLE: dict[str, dict[str, tuple[str, Any]]] = {
         "ForwardTo": ("forward_to", _str),
         "ForwardDeadLetteredMessagesTo": ("forward_dead_lettered_messages_to", _str),
         "DeadLetteringOnFilterEvaluationExceptions": ("dead_lettering_on_filter_evaluation_exceptions", _bool),
+        "Status": ("status", _status_text),
     },
 }
 
@@ -416,10 +423,6 @@ _READ_ONLY = {
 # Service Bus features oncebus does not have: accepted only with the value that means "not used".
 _DEFAULT_ONLY: dict[str, tuple[Any, str]] = {
     "EnableExpress": (lambda n, e: not _bool(n, e), "express entities are not implemented; it must be false"),
-    "Status": (
-        lambda n, e: (e.text or "").strip() in ("", "Active"),
-        "only the status Active is supported (disabling entities is not implemented)",
-    ),
     "AuthorizationRules": (
         lambda n, e: len(e) == 0,
         "entity-level authorization rules are not implemented; use the namespace keys (--key)",

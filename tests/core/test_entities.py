@@ -137,3 +137,34 @@ def test_partitioned_dedup_entity_needs_an_id() -> None:
     with pytest.raises(InvalidArgumentError, match="needs a message_id or a partition_key"):
         require_identifiable(None, None, None, partitioned=True, requires_duplicate_detection=True)
     require_identifiable(None, None, None, partitioned=False, requires_duplicate_detection=True)
+
+
+def test_the_entity_schema_names_every_settable_property_once() -> None:
+    from oncebus.core.entities import ENTITY_CLASSES, field_name, property_kinds, service_bus_name
+
+    for kind, cls in ENTITY_CLASSES.items():
+        kinds = property_kinds(kind)
+        assert set(kinds) == cls.settable()
+        for field in kinds:
+            assert field_name(service_bus_name(field)) == field
+    assert service_bus_name("forward_dead_lettered_messages_to") == "ForwardDeadLetteredMessagesTo"
+    assert property_kinds("queue")["duplicate_detection_history_time_window"] == "duration"
+    assert property_kinds("subscription")["status"] == "status"
+
+
+def test_every_property_the_emulator_schema_names_is_in_the_entity_schema() -> None:
+    import json
+    from pathlib import Path
+
+    from oncebus.core.entities import field_name, property_kinds
+
+    schema = json.loads((Path(__file__).resolve().parents[1] / "data/emulator/Config-schema.json").read_text())
+    namespace = schema["properties"]["UserConfig"]["properties"]["Namespaces"]["items"]["properties"]
+    topic = namespace["Topics"]["items"]["properties"]
+    for kind, spec in (
+        ("queue", namespace["Queues"]["items"]["properties"]),
+        ("topic", topic),
+        ("subscription", topic["Subscriptions"]["items"]["properties"]),
+    ):
+        for name in spec["Properties"]["properties"]:
+            assert field_name(name) in property_kinds(kind), (kind, name)

@@ -344,3 +344,48 @@ class SubscriptionProperties(_EntityProperties):
     forward_dead_lettered_messages_to: str | None = None
     dead_lettering_on_filter_evaluation_exceptions: bool = True
     status: str = "Active"
+
+
+# ---------------------------------------------------------------------------------------------- the schema
+ENTITY_CLASSES: dict[str, type[_EntityProperties]] = {
+    "queue": QueueProperties,
+    "topic": TopicProperties,
+    "subscription": SubscriptionProperties,
+}
+
+
+def service_bus_name(field: str) -> str:
+    """A property's Service Bus name, as the REST API's XML and the emulator's config write it
+    (``max_size_in_megabytes`` -> ``MaxSizeInMegabytes``)."""
+    return "".join(part.capitalize() for part in field.split("_"))
+
+
+def field_name(service_bus: str) -> str:
+    """The property a Service Bus name means (``MaxSizeInMegabytes`` -> ``max_size_in_megabytes``)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", service_bus).lower()
+
+
+def property_kinds(kind: str) -> dict[str, str]:
+    """The settable properties of an entity kind and each one's value kind: ``duration``, ``flag``, ``count``,
+    ``text`` or ``status``. Every door that reads or writes entity properties (the administration API's XML,
+    the topology file, the CLI) takes the names and kinds from here."""
+    cls = ENTITY_CLASSES[kind]
+    settable = cls.settable()
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in settable:
+            continue
+        declared = str(f.type)
+        if f.name == "status":
+            out[f.name] = "status"
+        elif declared == "timedelta":
+            out[f.name] = "duration"
+        elif declared == "bool":
+            out[f.name] = "flag"
+        elif declared == "int":
+            out[f.name] = "count"
+        elif declared in ("str", "str | None"):
+            out[f.name] = "text"
+        else:  # pragma: no cover - a new field of a new type needs a kind here and a converter at each door
+            raise TypeError(f"{cls.__name__}.{f.name}: no value kind for {declared}")
+    return out

@@ -27,7 +27,14 @@ from defusedxml import DefusedXmlException
 
 from oncebus.broker import RuntimeProperties
 from oncebus.core.durations import TIMESPAN_MAX, format_duration, parse_duration
-from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
+from oncebus.core.entities import (
+    ENTITY_CLASSES,
+    QueueProperties,
+    SubscriptionProperties,
+    TopicProperties,
+    property_kinds,
+    service_bus_name,
+)
 from oncebus.core.errors import InvalidArgumentError
 
 ATOM_NS = "http://www.w3.org/2005/Atom"
@@ -355,53 +362,19 @@ def _status_text(name: str, element: Element) -> str | None:
     return (element.text or "").strip() or None  # empty: unchanged (core checks the value and the kind)
 
 
-# settable elements: XML name -> (core property, converter)
+_CONVERTERS: dict[str, Any] = {
+    "duration": _duration,
+    "count": _int,
+    "flag": _bool,
+    "text": _str,
+    "status": _status_text,
+}
+# settable elements: XML name -> (core property, converter), from core's schema
 _SETTABLE: dict[str, dict[str, tuple[str, Any]]] = {
-    "Queue": {
-        "LockDuration": ("lock_duration", _duration),
-        "MaxSizeInMegabytes": ("max_size_in_megabytes", _int),
-        "RequiresDuplicateDetection": ("requires_duplicate_detection", _bool),
-        "RequiresSession": ("requires_session", _bool),
-        "DefaultMessageTimeToLive": ("default_message_time_to_live", _duration),
-        "DeadLetteringOnMessageExpiration": ("dead_lettering_on_message_expiration", _bool),
-        "DuplicateDetectionHistoryTimeWindow": ("duplicate_detection_history_time_window", _duration),
-        "MaxDeliveryCount": ("max_delivery_count", _int),
-        "EnableBatchedOperations": ("enable_batched_operations", _bool),
-        "EnablePartitioning": ("enable_partitioning", _bool),
-        "UserMetadata": ("user_metadata", _str),
-        "MaxMessageSizeInKilobytes": ("max_message_size_in_kilobytes", _int),
-        "AutoDeleteOnIdle": ("auto_delete_on_idle", _duration),
-        "ForwardTo": ("forward_to", _str),
-        "ForwardDeadLetteredMessagesTo": ("forward_dead_lettered_messages_to", _str),
-        "Status": ("status", _status_text),
-    },
-    "Topic": {
-        "DefaultMessageTimeToLive": ("default_message_time_to_live", _duration),
-        "MaxSizeInMegabytes": ("max_size_in_megabytes", _int),
-        "RequiresDuplicateDetection": ("requires_duplicate_detection", _bool),
-        "DuplicateDetectionHistoryTimeWindow": ("duplicate_detection_history_time_window", _duration),
-        "EnableBatchedOperations": ("enable_batched_operations", _bool),
-        "SupportOrdering": ("support_ordering", _bool),
-        "EnablePartitioning": ("enable_partitioning", _bool),
-        "UserMetadata": ("user_metadata", _str),
-        "MaxMessageSizeInKilobytes": ("max_message_size_in_kilobytes", _int),
-        "AutoDeleteOnIdle": ("auto_delete_on_idle", _duration),
-        "Status": ("status", _status_text),
-    },
-    "Subscription": {
-        "LockDuration": ("lock_duration", _duration),
-        "RequiresSession": ("requires_session", _bool),
-        "DefaultMessageTimeToLive": ("default_message_time_to_live", _duration),
-        "DeadLetteringOnMessageExpiration": ("dead_lettering_on_message_expiration", _bool),
-        "MaxDeliveryCount": ("max_delivery_count", _int),
-        "EnableBatchedOperations": ("enable_batched_operations", _bool),
-        "UserMetadata": ("user_metadata", _str),
-        "AutoDeleteOnIdle": ("auto_delete_on_idle", _duration),
-        "ForwardTo": ("forward_to", _str),
-        "ForwardDeadLetteredMessagesTo": ("forward_dead_lettered_messages_to", _str),
-        "DeadLetteringOnFilterEvaluationExceptions": ("dead_lettering_on_filter_evaluation_exceptions", _bool),
-        "Status": ("status", _status_text),
-    },
+    kind.capitalize(): {
+        service_bus_name(field): (field, _CONVERTERS[value_kind]) for field, value_kind in property_kinds(kind).items()
+    }
+    for kind in ENTITY_CLASSES
 }
 
 # read-only elements the SDK sends back on update (it echoes what it read): ignored

@@ -44,10 +44,10 @@ import json5
 from oncebus.broker import Namespace
 from oncebus.core.durations import TIMESPAN_MAX_TEXT
 from oncebus.core.entities import (
-    QueueProperties,
-    SubscriptionProperties,
-    TopicProperties,
+    ENTITY_CLASSES,
+    field_name,
     forward_target,
+    service_bus_name,
     validate_entity_name,
     validate_subscription_name,
 )
@@ -57,7 +57,7 @@ from oncebus.core.rules import RuleProperties, rules_from_emulator_config
 _IGNORED = {"status"}
 _IGNORED_VALUES = (None, "", "Active", TIMESPAN_MAX_TEXT)
 _FORWARDING = ("forward_to", "forward_dead_lettered_messages_to")
-_CLASSES: dict[str, Any] = {"queue": QueueProperties, "topic": TopicProperties, "subscription": SubscriptionProperties}
+_CLASSES: dict[str, Any] = dict(ENTITY_CLASSES)
 _KEYS = {
     "top": {"UserConfig", "$schema"},
     "UserConfig": {"Namespaces", "Logging"},
@@ -98,12 +98,8 @@ class Topology:
     source: str = "topology file"
 
 
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
-
-def _pascal(name: str) -> str:
-    return "".join(part.capitalize() for part in name.split("_"))
+_snake = field_name  # the schema's names (core.entities)
+_pascal = service_bus_name
 
 
 def _describe(value: Any) -> str:

@@ -307,7 +307,9 @@ def error_to_json(exc: BaseException) -> dict[str, Any]:
 
 def error_from_json(data: dict[str, Any]) -> OncebusError:
     name = str(data.get("error"))
-    cls: Any = FaultsDisabledError if name == FaultsDisabledError.__name__ else getattr(errors, name, OncebusError)
+    cls: object = getattr(errors, name, OncebusError)
+    if name == FaultsDisabledError.__name__:
+        cls = FaultsDisabledError
     if not (isinstance(cls, type) and issubclass(cls, OncebusError)):
         cls = OncebusError
     return cls(str(data.get("message")))

@@ -3,6 +3,8 @@ sender, the sender sends again. The seed scenario of issue 20, end to end with t
 
 from __future__ import annotations
 
+import urllib.request
+
 import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.exceptions import ServiceBusConnectionError
@@ -36,16 +38,20 @@ def test_a_lost_ack_on_the_third_send_is_resent_and_dropped_only_with_duplicate_
 
 
 def test_without_retries_the_sender_sees_the_error_yet_the_message_is_stored(server: OncebusServer) -> None:
-    server.create_queue("orders", requires_duplicate_detection=True)
-    server.arm_fault("lost-ack", "orders")
-    with client(server, retry_total=0) as sb, sb.get_queue_sender("orders") as sender:
+    server.create_queue("ledger", requires_duplicate_detection=True)
+    fault = server.arm_fault("lost-ack", "ledger")
+    with client(server, retry_total=0) as sb, sb.get_queue_sender("ledger") as sender:
         with pytest.raises(ServiceBusConnectionError):
-            sender.send_messages(ServiceBusMessage("order-0", message_id="order-0"))
-    assert server.stats("orders")["active_message_count"] == 1  # committed before the ack was lost
-    with client(server) as sb, sb.get_queue_sender("orders") as sender:  # the application's own resend
-        sender.send_messages(ServiceBusMessage("order-0", message_id="order-0"))
-    assert server.stats("orders")["duplicates_dropped"] == 1
-    assert drain(server, "orders") == ["order-0"]
+            sender.send_messages(ServiceBusMessage("entry-0", message_id="entry-0"))
+    assert server.stats("ledger")["active_message_count"] == 1  # committed before the ack was lost
+    assert f"fault {fault} (lost-ack) fired on ledger" in server.output()  # in the log
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    assert 'oncebus_faults_fired_total{entity="ledger",kind="lost-ack"} 1.0' in metrics
+    with client(server) as sb, sb.get_queue_sender("ledger") as sender:  # the application's own resend
+        sender.send_messages(ServiceBusMessage("entry-0", message_id="entry-0"))
+    assert server.stats("ledger")["duplicates_dropped"] == 1
+    assert drain(server, "ledger") == ["entry-0"]
 
 
 def test_a_fault_on_one_entity_leaves_the_others_alone(server: OncebusServer) -> None:

@@ -435,7 +435,7 @@ def _fault(args: argparse.Namespace, target: _Remote | _Local) -> int:
         )
     if args.action == "arm":
         spec = {"kind": args.kind, "entity": args.entity, "count": args.count, "duration": args.duration}
-        spec.update(after=args.after, seconds=args.seconds, how=args.how)
+        spec.update(after=args.after, delay=args.delay, seconds=args.seconds, how=args.how)
         fault = target.call("fault.arm", {"fault": {k: v for k, v in spec.items() if v is not None}})
         _output(args, fault, lambda f: print(f"armed {f['id']}: {_fault_text(f)}"))
     elif args.action == "list":
@@ -457,6 +457,8 @@ def _fault_text(fault: dict[str, Any]) -> str:
         parts.append(f"by {fault['seconds']:g} s")
     if fault.get("after"):
         parts.append(f"after {fault['after']} operation(s)")
+    if fault.get("delay"):
+        parts.append(f"from {fault['delay']:g} s after arming")
     if fault.get("remaining") is not None:
         parts.append(f"{fault['remaining']} more time(s)")
     else:
@@ -478,6 +480,7 @@ def _add_fault_parser(commands: Any) -> None:
     arm.add_argument("--count", type=int, help="fire on the next N matching operations (default 1)")
     arm.add_argument("--duration", type=_seconds, help="fire on every matching operation for this many seconds")
     arm.add_argument("--after", type=int, help="let N matching operations through first")
+    arm.add_argument("--delay", type=_seconds, help="live only this many seconds from now")
     arm.add_argument("--seconds", type=_seconds, help="slow-ack, slow-delivery: how long to hold each one back")
     arm.add_argument("--how", choices=("drop", "close", "detach"), help="lost-ack: cut, close or detach (drop)")
     arm.add_argument("--json", action="store_true")

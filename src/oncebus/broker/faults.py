@@ -4,7 +4,8 @@ connection, a lost lock, a slow broker), so it can check what its own code does 
 The book only decides *when* a fault fires; the front end that meets the operation applies it (the AMQP
 adapter: ``oncebus.amqp.faults``). A fault is scoped to an entity (its subscriptions and dead-letter queues
 included) or to every entity; it fires on the next ``count`` matching operations (after letting ``after`` of
-them through), or on every one for ``duration`` seconds of the broker's clock. Each firing is logged (logger
+them through), or on every one for ``duration`` seconds of the broker's clock; ``delay`` seconds after it
+was armed at the earliest. Each firing is logged (logger
 ``oncebus.broker.faults``, WARNING) and counted (``/metrics``: ``oncebus_faults_fired``).
 
 Kinds, and the operations they fire on:
@@ -62,7 +63,7 @@ LOST_ACK_HOW = ("drop", "close", "detach")
 MAX_COUNT = 1_000_000
 MAX_SECONDS = 7 * 24 * 3600.0  # a duration, a delay: at most a week
 MAX_ARMED = 1000
-_FIELDS = ("kind", "entity", "count", "duration", "after", "seconds", "how")
+_FIELDS = ("kind", "entity", "count", "duration", "after", "delay", "seconds", "how")
 
 
 class FaultsDisabledError(UnauthorizedError):
@@ -84,14 +85,17 @@ def _number(data: Mapping[str, Any], name: str, *, integer: bool, low: float, hi
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """What to arm. ``count`` (default 1) and ``duration`` exclude each other; ``seconds`` is the delay of the
-    ``slow-*`` kinds (required there, refused elsewhere); ``how`` is for ``lost-ack`` only."""
+    """What to arm. ``count`` (default 1) and ``duration`` exclude each other; ``after``: matching operations let
+    through first; ``delay``: seconds before the fault is live (a timed one runs from then); ``seconds`` is how
+    long the ``slow-*`` kinds hold each one back (required there, refused elsewhere); ``how`` is for
+    ``lost-ack`` only."""
 
     kind: str
     entity: str | None = None
     count: int | None = None
     duration: float | None = None
     after: int = 0
+    delay: float = 0.0
     seconds: float | None = None
     how: str | None = None
 
@@ -114,6 +118,7 @@ class FaultSpec:
         if count is not None and duration is not None:
             raise InvalidArgumentError("a fault is counted (count) or timed (duration), not both")
         after = _number(data, "after", integer=True, low=0, high=MAX_COUNT) or 0
+        delay = _number(data, "delay", integer=False, low=0, high=MAX_SECONDS) or 0.0
         seconds = _number(data, "seconds", integer=False, low=0, high=MAX_SECONDS)
         if kind.startswith("slow-") and seconds is None:
             raise InvalidArgumentError(f"fault {kind} needs seconds: how long to hold back each one")
@@ -130,6 +135,7 @@ class FaultSpec:
             count=count,
             duration=duration,
             after=after,
+            delay=delay,
             seconds=seconds,
             how=how if how is not None else ("drop" if kind == "lost-ack" else None),
         )
@@ -142,6 +148,7 @@ class ArmedFault:
     fault_id: str
     spec: FaultSpec
     armed_at_us: int
+    live_from_us: int
     remaining: int | None
     expires_at_us: int | None
     to_skip: int
@@ -163,6 +170,7 @@ class ArmedFault:
             "count": spec.count,
             "duration": spec.duration,
             "after": spec.after,
+            "delay": spec.delay,
             "seconds": spec.seconds,
             "how": spec.how,
             "remaining": self.remaining,
@@ -195,12 +203,14 @@ class FaultBook:
         if len(self._armed) >= MAX_ARMED:
             raise InvalidArgumentError(f"at most {MAX_ARMED} faults can be armed at once; clear some")
         now = self._now_us()
+        live = now + round(spec.delay * 1e6)
         fault = ArmedFault(
             fault_id=f"f{next(self._ids)}",
             spec=spec,
             armed_at_us=now,
+            live_from_us=live,
             remaining=None if spec.duration is not None else (spec.count or 1),
-            expires_at_us=None if spec.duration is None else now + round(spec.duration * 1e6),
+            expires_at_us=None if spec.duration is None else live + round(spec.duration * 1e6),
             to_skip=spec.after,
         )
         self._armed[fault.fault_id] = fault
@@ -244,6 +254,8 @@ class FaultBook:
                 continue
             if fault.expires_at_us is not None and fault.expires_at_us <= now:
                 del self._armed[fault_id]
+                continue
+            if now < fault.live_from_us:
                 continue
             if fault.to_skip > 0:
                 fault.to_skip -= 1

@@ -228,16 +228,19 @@ class OncebusServer:
         count: int | None = None,
         duration: float | timedelta | None = None,
         after: int = 0,
+        delay: float | timedelta | None = None,
         seconds: float | timedelta | None = None,
         how: str | None = None,
     ) -> str:
         """Arm a fault (see ``oncebus.broker.faults`` for the kinds): on ``entity`` (None: every entity), for the
-        next ``count`` operations (default 1) after letting ``after`` through, or for ``duration``; ``seconds``:
+        next ``count`` operations (default 1) after letting ``after`` through, or for ``duration``, live ``delay``
+        from now (the broker's clock: ``advance()`` moves it); ``seconds``:
         the delay of ``slow-ack``/``slow-delivery``; ``how``: ``lost-ack``'s ``drop``, ``close`` or ``detach``.
         Returns the fault's id (for :meth:`clear_faults`)."""
         spec: dict[str, Any] = {"kind": kind, "entity": entity, "count": count, "after": after, "how": how}
         spec["duration"] = duration.total_seconds() if isinstance(duration, timedelta) else duration
         spec["seconds"] = seconds.total_seconds() if isinstance(seconds, timedelta) else seconds
+        spec["delay"] = delay.total_seconds() if isinstance(delay, timedelta) else delay
         return str(self.control("fault.arm", fault={k: v for k, v in spec.items() if v is not None})["id"])
 
     def faults(self) -> list[dict[str, Any]]:

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("dedup", [True, False], ids=["dedup", "no-dedup"])
 def test_the_javascript_recipe_gets_each_message_once_only_with_duplicate_detection(
     server: OncebusServer,
-    node: str,
-    dedup: bool,  # noqa: F811
+    node: str,  # noqa: F811  # the fixture imported above
+    dedup: bool,
 ) -> None:
     server.create_queue("orders", requires_duplicate_detection=dedup)
     env = dict(

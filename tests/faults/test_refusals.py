@@ -3,6 +3,8 @@ Nothing of the refused send is stored; the SDK's retry policy sends it again."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.exceptions import ServiceBusConnectionError, ServiceBusServerBusyError
@@ -57,3 +59,21 @@ def test_without_retries_a_dropped_connection_is_a_connection_error(server: Once
         with pytest.raises(ServiceBusConnectionError):
             sender.send_messages(ServiceBusMessage("o1"))
     assert server.stats("orders")["active_message_count"] == 0
+
+
+def test_a_connection_dropped_while_delivering_leaves_the_message_locked_until_its_lock_expires(
+    server: OncebusServer,
+) -> None:
+    server.create_queue("orders", lock_duration=timedelta(seconds=30))
+    with client(server) as sb:
+        with sb.get_queue_sender("orders") as sender:
+            sender.send_messages(ServiceBusMessage("o1"))
+        server.arm_fault("drop-connection", "orders")  # the next transfer on orders: this delivery
+        with sb.get_queue_receiver("orders") as receiver:
+            assert receiver.receive_messages(max_wait_time=2) == []  # lost on the way; the SDK reconnected
+        assert server.faults() == []
+        server.advance(timedelta(seconds=31))  # its lock expires, as on Service Bus
+        with sb.get_queue_receiver("orders") as receiver:
+            (message,) = receiver.receive_messages(max_wait_time=5)
+            assert (str(message), message.delivery_count) == ("o1", 1)
+            receiver.complete_message(message)

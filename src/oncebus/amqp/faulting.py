@@ -86,9 +86,28 @@ async def hold_delivery(namespace: Namespace, path: str) -> None:
         await asyncio.sleep(fault.spec.seconds)
 
 
-def delivered(namespace: Namespace, path: str, lock_token: uuid.UUID, session: SessionLock | None) -> None:
-    """A peek-locked message went out: ``lock-lost`` loses its lock, ``session-lock-lost`` its session's."""
+def delivered(
+    conn: AmqpConnection,
+    link: proton.Link,
+    namespace: Namespace,
+    path: str,
+    lock_token: uuid.UUID | None,
+    session: SessionLock | None,
+) -> None:
+    """A message went out (into proton's buffers, not yet onto the socket): ``drop-connection`` cuts the
+    connection (the client never gets it; a peek-locked one stays locked until its lock expires, a received-and-
+    deleted one is gone), ``detach-link`` detaches the link; ``lock-lost`` loses a peek-lock, ``session-lock-lost``
+    its session's lock."""
     book = namespace.faults
+    if book.fire("drop-connection", path) is not None:
+        conn.drop()
+        return
+    fault = book.fire("detach-link", path)
+    if fault is not None:
+        _detach(conn, link, fault)
+        return
+    if lock_token is None:
+        return
     if session is not None and book.fire("session-lock-lost", path) is not None:
         namespace.lose_session_lock(session)
     elif book.fire("lock-lost", path) is not None:

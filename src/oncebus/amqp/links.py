@@ -323,20 +323,26 @@ class ReceiveLink:
                 return
             if messages and namespace.faults.armed:
                 await faulting.hold_delivery(namespace, self.path)
-            if messages and self.closed:
-                for message in messages:  # the link went away while they were fetched: let them go
-                    if message.lock_token is not None:
-                        await namespace.abandon(self.path, message.lock_token)
+            if messages and self.closed:  # the link went away while they were fetched: let them go
+                await self._let_go(messages)
                 return
             if messages:
-                for message in messages:
+                for index, message in enumerate(messages):
                     self._transfer(message)
+                    if self.closed:  # a fault cut the connection or detached the link: the rest are let go
+                        await self._let_go(messages[index + 1 :])
+                        return
                 self.conn.pump()
                 continue
             if link.drain_mode:
                 link.drained()
                 self.conn.pump()
             await wait_for_change(namespace, self.path, self.wake, IDLE_RECEIVE_POLL_SECONDS)
+
+    async def _let_go(self, messages: list[ReceivedMessage]) -> None:
+        for message in messages:
+            if message.lock_token is not None:
+                await self.namespace.abandon(self.path, message.lock_token)
 
     def _transfer(self, message: ReceivedMessage) -> None:
         payload = outgoing.encode_received(message, lock_annotations=self.session is None)
@@ -346,13 +352,13 @@ class ReceiveLink:
             self.link.send(payload)
             self.link.advance()
             delivery.settle()
-            return
-        delivery = self.link.delivery(message.lock_token.bytes_le)  # type: ignore[arg-type]  # a binary tag
-        delivery.oncebus_lock_token = message.lock_token
-        self.link.send(payload)
-        self.link.advance()
+        else:
+            delivery = self.link.delivery(message.lock_token.bytes_le)  # type: ignore[arg-type]  # a binary tag
+            delivery.oncebus_lock_token = message.lock_token
+            self.link.send(payload)
+            self.link.advance()
         if self.namespace.faults.armed:
-            faulting.delivered(self.namespace, self.path, message.lock_token, self.session)
+            faulting.delivered(self.conn, self.link, self.namespace, self.path, message.lock_token, self.session)
 
     def on_delivery(self, delivery: proton.Delivery) -> None:
         """The client settled (or proposed an outcome for) a delivery (``settled`` is the client's flag)."""

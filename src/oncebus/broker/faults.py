@@ -18,8 +18,9 @@ kind                 fires on                       what the client meets
                                                     detached with ``amqp:link:detach-forced``
                                                     (``"detach"``) before the acknowledgement goes out
 ``server-busy``      a send or a settlement         ``com.microsoft:server-busy`` (nothing done)
-``drop-connection``  a send (before it is judged)   the connection cut, nothing stored
-``detach-link``      a send (before it is judged)   the link detached (``amqp:link:detach-forced``)
+``drop-connection``  a send (before it is judged)   the connection cut: a send is not stored, a
+                     or a delivery                  delivered message stays locked until its lock expires
+``detach-link``      a send or a delivery           the link detached (``amqp:link:detach-forced``)
 ``lock-lost``        a message delivered (peek-lock) its lock lost at once: settling it fails with
                                                     ``com.microsoft:message-lock-lost``
 ``session-lock-lost`` a message delivered from a    the session's lock lost: settling fails with

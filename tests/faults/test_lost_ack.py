@@ -3,6 +3,7 @@ sender, the sender sends again. The seed scenario of issue 20, end to end with t
 
 from __future__ import annotations
 
+import logging
 import urllib.request
 
 import pytest
@@ -19,13 +20,16 @@ MESSAGES = [f"order-{i}" for i in range(5)]
     ("dedup", "how"), [(True, "drop"), (False, "drop"), (True, "close"), (True, "detach")], ids=lambda v: str(v)
 )
 def test_a_lost_ack_on_the_third_send_is_resent_and_dropped_only_with_duplicate_detection(
-    server: OncebusServer, dedup: bool, how: str
+    server: OncebusServer, dedup: bool, how: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     server.create_queue("orders", requires_duplicate_detection=dedup)
     server.arm_fault("lost-ack", "orders", after=2, how=how)  # the third send
-    with client(server) as sb, sb.get_queue_sender("orders") as sender:
-        for body in MESSAGES:  # the SDK retries the third send on its own: no error reaches this code
-            sender.send_messages(ServiceBusMessage(body, message_id=body))
+    with caplog.at_level(logging.INFO, logger="azure.servicebus"):
+        with client(server) as sb, sb.get_queue_sender("orders") as sender:
+            for body in MESSAGES:  # the SDK retries the third send on its own: no error reaches this code
+                sender.send_messages(ServiceBusMessage(body, message_id=body))
+    retries = [r.getMessage() for r in caplog.records if "Retrying" in r.getMessage()]
+    assert len(retries) == 1 and "ServiceBusConnectionError" in retries[0]  # the SDK's own retry, once
     assert server.faults() == []  # it fired, once
     stats = server.stats("orders")
     received = drain(server, "orders")

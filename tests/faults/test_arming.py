@@ -190,3 +190,8 @@ def test_beyond_loopback_oncebus_testing_meets_the_refusal_too() -> None:
     with serve(mode="thread", host="0.0.0.0", keys={"root": "root-secret"}) as server:
         with pytest.raises(FaultsDisabledError, match="--allow-faults"):
             server.arm_fault("lost-ack")
+
+
+def test_a_thread_broker_cannot_crash_on_its_own() -> None:
+    with serve(mode="thread") as server, pytest.raises(RuntimeError, match="mode='subprocess'"):
+        server.crash()

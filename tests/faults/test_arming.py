@@ -195,3 +195,9 @@ def test_beyond_loopback_oncebus_testing_meets_the_refusal_too() -> None:
 def test_a_thread_broker_cannot_crash_on_its_own() -> None:
     with serve(mode="thread") as server, pytest.raises(RuntimeError, match="mode='subprocess'"):
         server.crash()
+
+
+def test_a_fresh_namespace_has_no_fault_armed(server: OncebusServer) -> None:
+    server.arm_fault("lost-ack", "orders", count=3)
+    server.reset()  # what the plugin's oncebus_namespace does before each test
+    assert server.faults() == []

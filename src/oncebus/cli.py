@@ -137,6 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         keys=_keys(args),
         allow_default_key=args.allow_default_key,
+        allow_faults=args.allow_faults,
         config=args.config,
         send_log=args.send_log,
         clock_file=os.environ.get("ONCEBUS_CLOCK_FILE"),  # tests only: time read from a file
@@ -425,6 +426,71 @@ def _stats(args: argparse.Namespace, target: _Remote | _Local) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------- faults
+def _fault(args: argparse.Namespace, target: _Remote | _Local) -> int:
+    if isinstance(target, _Local):
+        raise CliError(
+            f"faults are armed on a running oncebus serve, and none serves {target.datadir.path}; start one first",
+            EXIT_REFUSED,
+        )
+    if args.action == "arm":
+        spec = {"kind": args.kind, "entity": args.entity, "count": args.count, "duration": args.duration}
+        spec.update(after=args.after, delay=args.delay, seconds=args.seconds, how=args.how)
+        fault = target.call("fault.arm", {"fault": {k: v for k, v in spec.items() if v is not None}})
+        _output(args, fault, lambda f: print(f"armed {f['id']}: {_fault_text(f)}"))
+    elif args.action == "list":
+        rows = target.call("fault.list", {})
+        _output(
+            args, rows, lambda r: _print_table([{"id": f["id"], "fault": _fault_text(f)} for f in r], ["id", "fault"])
+        )
+    else:
+        cleared = target.call("fault.clear", {"id": args.id})
+        _output(args, cleared, lambda c: print(f"cleared {c['cleared']} fault(s)"))
+    return 0
+
+
+def _fault_text(fault: dict[str, Any]) -> str:
+    parts = [fault["kind"], f"on {fault['entity'] or 'every entity'}"]
+    if fault.get("how") and fault["kind"] == "lost-ack":
+        parts.append(f"({fault['how']})")
+    if fault.get("seconds") is not None:
+        parts.append(f"by {fault['seconds']:g} s")
+    if fault.get("after"):
+        parts.append(f"after {fault['after']} operation(s)")
+    if fault.get("delay"):
+        parts.append(f"from {fault['delay']:g} s after arming")
+    if fault.get("remaining") is not None:
+        parts.append(f"{fault['remaining']} more time(s)")
+    else:
+        parts.append(f"for {fault['duration']:g} s")
+    if fault.get("fired"):
+        parts.append(f"fired {fault['fired']}")
+    return " ".join(parts)
+
+
+def _add_fault_parser(commands: Any) -> None:
+    from oncebus.broker import FAULT_KINDS
+
+    fault = commands.add_parser(
+        "fault", help="arm, list and clear faults on a running oncebus serve (for tests)"
+    ).add_subparsers(dest="action", required=True)
+    arm = fault.add_parser("arm", help="arm a fault: the next operations on an entity (or all) fail on cue")
+    arm.add_argument("kind", choices=FAULT_KINDS)
+    arm.add_argument("--entity", help="the queue or topic (its subscriptions included); default: every entity")
+    arm.add_argument("--count", type=int, help="fire on the next N matching operations (default 1)")
+    arm.add_argument("--duration", type=_seconds, help="fire on every matching operation for this many seconds")
+    arm.add_argument("--after", type=int, help="let N matching operations through first")
+    arm.add_argument("--delay", type=_seconds, help="live only this many seconds from now")
+    arm.add_argument("--seconds", type=_seconds, help="slow-ack, slow-delivery: how long to hold each one back")
+    arm.add_argument("--how", choices=("drop", "close", "detach"), help="lost-ack: cut, close or detach (drop)")
+    arm.add_argument("--json", action="store_true")
+    listing = fault.add_parser("list", help="the faults armed now")
+    listing.add_argument("--json", action="store_true")
+    clear = fault.add_parser("clear", help="disarm a fault by id, or all of them")
+    clear.add_argument("id", nargs="?")
+    clear.add_argument("--json", action="store_true")
+
+
 # ---------------------------------------------------------------------------------- parser
 def _add_entity_options(parser: argparse.ArgumentParser, kind: str) -> None:
     if kind in ("queue", "topic"):
@@ -545,6 +611,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve beyond loopback (--host) with the emulator's default key, which is public (refused otherwise)",
     )
+    serve.add_argument(
+        "--allow-faults",
+        action="store_true",
+        help="let faults be armed ('oncebus fault', POST /$faults) when serving beyond loopback (refused otherwise)",
+    )
     serve.add_argument("--log-format", choices=["text", "json"], default="text", help="stderr log lines: text or json")
 
     for kind in ("queue", "topic", "subscription"):
@@ -561,6 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--json", action="store_true", help="print JSON")
 
     add_rule_parser(commands)
+    _add_fault_parser(commands)
 
     send = commands.add_parser("send", help="send a message (or --count N of them)")
     send.add_argument("entity", help="queue or topic")
@@ -635,9 +707,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(advise_main([args.log, *unknown]) or 0)
         target = _open_target(resolve_data_dir(args.data_dir))
         try:
-            handler = {"send": _send, "receive": _receive, "peek": _peek, "stats": _stats, "rule": rule_command}.get(
-                args.command
-            )
+            handlers = {"send": _send, "receive": _receive, "peek": _peek, "stats": _stats, "rule": rule_command}
+            handler = {**handlers, "fault": _fault}.get(args.command)
             if handler is not None:
                 return handler(args, target)
             return _entity_command(args, target)

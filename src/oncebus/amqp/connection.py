@@ -288,6 +288,14 @@ class AmqpConnection(asyncio.Protocol):
         self.pump()
         self._shutdown()
 
+    def drop(self) -> None:
+        """Cut the connection without a word, as a network failure does (the faults that drop a connection)."""
+        if self.closed:
+            return
+        if self.socket is not None:
+            self.socket.abort()
+        self._shutdown()
+
     def protocol_error(self, condition: str, description: str, *, not_amqp: bool = False) -> None:
         """The client broke the protocol (or a bound): say why where AMQP allows it, then drop the socket.
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import proton
 
-from oncebus.amqp import codec, outgoing
+from oncebus.amqp import codec, faulting, outgoing
 from oncebus.amqp.errors import TRACKING_ID, condition_of
 from oncebus.auth import SEND
 from oncebus.core.errors import (
@@ -182,12 +182,23 @@ class SendLink:
             outcome: BaseException | None = item if isinstance(item, BaseException) else None
             if outcome is None:
                 assert not isinstance(item, BaseException)
+                faults = namespace.faults.armed
                 try:
+                    if faults and faulting.before_send(self.conn, self.link, namespace, self.entity):
+                        self.queue.clear()  # the link or connection is gone: nothing more of it is read
+                        return
                     await namespace.send(self.entity, item)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
                     outcome = exc
+                if (
+                    faults
+                    and outcome is None
+                    and await faulting.after_send(self.conn, self.link, namespace, self.entity)
+                ):
+                    self.queue.clear()  # the acknowledgement is lost (the send is stored)
+                    return
             self._answer(delivery, outcome)
             self._top_up()
             self.conn.pump()
@@ -310,20 +321,28 @@ class ReceiveLink:
                 close_with(link, condition_of(exc))
                 self.conn.pump()
                 return
-            if messages and self.closed:
-                for message in messages:  # the link went away while they were fetched: let them go
-                    if message.lock_token is not None:
-                        await namespace.abandon(self.path, message.lock_token)
+            if messages and namespace.faults.armed:
+                await faulting.hold_delivery(namespace, self.path)
+            if messages and self.closed:  # the link went away while they were fetched: let them go
+                await self._let_go(messages)
                 return
             if messages:
-                for message in messages:
+                for index, message in enumerate(messages):
                     self._transfer(message)
+                    if self.closed:  # a fault cut the connection or detached the link: the rest are let go
+                        await self._let_go(messages[index + 1 :])
+                        return
                 self.conn.pump()
                 continue
             if link.drain_mode:
                 link.drained()
                 self.conn.pump()
             await wait_for_change(namespace, self.path, self.wake, IDLE_RECEIVE_POLL_SECONDS)
+
+    async def _let_go(self, messages: list[ReceivedMessage]) -> None:
+        for message in messages:
+            if message.lock_token is not None:
+                await self.namespace.abandon(self.path, message.lock_token)
 
     def _transfer(self, message: ReceivedMessage) -> None:
         payload = outgoing.encode_received(message, lock_annotations=self.session is None)
@@ -333,11 +352,13 @@ class ReceiveLink:
             self.link.send(payload)
             self.link.advance()
             delivery.settle()
-            return
-        delivery = self.link.delivery(message.lock_token.bytes_le)  # type: ignore[arg-type]  # a binary tag
-        delivery.oncebus_lock_token = message.lock_token
-        self.link.send(payload)
-        self.link.advance()
+        else:
+            delivery = self.link.delivery(message.lock_token.bytes_le)  # type: ignore[arg-type]  # a binary tag
+            delivery.oncebus_lock_token = message.lock_token
+            self.link.send(payload)
+            self.link.advance()
+        if self.namespace.faults.armed:
+            faulting.delivered(self.conn, self.link, self.namespace, self.path, message.lock_token, self.session)
 
     def on_delivery(self, delivery: proton.Delivery) -> None:
         """The client settled (or proposed an outcome for) a delivery (``settled`` is the client's flag)."""
@@ -353,6 +374,9 @@ class ReceiveLink:
         if not state and not delivery.settled:
             return
         delivery.oncebus_settling = True
+        if self.namespace.faults.armed and (busy := faulting.settle_refused(self.namespace, self.path)) is not None:
+            self._settled(delivery, state, busy)
+            return
         if state == proton.Delivery.ACCEPTED:  # complete: no task, settled when the store has it
             try:
                 self.namespace.complete_soon(self.path, token, lambda error: self._settled(delivery, state, error))

@@ -17,6 +17,7 @@ from oncebus.broker.counters import (
     StoreCounters,
     suggest_window,
 )
+from oncebus.broker.faults import FAULT_KINDS, ArmedFault, FaultBook, FaultsDisabledError, FaultSpec
 from oncebus.broker.namespace import Namespace
 from oncebus.broker.observation import NamespaceObserver
 from oncebus.broker.paths import EntityPath, address_path, parse_path, subscription_path
@@ -34,14 +35,19 @@ from oncebus.broker.stats import EntityStats
 from oncebus.core.messages import Message, MessageState, ReceivedMessage, ServiceBusReceiveMode
 
 __all__ = [
+    "FAULT_KINDS",
     "HISTORY_KEPT_US",
     "HISTORY_SAMPLE_US",
     "UNKNOWN_TIME",
     "Administration",
+    "ArmedFault",
     "Clock",
     "EntityPath",
     "EntityStats",
     "EntityView",
+    "FaultBook",
+    "FaultSpec",
+    "FaultsDisabledError",
     "FileClock",
     "Histogram",
     "ManualClock",

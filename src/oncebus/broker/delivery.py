@@ -255,6 +255,21 @@ class Delivery:
         forwarded = pump_forwarding(self._registry, self._router, self._now(), self._contents)
         self._write_later(forwarded)  # forwards dead letters now
 
+    def lose_lock(self, path: str, lock_token: uuid.UUID) -> None:
+        """Lose the message's lock now, as when it expires (the ``lock-lost`` fault): settling it fails with
+        ``MessageLockLostError`` and the message is available again."""
+        receivable, message = self._locked(path, lock_token)
+        self._drop_session_token(receivable, message)
+        self._write_later(receivable.unlock(message, self._now(), lost="message"))
+
+    def lose_session_lock(self, session: SessionLock) -> None:
+        """Lose a session's lock now, as when it expires (the ``session-lock-lost`` fault): settling its messages
+        or using the session fails with ``SessionLockLostError``."""
+        receivable = self._registry.receivable_by_path(session.path)
+        current = None if receivable is None else receivable.sessions.get(session.session_id)
+        if receivable is not None and current is not None and current.lock_token == session.lock_token:
+            self._write_later(receivable.release_session(session.session_id, self._now(), reason="session"))
+
     async def _settle(self, ops: list[Op]) -> None:
         """Settlements are confirmed once committed, before their fsync (docs/store.md): a completed message
         never comes back after a crash of the process, and may after a power failure (at least once)."""

@@ -30,6 +30,7 @@ from oncebus.broker.clock import Clock, SystemClock
 from oncebus.broker.contents import ContentCache
 from oncebus.broker.counters import EntityView
 from oncebus.broker.delivery import Delivery
+from oncebus.broker.faults import FaultBook
 from oncebus.broker.journal import Journal
 from oncebus.broker.observation import NamespaceObserver, view_entities
 from oncebus.broker.paths import parse_path, subscription_path
@@ -104,6 +105,7 @@ class Namespace(Delivery):
         self._backlog_loaded.set()
         self._backlog_error: BaseException | None = None
         self._checkpoints = DedupCheckpoints(store, self._registry)  # dedup images while serving (recovery)
+        self.faults = FaultBook(self.clock.now_us)  # failures armed by a test (oncebus.broker.faults)
 
     # ------------------------------------------------------------------------------ lifecycle
     @classmethod

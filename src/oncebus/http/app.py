@@ -26,6 +26,7 @@ from oncebus.auth import MANAGE, KeyRing, missing_right_text, verify_token
 from oncebus.broker import Namespace
 from oncebus.core.errors import UnauthorizedError
 from oncebus.http.admin import AdminApi
+from oncebus.http.faults import FaultsApi, is_faults_path
 from oncebus.http.rules import RuleBook
 from oncebus.http.server import ASGIApp, Receive, Scope, Send
 
@@ -66,6 +67,7 @@ class HttpApp:
         self.keys = KeyRing.of(keys)
         self.admin = AdminApi(namespace, self.keys, rules=rules, namespace_name=namespace_name)
         self.mounted = mounted
+        self.faults = FaultsApi(namespace, self.keys)  # /$faults (oncebus.http.faults)
         self.observe_needs_key = observe_needs_key  # beyond loopback: /metrics and the dashboard need a key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -79,6 +81,8 @@ class HttpApp:
             await _text(send, 501, WEBSOCKET_TEXT)
         elif path == "/health" and scope["method"] in ("GET", "HEAD"):
             await self._health(scope, send)
+        elif is_faults_path(path):
+            await self.faults(scope, receive, send)
         elif self.mounted is not None and is_mounted_path(path):
             refused = self._observe_refused(scope) if self.observe_needs_key else None
             if refused is not None:

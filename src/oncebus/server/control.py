@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from oncebus.broker import Namespace
+from oncebus.broker import FaultsDisabledError, FaultSpec, Namespace
 from oncebus.core import errors
 from oncebus.core.durations import parse_duration
 from oncebus.core.errors import ArgumentOutOfRangeError, InvalidArgumentError, OncebusError
@@ -253,7 +253,28 @@ async def _ping(ns: Namespace, args: dict[str, Any]) -> Any:
 async def _reset(ns: Namespace, args: dict[str, Any]) -> Any:
     """A fresh namespace (oncebus.testing): every entity, message and dedup key deleted; the time starts again."""
     await ns.reset()
+    ns.faults.clear()  # a fresh namespace has no fault armed either
     return {"now_us": ns.clock.now_us()}
+
+
+@operation("fault.arm")
+async def _fault_arm(ns: Namespace, args: dict[str, Any]) -> Any:
+    """Arm a fault (``oncebus.broker.faults``): ``fault`` is its JSON spec (kind, entity, count or duration, ...)."""
+    return ns.faults.arm(FaultSpec.from_dict(args.get("fault") or {})).to_dict()
+
+
+@operation("fault.list")
+async def _fault_list(ns: Namespace, args: dict[str, Any]) -> Any:
+    return [fault.to_dict() for fault in ns.faults.list()]
+
+
+@operation("fault.clear")
+async def _fault_clear(ns: Namespace, args: dict[str, Any]) -> Any:
+    """Disarm the fault ``id``, or every fault when no id is given."""
+    fault_id = args.get("id")
+    if fault_id is not None and not isinstance(fault_id, str):
+        raise InvalidArgumentError(f"a fault id is a string such as 'f1', not {fault_id!r}")
+    return {"cleared": ns.faults.clear(fault_id)}
 
 
 @operation("entities.create")
@@ -285,7 +306,10 @@ def error_to_json(exc: BaseException) -> dict[str, Any]:
 
 
 def error_from_json(data: dict[str, Any]) -> OncebusError:
-    cls = getattr(errors, str(data.get("error")), OncebusError)
+    name = str(data.get("error"))
+    cls: object = getattr(errors, name, OncebusError)
+    if name == FaultsDisabledError.__name__:
+        cls = FaultsDisabledError
     if not (isinstance(cls, type) and issubclass(cls, OncebusError)):
         cls = OncebusError
     return cls(str(data.get("message")))

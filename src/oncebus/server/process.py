@@ -55,6 +55,7 @@ class ServeOptions:
     tls_port: int | None = None
     keys: Mapping[str, str] | None = None  # a KeyRing gives keys rights; a plain mapping: all rights
     allow_default_key: bool = False  # serve beyond loopback with the emulator's public key anyway
+    allow_faults: bool = False  # let faults be armed (oncebus.broker.faults) beyond loopback too
     config: str | None = None
     send_log: str | None = None
     clock_file: str | None = None  # tests only: time read from a file (ONCEBUS_CLOCK_FILE)
@@ -123,6 +124,11 @@ async def run(
                 send_log.close()
             datadir.unlock()
             raise
+    if not is_loopback(options.host) and not options.allow_faults:
+        namespace.faults.refusal = (
+            f"faults cannot be armed on a broker serving beyond loopback ({options.host}): a fault is a failure on "
+            "cue for every client; start oncebus serve with --allow-faults to allow it"
+        )
     tune_gc()
     control = ControlServer(namespace)
     await control.start()

@@ -9,6 +9,8 @@
         ...  # ServiceBusClient.from_connection_string(server.connection_string)
         server.stats("orders")["duplicates_dropped"]
         server.advance(timedelta(minutes=11))   # past the 10-minute window, without sleeping
+        server.arm_fault("lost-ack", "orders")   # the next send is stored, its acknowledgement lost
+        server.crash()                           # SIGKILL, then serve again on the same data and port
 
 ``serve()`` starts ``oncebus serve --port 0`` on a temporary data directory, in a
 subprocess (default) or in a thread of this process (``mode="thread"``), and stops

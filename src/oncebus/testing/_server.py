@@ -62,6 +62,7 @@ class Launch:
 
 class _Broker(Protocol):
     def start(self, timeout: float) -> dict[str, Any]: ...
+    def crash(self, timeout: float) -> dict[str, Any]: ...
     def alive(self, wait: float = 0.0) -> bool: ...
     def output(self) -> str: ...
     def stop(self, timeout: float) -> None: ...
@@ -108,16 +109,37 @@ class _SubprocessBroker:
             raise BrokerStartError(f"oncebus serve {why}:\n{self.output()}")
         return self._info
 
+    def crash(self, timeout: float) -> dict[str, Any]:
+        """Kill the broker (SIGKILL: no shutdown of any kind) and start it again on the same data directory and
+        the same ports, so clients reconnect with the same connection string."""
+        assert self.process is not None and self._info is not None
+        info = self._info
+        self.process.kill()
+        self.process.wait()
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        ports = {"--port": info["amqp_port"], "--tls-port": info.get("tls_port"), "--http-port": info.get("http_port")}
+        argv = self.argv[: self.argv.index("--port")] + self.argv[self.argv.index("--port") + 2 :]
+        for option, port in ports.items():
+            argv += [option, str(port if port is not None else -1)]
+        self.argv = argv
+        self._lines.append("(killed with SIGKILL by OncebusServer.crash(); starting again)")
+        self._ready = threading.Event()
+        self._info = None
+        return self.start(timeout)
+
     def _drain(self) -> None:
         assert self.process is not None and self.process.stdout is not None
+        ready = self._ready
         for line in self.process.stdout:  # drained for the broker's whole life, so it never blocks on a full pipe
             self._lines.append(line.rstrip("\n"))
-            if line.strip() == "ready" and not self._ready.is_set():
+            if line.strip() == "ready" and not ready.is_set():
                 from oncebus.server.datadir import DataDir
 
                 self._info = DataDir(self.data_dir).read_server_info()
-                self._ready.set()
-        self._ready.set()
+                ready.set()
+        ready.set()
 
     def alive(self, wait: float = 0.0) -> bool:
         """Running (after waiting up to ``wait`` seconds for it to end: a killed process closes its sockets
@@ -196,6 +218,50 @@ class OncebusServer:
     def output(self) -> str:
         """The broker's recent output (subprocess mode: its stdout and stderr)."""
         return self._broker.output()
+
+    # ------------------------------------------------------------------------------ faults
+    def arm_fault(
+        self,
+        kind: str,
+        entity: str | None = None,
+        *,
+        count: int | None = None,
+        duration: float | timedelta | None = None,
+        after: int = 0,
+        delay: float | timedelta | None = None,
+        seconds: float | timedelta | None = None,
+        how: str | None = None,
+    ) -> str:
+        """Arm a fault (see ``oncebus.broker.faults`` for the kinds): on ``entity`` (None: every entity), for the
+        next ``count`` operations (default 1) after letting ``after`` through, or for ``duration``, live ``delay``
+        from now (the broker's clock: ``advance()`` moves it); ``seconds``:
+        the delay of ``slow-ack``/``slow-delivery``; ``how``: ``lost-ack``'s ``drop``, ``close`` or ``detach``.
+        Returns the fault's id (for :meth:`clear_faults`)."""
+        spec: dict[str, Any] = {"kind": kind, "entity": entity, "count": count, "after": after, "how": how}
+        spec["duration"] = duration.total_seconds() if isinstance(duration, timedelta) else duration
+        spec["seconds"] = seconds.total_seconds() if isinstance(seconds, timedelta) else seconds
+        spec["delay"] = delay.total_seconds() if isinstance(delay, timedelta) else delay
+        return str(self.control("fault.arm", fault={k: v for k, v in spec.items() if v is not None})["id"])
+
+    def faults(self) -> list[dict[str, Any]]:
+        """The faults armed now (a counted one leaves the list once it has fired its count)."""
+        return list(self.control("fault.list"))
+
+    def clear_faults(self, fault_id: str | None = None) -> int:
+        """Disarm one fault, or all of them (``reset()`` and the plugin's fresh namespace do too)."""
+        return int(self.control("fault.clear", id=fault_id)["cleared"])
+
+    def crash(self) -> None:
+        """Kill the broker process (SIGKILL) and start it again on the same data directory and ports (subprocess
+        mode only): what was acknowledged is there again, what was not is not; armed faults are gone."""
+        if self.mode != "subprocess":
+            raise RuntimeError("crash() needs mode='subprocess': a thread broker cannot be killed on its own")
+        info = self._broker.crash(60.0)
+        self.info = info
+        self._client.close()
+        self._client = ControlClient(
+            int(info["control_port"]), str(info["control_token"]), describe_failure=self._failure_text
+        )
 
     # ------------------------------------------------------------------------------ entities
     def create_queue(self, name: str, **properties: Any) -> dict[str, Any]:

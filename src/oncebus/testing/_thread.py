@@ -74,6 +74,9 @@ class ThreadBroker:
         self._info = info
         self._ready.set()
 
+    def crash(self, timeout: float) -> dict[str, Any]:
+        raise RuntimeError("a thread broker cannot be killed on its own: use mode='subprocess' to crash it")
+
     def alive(self, wait: float = 0.0) -> bool:
         if self._thread is None:
             return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -65,6 +66,7 @@ class NamespaceCollector(Collector):
         yield from self._entity_families(views)
         yield from self._receivable_families(views)
         yield from self._store_families()
+        yield from self._fault_families()
         if self.transport is not None:
             yield GaugeMetricFamily(
                 "oncebus_connections_open", "AMQP connections open", value=self.transport.connections_open()
@@ -160,6 +162,22 @@ class NamespaceCollector(Collector):
         batch.add_metric([], _buckets(store.commit_batch_size), store.commit_batch_size.sum)
         yield latency
         yield batch
+
+    def _fault_families(self) -> Iterator[Metric]:
+        book = self.namespace.faults
+        fired = CounterMetricFamily(
+            "oncebus_faults_fired",
+            "Faults armed by a test that fired (oncebus.broker.faults)",
+            labels=["kind", "entity"],
+        )
+        for (kind, path), count in sorted(book.fired.items()):
+            fired.add_metric([kind, path], count)
+        armed = GaugeMetricFamily("oncebus_faults_armed", "Faults armed now, by kind", labels=["kind"])
+        by_kind = Counter(fault.spec.kind for fault in book.list())
+        for kind, count in sorted(by_kind.items()):
+            armed.add_metric([kind], count)
+        yield fired
+        yield armed
 
 
 def make_registry(namespace: Namespace, transport: TransportGauges | None = None) -> CollectorRegistry:

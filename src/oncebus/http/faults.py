@@ -1,0 +1,125 @@
+"""``/$faults``: arm, list and disarm faults over HTTP, so test suites in any language can use them.
+
+::
+
+    POST   /$faults          {"kind": "lost-ack", "entity": "orders", "after": 2}   -> 201 the armed fault
+    GET    /$faults                                                                  -> 200 [armed faults]
+    DELETE /$faults                                                                  -> 200 {"cleared": n}
+    DELETE /$faults/{id}                                                             -> 200 {"cleared": 1}
+
+Every request needs a key with the Manage right, for the whole namespace: ``Authorization:
+SharedAccessSignature sr=<namespace URL>&...`` (as the SDKs sign them) or HTTP Basic (user: the key name,
+password: the key). A broker serving beyond loopback refuses to arm (403) unless started with
+``--allow-faults``. Bodies and answers are JSON; the fields are those of ``oncebus.broker.FaultSpec``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from oncebus.auth import MANAGE, KeyRing, check_host, missing_right_text, verify_token
+from oncebus.broker import FaultsDisabledError, FaultSpec, Namespace
+from oncebus.core.errors import InvalidArgumentError, OncebusError, UnauthorizedError
+from oncebus.http.server import Receive, Scope, Send
+
+PREFIX = "/$faults"
+MAX_BODY = 64 * 1024
+
+
+def is_faults_path(path: str) -> bool:
+    return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+class FaultsApi:
+    """An ASGI application serving ``/$faults`` for one namespace's fault book."""
+
+    def __init__(
+        self, namespace: Namespace, keys: Mapping[str, str], *, wall_time: Callable[[], float] = time.time
+    ) -> None:
+        self.namespace = namespace
+        self.keys = KeyRing.of(keys)
+        self.wall_time = wall_time
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > MAX_BODY:
+                await _json(send, 413, {"error": f"the request body is over {MAX_BODY} bytes"})
+                return
+            if not message.get("more_body", False):
+                break
+        try:
+            status, answer = self._handle(scope, bytes(body))
+        except FaultsDisabledError as exc:
+            status, answer = 403, {"error": str(exc)}
+        except UnauthorizedError as exc:
+            status, answer = 401, {"error": f"Unauthorized: {exc}"}
+        except InvalidArgumentError as exc:
+            status, answer = 400, {"error": str(exc)}
+        except OncebusError as exc:
+            status, answer = 500, {"error": str(exc)}
+        await _json(send, status, answer)
+
+    def _handle(self, scope: Scope, body: bytes) -> tuple[int, Any]:
+        self._authorize(scope)
+        path, method = str(scope["path"]), str(scope["method"]).upper()
+        book = self.namespace.faults
+        fault_id = path[len(PREFIX) + 1 :] or None
+        if fault_id is None and method == "GET":
+            return 200, [fault.to_dict() for fault in book.list()]
+        if fault_id is None and method == "POST":
+            try:
+                spec = json.loads(body or b"{}")
+            except ValueError as exc:
+                raise InvalidArgumentError(f"the body is not JSON: {exc}") from None
+            return 201, book.arm(FaultSpec.from_dict(spec)).to_dict()
+        if method == "DELETE":
+            if fault_id is not None and fault_id not in {fault.fault_id for fault in book.list()}:
+                return 404, {"error": f"no fault {fault_id!r} is armed"}
+            return 200, {"cleared": book.clear(fault_id)}
+        allowed = "DELETE" if fault_id is not None else "GET, POST, DELETE"
+        return 405, {"error": f"method {method} is not allowed on {path}; allowed: {allowed}"}
+
+    def _authorize(self, scope: Scope) -> None:
+        """A key with the Manage right for the whole namespace: a SAS token for its root, or HTTP Basic."""
+        headers = {bytes(k).lower(): bytes(v).decode("latin-1") for k, v in scope["headers"]}
+        header = headers.get(b"authorization")
+        if header is None:
+            raise UnauthorizedError(
+                "arming faults needs a key with the Manage right: Authorization: SharedAccessSignature ... (for "
+                "the namespace) or HTTP Basic (user: the key name, password: the key)"
+            )
+        if header[:6].lower() == "basic ":
+            try:
+                name, _, key = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8").partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                raise UnauthorizedError("the Basic credentials are not base64 of NAME:KEY") from None
+            known = self.keys.get(name)
+            if known is None or not hmac.compare_digest(known.encode(), key.encode()):
+                raise UnauthorizedError("unknown key name or wrong key")
+            rights = self.keys.rights(name)
+        else:
+            grant = verify_token(header, self.keys, self.wall_time())
+            if grant.resource_path:
+                raise UnauthorizedError(f"the token for {grant.resource_path!r} does not cover the namespace root")
+            check_host(grant, headers.get(b"host"))
+            rights = grant.rights
+        if MANAGE not in rights:
+            raise UnauthorizedError(missing_right_text(MANAGE, PREFIX))
+
+
+async def _json(send: Send, status: int, answer: Any) -> None:
+    body = json.dumps(answer).encode() + b"\n"
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -28,8 +28,8 @@ from oncebus.server.control import ControlServer
 from oncebus.server.datadir import DataDir
 from oncebus.server.front import Front, open_front
 from oncebus.server.runtime import freeze_again, tune_gc
+from oncebus.store.postgres_url import open_store
 from oncebus.store.sendlog import SendLogWriter
-from oncebus.store.sqlite import SqliteStore
 
 
 class ServeError(OncebusError):
@@ -60,6 +60,7 @@ class ServeOptions:
     send_log: str | None = None
     clock_file: str | None = None  # tests only: time read from a file (ONCEBUS_CLOCK_FILE)
     mount: ASGIApp | None = None  # an ASGI app for /metrics, / and /dashboard* (see oncebus.http.app)
+    store: str | None = None  # a postgresql:// URL (store/postgres_url.py); None: oncebus.db in the data directory
 
     def resolved_port(self, given: int | None, default: int) -> int:
         if given is not None:
@@ -105,7 +106,11 @@ async def run(
             busy=True,
         )
     started = time.monotonic()
-    store = SqliteStore(datadir.store_path)
+    try:
+        store = open_store(options.store, datadir.store_path)
+    except BaseException:
+        datadir.unlock()
+        raise
     send_log = SendLogWriter(options.send_log) if options.send_log else None
     clock = FileClock(options.clock_file) if options.clock_file else SystemClock()
     namespace = await Namespace.open(  # reencode: rule actions' copies; the stored messages load while it serves

@@ -1,0 +1,453 @@
+"""A store on PostgreSQL for one node (``oncebus serve --store postgresql://...``), with group commit.
+
+The same contract as the SQLite store (``oncebus.store.sqlite``): units submitted by the broker queue up for
+one writer thread, which commits everything queued so far in one transaction, sent in one pipeline (a round
+trip or two per group, not per statement). A unit is never split across transactions, so a send's messages
+and their dedup keys land together or not at all; its future resolves once the commit is durable
+(``synchronous_commit`` at least ``local``: the server has flushed its WAL; a session whose setting is ``off``
+is set to ``on``).
+
+Settlements submitted with ``durable=False`` (see ``store.base``): a group made of them alone commits with
+``SET LOCAL synchronous_commit = off``: committed and visible (the oncebus process can crash without losing it:
+the server has it), flushed by the server's WAL writer shortly after. PostgreSQL's WAL is a log flushed as a
+prefix, so the next durable commit makes it power-safe too; when none comes, the writer commits a small
+synchronous transaction within ``SETTLEMENT_SYNC_SECONDS`` of the first unflushed one (as the SQLite writer
+fsyncs its WAL).
+
+Failures: a transaction that fails is rolled back and every unit in it gets a :class:`StoreWriteError` naming
+the cause (a group that fails is retried unit by unit, so one bad unit fails alone). A connection that was
+lost (the server restarted, the network dropped) is opened again before the next commit; a commit whose
+connection broke during ``COMMIT`` may or may not have landed: the error says so, and the broker reloads
+what the store holds before it accepts more work (a resend of such a send is then judged against the key
+if it landed). A server that cannot be reached or a database written by a newer oncebus gives a one-line
+:class:`StoreError` at start.
+
+One node only: the broker decides duplicates, locks and sequence numbers in memory, so two ``serve``
+processes must not share one database (nothing stops them yet: see docs/store.md). Dedup index images
+(checkpoints) are not written: a start rebuilds each index from its ``oncebus_dedup_key`` rows.
+Layout and schema versions: ``oncebus.store.postgres_layout``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import Connection
+
+from oncebus.core.errors import StoreError, StoreWriteError
+from oncebus.core.messages import StoredMessage
+from oncebus.store import postgres_layout as layout
+from oncebus.store.base import (
+    SETTLEMENT_SYNC_SECONDS,
+    AddCounters,
+    DeleteMessage,
+    MessageRow,
+    MoveMessage,
+    Op,
+    PutDedupKey,
+    PutEntity,
+    PutSessionState,
+    Snapshot,
+    UpdateMessage,
+)
+
+_LOG = logging.getLogger("oncebus.store")
+_STOP = object()
+_MAX_UNITS_PER_COMMIT = 512
+_SETTLEMENT_OPS = (DeleteMessage, UpdateMessage, MoveMessage, AddCounters)  # what may commit before its flush
+CONNECT_TIMEOUT_SECONDS = 10
+SCHEMA_VERSION = layout.SCHEMA_VERSION
+
+_Unit = tuple[list[Op], Future[None] | None]
+
+
+def display_url(url: str) -> str:
+    """The URL without its password (for messages and logs)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port is not None else "")
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    except ValueError:
+        return "the PostgreSQL URL given"
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())  # libpq's messages span lines
+    return text or type(exc).__name__
+
+
+class PostgresStore:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.display = display_url(url)
+        self.commits = 0
+        self.units = 0
+        self.failures = 0
+        self.reconnects = 0
+        self.relaxed_commits = 0  # transactions committed without waiting for their flush (settlements only)
+        self.syncs = 0  # small synchronous commits the writer made to flush them (when no durable commit came)
+        self.keys_read = 0  # dedup key rows read by load() and keys_of (what a start replayed)
+        self._unsynced_since: float | None = None  # monotonic time of the first commit not flushed yet
+        try:
+            self._db: Connection[Any] | None = self._connect()
+        except psycopg.Error as exc:
+            raise _open_error(self.display, exc) from None
+        try:
+            self._prepare(self._db)
+        except BaseException as exc:
+            self._db.close()
+            if isinstance(exc, psycopg.Error):
+                raise StoreError(f"cannot prepare the oncebus tables in {self.display}: {_reason(exc)}") from None
+            raise
+        self._ops = layout.OpWriter()
+        self._lock = threading.Lock()  # the writer connection: the writer's transactions, load(), close()
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._reader: Connection[Any] | None = None  # read_messages, on the caller's thread
+        self._reader_lock = threading.Lock()
+        # called on the writer thread after each commit with (seconds, units): metrics, see broker/counters.py
+        self.commit_observer: Callable[[float, int], None] | None = None
+        self._writer = threading.Thread(target=self._write_loop, name="oncebus-postgres-writer", daemon=True)
+        self._writer.start()
+
+    # ------------------------------------------------------------------ connections and schema
+    def _connect(self, *, autocommit: bool = True) -> Connection[Any]:
+        db = psycopg.connect(
+            self.url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_SECONDS, application_name="oncebus"
+        )
+        try:
+            setting = db.execute("SHOW synchronous_commit").fetchone()
+            if setting is not None and setting[0] == "off":  # a commit must wait for the server's WAL flush
+                db.execute("SET synchronous_commit = on")
+            if not autocommit:
+                db.commit()
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _prepare(self, db: Connection[Any]) -> None:
+        """Create the tables in an empty schema, migrate an older layout, refuse a newer one: one transaction,
+        under an advisory lock (nodes starting together do it once)."""
+        fsync = db.execute("SHOW fsync").fetchone()
+        if fsync is not None and fsync[0] == "off":
+            _LOG.warning(
+                "PostgreSQL at %s runs with fsync=off: a crash of its machine can lose acknowledged sends", self.display
+            )
+        with db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (layout.SCHEMA_LOCK,))
+            row = db.execute("SELECT current_schema()").fetchone()
+            schema = None if row is None else row[0]
+            if schema is None:
+                path = db.execute("SHOW search_path").fetchone()
+                raise StoreError(
+                    f"{self.display}: no schema to create oncebus's tables in (search_path is "
+                    f"{path[0] if path else '?'!r}, and none of it exists): create the schema, or name one that "
+                    "exists with ?options=-csearch_path%3D<schema> in the URL"
+                )
+            found = {
+                name
+                for (name,) in db.execute(
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = %s AND table_name = ANY(%s)",
+                    (schema, [layout.VERSION_TABLE, *layout.TABLES]),
+                )
+            }
+            if layout.VERSION_TABLE not in found:
+                if found:
+                    raise StoreError(
+                        f"{self.display} (schema {schema}) holds tables named like oncebus's "
+                        f"({', '.join(sorted(found))}) but no oncebus_schema table: "
+                        "it was not written by oncebus; use another database or schema"
+                    )
+                db.execute(layout.CREATE)
+                _LOG.info("created the oncebus tables (store schema %d) in %s", SCHEMA_VERSION, self.display)
+                return
+            versions = [v for (v,) in db.execute(f"SELECT version FROM {layout.VERSION_TABLE}")]
+            if len(versions) != 1:
+                raise StoreError(
+                    f"{self.display} (schema {schema}): the table {layout.VERSION_TABLE} holds {len(versions)} rows, "
+                    "not one: it was changed by hand; restore it from a backup"
+                )
+            version = versions[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.display} (schema {schema}) was written by a newer oncebus (store schema {version}; this "
+                    f"version reads up to {SCHEMA_VERSION}): run that version or a newer one on it"
+                )
+            if version < SCHEMA_VERSION:
+                for step in range(version, SCHEMA_VERSION):
+                    for statement in layout.MIGRATIONS[step]:
+                        db.execute(statement)
+                db.execute(f"UPDATE {layout.VERSION_TABLE} SET version = %s, written_at = now()", (SCHEMA_VERSION,))
+                _LOG.warning("migrated %s from store schema %d to %d", self.display, version, SCHEMA_VERSION)
+
+    def _writer_connection(self) -> Connection[Any]:
+        """The writer's connection, opened again if it was lost (raises ``psycopg.Error`` if it cannot be)."""
+        db = self._db
+        if db is not None and not db.closed and not db.broken:
+            return db
+        if db is not None:
+            db.close()
+            self._db = None
+        self._db = self._connect()
+        self.reconnects += 1
+        self._unsynced_since = None  # the old session's commits were flushed by the server, or lost with it
+        _LOG.warning("reconnected to PostgreSQL at %s", self.display)
+        return self._db
+
+    # ------------------------------------------------------------------ reading
+    def load(self) -> Snapshot:
+        with self._lock:
+            try:
+                return self._load()
+            except psycopg.Error as exc:
+                raise StoreError(f"could not read the store from {self.display}: {_reason(exc)}") from None
+
+    def _load(self) -> Snapshot:
+        db = self._writer_connection()
+        snapshot = Snapshot()
+        for path, kind, props in db.execute("SELECT path, kind, properties FROM oncebus_entity ORDER BY path"):
+            snapshot.entities.append(PutEntity(path, kind, json.loads(props)))
+        row = db.execute(layout.NEWEST_KEY).fetchone()
+        snapshot.newest_key_us = int(row[0]) if row is not None else 0
+        for path, sid, state in db.execute("SELECT path, session_id, state FROM oncebus_session_state"):
+            snapshot.session_states.append(PutSessionState(path, layout.decode(sid) or "", bytes(state)))
+        for entity, next_seq, counters in db.execute(
+            "SELECT entity, next_sequence_number, counters FROM oncebus_counters"
+        ):
+            snapshot.counters[entity] = AddCounters(entity, next_seq, dict(counters))
+        for path, rules in db.execute("SELECT path, rules FROM oncebus_rules"):
+            snapshot.rules[path] = json.loads(rules)
+        snapshot.messages = self._stream(layout.SELECT_ROWS, (), _message_row, "rows")
+        keyed = [
+            record.path
+            for record in snapshot.entities
+            if record.kind != "subscription" and record.properties.get("requires_duplicate_detection")
+        ]
+        snapshot.dedup_keys = self._stream(layout.SELECT_KEYS, (keyed,), self._key, "keys")
+        snapshot.keys_of = lambda entity: self._stream(layout.SELECT_KEYS, ([entity],), self._key, "keys")
+        return snapshot
+
+    def _key(self, row: tuple[Any, ...]) -> PutDedupKey:
+        self.keys_read += 1
+        return PutDedupKey(row[0], bytes(row[1]).decode("utf-8", "surrogatepass"), row[2])
+
+    def _stream(
+        self, query: str, params: tuple[Any, ...], convert: Callable[[tuple[Any, ...]], Any], name: str
+    ) -> Iterator[Any]:
+        """Rows of ``query`` as the store is now (its snapshot is taken here, with the first rows), streamed from a
+        server-side cursor on a connection of its own, so the broker may take them while it serves and commits."""
+        db = None
+        try:
+            db = self._connect(autocommit=False)
+            cursor = db.cursor(name=f"oncebus_{name}")
+            cursor.itersize = 4096
+            cursor.execute(query, params)
+            first = cursor.fetchmany(4096)
+        except psycopg.Error as exc:
+            if db is not None:
+                db.close()
+            raise StoreError(f"could not read the store from {self.display}: {_reason(exc)}") from None
+        return self._more(db, cursor, first, convert)
+
+    def _more(
+        self,
+        db: Connection[Any],
+        cursor: psycopg.ServerCursor[Any],
+        rows: list[Any],
+        convert: Callable[[tuple[Any, ...]], Any],
+    ) -> Iterator[Any]:
+        try:
+            while rows:
+                for row in rows:
+                    yield convert(row)
+                rows = cursor.fetchmany(4096)
+        except psycopg.Error as exc:
+            raise StoreError(f"could not read the store from {self.display}: {_reason(exc)}") from None
+        finally:
+            db.close()
+
+    def read_messages(self, path: str, sequence_numbers: Sequence[int]) -> dict[int, StoredMessage]:
+        """The content of committed messages (those found), on the caller's thread (a connection of its own,
+        opened again once if it was lost)."""
+        with self._reader_lock:
+            for attempt in (1, 2):
+                try:
+                    if self._reader is None or self._reader.closed or self._reader.broken:
+                        if self._reader is not None:
+                            self._reader.close()
+                        self._reader = self._connect()
+                    return layout.read_content(self._reader, path, sequence_numbers)
+                except psycopg.Error as exc:
+                    if attempt == 2 or (self._reader is not None and not self._reader.broken):
+                        raise StoreWriteError(f"could not read messages from {self.display}: {_reason(exc)}") from None
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ writing
+    def submit(self, unit: Sequence[Op], *, durable: bool = True) -> Future[None]:
+        future: Future[None] = Future()
+        if not durable and not all(isinstance(op, _SETTLEMENT_OPS) for op in unit):
+            durable = True  # what stores a message, a key or a definition waits for its flush, whatever was asked
+        self._queue.put((list(unit), future, durable))
+        return future
+
+    def _write_loop(self) -> None:
+        while True:
+            timeout = None
+            if self._unsynced_since is not None:  # wake to flush them in time
+                timeout = max(self._unsynced_since + SETTLEMENT_SYNC_SECONDS - time.monotonic(), 0.0)
+            try:
+                item = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                with self._lock:
+                    self._sync_if_due()
+                continue
+            if item is _STOP:
+                return
+            group = [item]
+            stop = False
+            while len(group) < _MAX_UNITS_PER_COMMIT:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    stop = True
+                    break
+                group.append(more)
+            with self._lock:
+                self._commit_group(group)  # type: ignore[arg-type]
+                self._sync_if_due()
+            if stop:
+                return
+
+    def _sync_if_due(self) -> None:
+        if self._unsynced_since is not None and time.monotonic() >= self._unsynced_since + SETTLEMENT_SYNC_SECONDS:
+            try:
+                self._sync()
+            except psycopg.Error as exc:  # tried again; the next durable commit flushes them anyway
+                _LOG.debug("store sync failed: %s", exc)
+
+    def _sync(self) -> None:
+        """Make every committed transaction power-safe: a synchronous commit that writes a commit record (it takes
+        a transaction id), so the server flushes its WAL up to it, and with it every commit before it."""
+        db = self._writer_connection()
+        with db.transaction():
+            db.execute("SELECT txid_current()")
+        self.syncs += 1
+        self._unsynced_since = None
+
+    def _commit_group(self, group: list[tuple[list[Op], Future[None], bool]]) -> None:
+        # a unit whose waiter was cancelled is still written: the broker's memory already has it
+        units: list[_Unit] = [
+            (unit, future if future.set_running_or_notify_cancel() else None) for unit, future, _ in group
+        ]
+        durable = [d for _, _, d in group]
+        self.units += len(units)
+        started = time.perf_counter()
+        try:
+            self._transaction([op for unit, _ in units for op in unit], any(durable))
+        except Exception as exc:
+            if len(units) == 1 or not _worth_retrying(exc, self._db):
+                self._fail(units, exc)
+                return
+            # nothing of the group is stored; one unit's failure must not fail the others: each on its own
+            for (unit, future), unit_durable in zip(units, durable, strict=True):
+                try:
+                    self._transaction(unit, unit_durable)
+                except Exception as unit_exc:
+                    self._fail([(unit, future)], unit_exc)
+                else:
+                    if future is not None:
+                        future.set_result(None)
+            return
+        if self.commit_observer is not None and any(unit for unit, _ in units):
+            self.commit_observer(time.perf_counter() - started, len(units))
+        for _, future in units:
+            if future is not None:
+                future.set_result(None)
+
+    def _transaction(self, ops: list[Op], durable: bool = True) -> None:
+        """Apply ``ops`` in one transaction, all or nothing; flushed by the server before it returns if
+        ``durable``."""
+        if not ops:
+            return
+        db = self._writer_connection()
+        with db.pipeline(), db.transaction():
+            if not durable:
+                db.execute("SET LOCAL synchronous_commit = off")
+            self._ops.apply_all(db, ops)
+        self.commits += 1
+        if durable:  # its flush carried every transaction committed before it
+            self._unsynced_since = None
+        else:
+            self.relaxed_commits += 1
+            if self._unsynced_since is None:
+                self._unsynced_since = time.monotonic()
+
+    def _fail(self, units: list[_Unit], exc: BaseException) -> None:
+        self.failures += 1
+        error = exc if isinstance(exc, StoreWriteError) else self._write_error(exc)
+        for _, future in units:
+            if future is not None:
+                future.set_exception(error)
+
+    def _write_error(self, exc: BaseException) -> StoreWriteError:
+        db = self._db
+        if db is None or db.closed or db.broken:
+            return StoreWriteError(
+                f"could not write to {self.display}: the connection to PostgreSQL failed ({_reason(exc)}); this "
+                "call may not have been stored (if the commit was under way); oncebus reconnects with the next call"
+            )
+        return StoreWriteError(
+            f"could not write to {self.display}: {_reason(exc)}; nothing of this call was stored; "
+            "oncebus tries again with the next call"
+        )
+
+    def close(self) -> None:
+        if self._writer.is_alive():
+            self._queue.put(_STOP)
+            self._writer.join()
+        with self._lock:
+            if self._unsynced_since is not None:
+                try:
+                    self._sync()
+                except psycopg.Error as exc:
+                    _LOG.warning("could not flush the last settlements to %s on close: %s", self.display, exc)
+            if self._db is not None:
+                self._db.close()
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+
+
+def _message_row(row: tuple[Any, ...]) -> MessageRow:
+    path, seq, state, count, enqueued, expires, size, session = row
+    return (path, seq, state, count, enqueued, expires, size, layout.decode(session))
+
+
+def _worth_retrying(exc: BaseException, db: Connection[Any] | None) -> bool:
+    """Whether to try a failed group's units one by one: not when the connection is gone (each would fail)."""
+    return db is not None and not db.closed and not db.broken
+
+
+def _open_error(display: str, exc: BaseException) -> StoreError:
+    """One line for a database that cannot be reached: what, where, what to do."""
+    return StoreError(
+        f"cannot connect to PostgreSQL at {display} ({_reason(exc)}): check that the server runs and accepts "
+        "connections from here, and the URL's host, port, database, user and password"
+    )

@@ -254,7 +254,7 @@ def test_a_failing_unit_fails_alone_and_stores_nothing(stores: Stores) -> None:
     futures = [store.submit([PutMessage(_message(i), dedup_key=("q", str(i), i))]) for i in range(1, 40)]
     bad = store.submit([PutDedupKey("q", "bad", 5), PutMessage(_message(100, path=None))])
     futures += [store.submit([PutMessage(_message(i), dedup_key=("q", str(i), i))]) for i in range(40, 80)]
-    with pytest.raises(StoreWriteError, match="(?i)null"):
+    with pytest.raises(StoreWriteError, match=r"(?i)null"):
         bad.result()
     assert all(f.exception() is None for f in futures)  # the units sharing its group landed
     store.submit([PutDedupKey("q", "later", 6)]).result()  # the next unit is tried afresh

@@ -76,9 +76,7 @@ def test_a_server_it_cannot_reach_gives_one_line_without_the_password(tmp_path: 
     assert display_url("postgresql://u@h/db") == "postgresql://u@h/db"
 
 
-def test_serve_on_an_unreachable_server_exits_with_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_serve_on_an_unreachable_server_exits_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["--data-dir", str(tmp_path), "serve", "--port", "0", "--store", "postgresql://u:pw@127.0.0.1:1/x"])
     err = capsys.readouterr().err
     assert code == 1, err

@@ -149,3 +149,20 @@ def test_a_lost_connection_refuses_one_send_then_the_store_reconnects(postgres_c
             store.close()
 
     asyncio.run(go())
+
+
+def test_a_second_node_on_the_same_schema_is_refused_until_the_first_stops(postgres_cluster: PostgresCluster) -> None:
+    url = postgres_cluster.fresh_url()
+    first = PostgresStore(url)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreError) as refused:
+            PostgresStore(url)
+        assert time.monotonic() - started < 10
+        message = str(refused.value)
+        assert message.startswith(f"another oncebus serves {url} (server process ") and "\n" not in message
+        assert "one oncebus process per database schema" in message
+        PostgresStore(postgres_cluster.fresh_url()).close()  # another schema of the same database: its own node
+    finally:
+        first.close()
+    PostgresStore(url).close()  # the first let go with its session

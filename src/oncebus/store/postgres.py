@@ -65,6 +65,7 @@ _STOP = object()
 _MAX_UNITS_PER_COMMIT = 512
 _SETTLEMENT_OPS = (DeleteMessage, UpdateMessage, MoveMessage, AddCounters)  # what may commit before its flush
 CONNECT_TIMEOUT_SECONDS = 10
+NODE_LOCK_WAIT_SECONDS = 3.0  # a node killed a moment ago: its session (and lock) ends when the server notices
 SCHEMA_VERSION = layout.SCHEMA_VERSION
 
 _Unit = tuple[list[Op], Future[None] | None]
@@ -109,6 +110,7 @@ class PostgresStore:
             raise _open_error(self.display, exc) from None
         try:
             self._prepare(self._db)
+            self._take_node_lock(self._db, wait=NODE_LOCK_WAIT_SECONDS)
         except BaseException as exc:
             self._db.close()
             if isinstance(exc, psycopg.Error):
@@ -195,6 +197,36 @@ class PostgresStore:
                 db.execute(f"UPDATE {layout.VERSION_TABLE} SET version = %s, written_at = now()", (SCHEMA_VERSION,))
                 _LOG.warning("migrated %s from store schema %d to %d", self.display, version, SCHEMA_VERSION)
 
+    def _take_node_lock(self, db: Connection[Any], *, wait: float = 0.0) -> None:
+        """Hold the schema's node lock for the writer's session (one node per schema until nodes share work):
+        a session-level advisory lock, let go when the session ends (a node that dies lets it go with its
+        connection). Raises ``StoreError`` if another session holds it after ``wait`` seconds."""
+        deadline = time.monotonic() + wait
+        while True:
+            row = db.execute(
+                "SELECT pg_try_advisory_lock(%s, hashtext(current_schema()))", (layout.NODE_LOCK,)
+            ).fetchone()
+            if row is not None and row[0]:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        holder = db.execute(
+            "SELECT a.pid, a.client_addr, a.backend_start FROM pg_locks AS l JOIN pg_stat_activity AS a"
+            " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objsubid = 2"
+            " AND l.objid = hashtext(current_schema())::oid",
+            (layout.NODE_LOCK,),
+        ).fetchone()
+        who = (
+            ""
+            if holder is None
+            else f" (server process {holder[0]}, client {holder[1] or 'local'}, since {holder[2]:%Y-%m-%d %H:%M:%S})"
+        )
+        raise StoreError(
+            f"another oncebus serves {self.display}{who}: one oncebus process per database schema (several nodes "
+            "on one database are not supported yet); stop it, or give this one another database or schema"
+        )
+
     def _writer_connection(self) -> Connection[Any]:
         """The writer's connection, opened again if it was lost (raises ``psycopg.Error`` if it cannot be)."""
         db = self._db
@@ -203,7 +235,13 @@ class PostgresStore:
         if db is not None:
             db.close()
             self._db = None
-        self._db = self._connect()
+        db = self._connect()
+        try:
+            self._take_node_lock(db)
+        except StoreError as exc:  # another node took the schema while this one was cut off: write nothing
+            db.close()
+            raise StoreWriteError(f"could not write to {self.display}: {exc}") from None
+        self._db = db
         self.reconnects += 1
         self._unsynced_since = None  # the old session's commits were flushed by the server, or lost with it
         _LOG.warning("reconnected to PostgreSQL at %s", self.display)

@@ -59,6 +59,7 @@ TABLES = (
     "oncebus_rules",
 )
 SCHEMA_LOCK = 0x6F6E63656275  # pg_advisory_xact_lock key: nodes starting together create or migrate once
+NODE_LOCK = 0x6F6E6365  # pg_try_advisory_lock(NODE_LOCK, hashtext(schema)): the one node serving a schema
 
 CREATE = f"""
 CREATE TABLE {VERSION_TABLE} (

@@ -166,3 +166,40 @@ def test_a_second_node_on_the_same_schema_is_refused_until_the_first_stops(postg
     finally:
         first.close()
     PostgresStore(url).close()  # the first let go with its session
+
+
+def test_an_older_schema_is_migrated_in_one_transaction_or_left_as_it_was(
+    postgres_cluster: PostgresCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The migration steps of a later release (here a made-up version 2) run at start, all or nothing."""
+    from oncebus.store import postgres, postgres_layout
+
+    url = postgres_cluster.fresh_url()
+    store = PostgresStore(url)
+    store.submit([PutEntity("q", "queue", {}), PutMessage(_message(1))]).result()
+    store.close()
+    new = postgres_layout.SCHEMA_VERSION + 1
+    monkeypatch.setattr(postgres, "SCHEMA_VERSION", new)
+    broken = ("ALTER TABLE oncebus_entity ADD COLUMN note text", "ALTER TABLE no_such_table ADD COLUMN x int")
+    monkeypatch.setattr(postgres_layout, "MIGRATIONS", {new - 1: broken})
+    with pytest.raises(StoreError) as refused:
+        PostgresStore(url)
+    message = str(refused.value)
+    assert f"could not migrate {url}" in message and f"from store schema {new - 1} to {new}" in message
+    assert "no_such_table" in message and "the database is unchanged" in message and "\n" not in message
+    with psycopg.connect(url) as db:
+        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (new - 1,)
+        columns = db.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'oncebus_entity'"
+            " AND table_schema = current_schema()"
+        )
+        assert "note" not in {c for (c,) in columns}  # the first step was rolled back with the second
+    monkeypatch.setattr(postgres_layout, "MIGRATIONS", {new - 1: broken[:1]})
+    store = PostgresStore(url)
+    try:
+        assert [e.path for e in store.load().entities] == ["q"]
+        assert store.read_messages("q", [1])[1].body == b"x1"
+    finally:
+        store.close()
+    with psycopg.connect(url) as db:
+        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (new,)

@@ -191,11 +191,18 @@ class PostgresStore:
                     f"version reads up to {SCHEMA_VERSION}): run that version or a newer one on it"
                 )
             if version < SCHEMA_VERSION:
-                for step in range(version, SCHEMA_VERSION):
-                    for statement in layout.MIGRATIONS[step]:
-                        db.execute(statement)
-                db.execute(f"UPDATE {layout.VERSION_TABLE} SET version = %s, written_at = now()", (SCHEMA_VERSION,))
-                _LOG.warning("migrated %s from store schema %d to %d", self.display, version, SCHEMA_VERSION)
+                try:
+                    for step in range(version, SCHEMA_VERSION):
+                        for statement in layout.MIGRATIONS[step]:
+                            db.execute(statement)
+                    db.execute(f"UPDATE {layout.VERSION_TABLE} SET version = %s, written_at = now()", (SCHEMA_VERSION,))
+                except psycopg.Error as exc:  # raised inside the transaction: all of it is rolled back
+                    raise StoreError(
+                        f"could not migrate {self.display} (schema {schema}) from store schema {version} to "
+                        f"{SCHEMA_VERSION} ({_reason(exc)}); the database is unchanged: fix the cause, or run the "
+                        "earlier oncebus on it"
+                    ) from None
+                _LOG.warning("migrating %s from store schema %d to %d", self.display, version, SCHEMA_VERSION)
 
     def _take_node_lock(self, db: Connection[Any], *, wait: float = 0.0) -> None:
         """Hold the schema's node lock for the writer's session (one node per schema until nodes share work):

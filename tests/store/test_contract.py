@@ -325,3 +325,20 @@ def test_a_namespace_keeps_its_dedup_history_across_a_restart_within_the_window(
         await ns2.close()
 
     _run(go)
+
+
+def test_a_failing_settlement_stores_nothing_and_the_next_one_lands(stores: Stores) -> None:
+    store = stores.open()
+    dead = "q/$deadletterqueue"
+    store.submit([_Q, PutMessage(_message(1)), PutMessage(_message(2)), PutMessage(_message(1, dead))]).result()
+    clash = MoveMessage("q", 1, dead, int(MessageState.ACTIVE), "r\x00", None, "q")  # dead/1 is taken
+    failed = store.submit([DeleteMessage("q", 2), clash, AddCounters("q", 3, {"completed": 1})], durable=False)
+    with pytest.raises(StoreWriteError):
+        failed.result()
+    store.submit([UpdateMessage("q", 2, int(MessageState.DEFERRED), 1), DeleteMessage(dead, 1)], durable=False).result()
+    store.submit([clash], durable=False).result()
+    store = stores.reopen(store)
+    snapshot = store.load()
+    assert [row[:4] for row in _rows(snapshot)] == [("q", 2, int(MessageState.DEFERRED), 1), (dead, 1, 0, 0)]
+    assert "q" not in snapshot.counters  # the failed unit's counts went with it
+    assert store.read_messages(dead, [1])[1].dead_letter_reason == "r\x00"

@@ -42,6 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import Connection
+from psycopg.pq import TransactionStatus
 
 from oncebus.core.errors import StoreError, StoreWriteError
 from oncebus.core.messages import StoredMessage
@@ -117,6 +118,7 @@ class PostgresStore:
                 raise StoreError(f"cannot prepare the oncebus tables in {self.display}: {_reason(exc)}") from None
             raise
         self._ops = layout.OpWriter()
+        self._quoting: psycopg.ClientCursor[Any] | None = None
         self._lock = threading.Lock()  # the writer connection: the writer's transactions, load(), close()
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._reader: Connection[Any] | None = None  # read_messages, on the caller's thread
@@ -432,10 +434,19 @@ class PostgresStore:
         if not ops:
             return
         db = self._writer_connection()
-        with db.pipeline(), db.transaction():
-            if not durable:
-                db.execute("SET LOCAL synchronous_commit = off")
-            self._ops.apply_all(db, ops)
+        script = None if durable else layout.settlement_script(self._script_cursor(db), ops)
+        if script is not None:
+            try:
+                db.execute(script, prepare=False)
+            except BaseException:
+                if not db.closed and not db.broken and db.info.transaction_status != TransactionStatus.IDLE:
+                    db.execute("ROLLBACK")
+                raise
+        else:
+            with db.pipeline(), db.transaction():
+                if not durable:
+                    db.execute("SET LOCAL synchronous_commit = off")
+                self._ops.apply_all(db, ops)
         self.commits += 1
         if durable:  # its flush carried every transaction committed before it
             self._unsynced_since = None
@@ -443,6 +454,12 @@ class PostgresStore:
             self.relaxed_commits += 1
             if self._unsynced_since is None:
                 self._unsynced_since = time.monotonic()
+
+    def _script_cursor(self, db: Connection[Any]) -> psycopg.ClientCursor[Any]:
+        """A cursor of ``db`` that quotes values on the client (for ``settlement_script``)."""
+        if self._quoting is None or self._quoting.connection is not db:
+            self._quoting = psycopg.ClientCursor(db)
+        return self._quoting
 
     def _fail(self, units: list[_Unit], exc: BaseException) -> None:
         self.failures += 1

@@ -27,7 +27,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from psycopg import Connection
+from psycopg import ClientCursor, Connection
 from psycopg.types.json import Jsonb
 
 from oncebus.core.messages import StoredMessage
@@ -226,6 +226,58 @@ def read_content(db: Connection[Any], path: str, sequence_numbers: Sequence[int]
                 dead_letter_source=decode(source),
             )
     return found
+
+
+_SETTLEMENT_SQL = {
+    "delete": DELETE_MESSAGE,
+    "update": "UPDATE oncebus_message SET state = %s, delivery_count = %s WHERE path = %s AND sequence_number = %s",
+    "move": (
+        "UPDATE oncebus_message SET path = %s, state = %s, dead_letter_reason = %s,"
+        " dead_letter_error_description = %s, dead_letter_source = %s WHERE path = %s AND sequence_number = %s"
+    ),
+}
+
+
+def settlement_script(cursor: ClientCursor[Any], ops: list[Op]) -> str | None:
+    """A settlements-only transaction as one script (one round trip: ``BEGIN; ...; COMMIT``), its values quoted
+    by the driver (``ClientCursor.mogrify``); None when ``ops`` hold anything else (or a change of properties,
+    which reads the stored ones first). The per-statement machinery of a pipeline costs more than the work here.
+    """
+    statements = ["BEGIN", "SET LOCAL synchronous_commit = off"]
+    counters: dict[str, AddCounters] = {}
+    values: tuple[object, ...]
+    for op in ops:
+        if isinstance(op, DeleteMessage):
+            statements.append(cursor.mogrify(_SETTLEMENT_SQL["delete"], (op.path, op.sequence_number)))
+        elif isinstance(op, UpdateMessage) and not op.application_properties:
+            values = (op.state, op.delivery_count, op.path, op.sequence_number)
+            statements.append(cursor.mogrify(_SETTLEMENT_SQL["update"], values))
+        elif isinstance(op, MoveMessage):
+            values = (
+                op.to_path,
+                op.state,
+                encode(op.dead_letter_reason),
+                encode(op.dead_letter_error_description),
+                encode(op.dead_letter_source),
+                op.path,
+                op.sequence_number,
+            )
+            statements.append(cursor.mogrify(_SETTLEMENT_SQL["move"], values))
+        elif isinstance(op, AddCounters):
+            merged = counters.get(op.entity)
+            if merged is None:
+                counters[op.entity] = AddCounters(op.entity, op.next_sequence_number, dict(op.counters))
+            else:
+                merged.next_sequence_number = max(merged.next_sequence_number, op.next_sequence_number)
+                for name, delta in op.counters.items():
+                    merged.counters[name] = merged.counters.get(name, 0) + delta
+        else:
+            return None
+    for merged in counters.values():
+        values = (merged.entity, merged.next_sequence_number, Jsonb(merged.counters))
+        statements.append(cursor.mogrify(ADD_COUNTERS, values))
+    statements.append("COMMIT")
+    return ";\n".join(statements)
 
 
 class OpWriter:

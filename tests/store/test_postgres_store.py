@@ -203,3 +203,37 @@ def test_an_older_schema_is_migrated_in_one_transaction_or_left_as_it_was(
         store.close()
     with psycopg.connect(url) as db:
         assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (new,)
+
+
+def test_after_a_cut_connection_the_node_takes_its_lock_back_from_its_own_old_session(
+    postgres_cluster: PostgresCluster,
+) -> None:
+    """A cut network: this side's connection is dead, but the server has not noticed (no FIN came), so the old
+    session still holds the node lock. The node ends its own old session rather than wait for TCP to give up."""
+    import os
+    import socket
+
+    store = PostgresStore(postgres_cluster.fresh_url())
+    kept = None
+    try:
+        store.submit([PutEntity("q", "queue", {}), PutMessage(_message(1))]).result()
+        assert store._db is not None
+        old_backend = store._db.info.backend_pid
+        fd = store._db.pgconn.socket
+        kept = os.dup(fd)  # the socket stays open (the server sees nothing)...
+        dead, peer = socket.socketpair()
+        peer.close()
+        os.dup2(dead.fileno(), fd)  # ...but the connection now writes into a socket nobody reads
+        dead.close()
+        with pytest.raises(StoreWriteError, match="the connection to PostgreSQL failed"):
+            store.submit([PutMessage(_message(2))]).result()
+        store.submit([PutMessage(_message(3))]).result()  # reconnected, and the lock taken back
+        assert store.reconnects == 1
+        with psycopg.connect(postgres_cluster.url(), autocommit=True) as db:
+            alive = db.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (old_backend,)).fetchone()
+        assert alive == (0,)
+        assert sorted(store.read_messages("q", [1, 2, 3])) == [1, 3]
+    finally:
+        store.close()
+        if kept is not None:
+            os.close(kept)

@@ -66,6 +66,17 @@ _STOP = object()
 _MAX_UNITS_PER_COMMIT = 512
 _SETTLEMENT_OPS = (DeleteMessage, UpdateMessage, MoveMessage, AddCounters)  # what may commit before its flush
 CONNECT_TIMEOUT_SECONDS = 10
+# a server that stops answering (a cut network) fails the call in flight within about 10 s (unacknowledged data)
+# or 25 s (an idle connection: keepalives), rather than TCP's minutes; the URL may set these itself
+_CONNECTION_SETTINGS: dict[str, Any] = {
+    "connect_timeout": CONNECT_TIMEOUT_SECONDS,
+    "application_name": "oncebus",
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
 NODE_LOCK_WAIT_SECONDS = 3.0  # a node killed a moment ago: its session (and lock) ends when the server notices
 SCHEMA_VERSION = layout.SCHEMA_VERSION
 
@@ -119,6 +130,9 @@ class PostgresStore:
             raise
         self._ops = layout.OpWriter()
         self._quoting: psycopg.ClientCursor[Any] | None = None
+        self._backend = self._db.info.backend_pid  # the writer connection's server process
+        self._old_backend: int | None = None  # the server process of a writer connection that failed
+        self._connection_failed = False  # the last transaction failed with its connection
         self._lock = threading.Lock()  # the writer connection: the writer's transactions, load(), close()
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._reader: Connection[Any] | None = None  # read_messages, on the caller's thread
@@ -130,9 +144,7 @@ class PostgresStore:
 
     # ------------------------------------------------------------------ connections and schema
     def _connect(self, *, autocommit: bool = True) -> Connection[Any]:
-        db = psycopg.connect(
-            self.url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_SECONDS, application_name="oncebus"
-        )
+        db = psycopg.connect(self.url, autocommit=autocommit, **_CONNECTION_SETTINGS)
         try:
             setting = db.execute("SHOW synchronous_commit").fetchone()
             if setting is not None and setting[0] == "off":  # a commit must wait for the server's WAL flush
@@ -206,16 +218,17 @@ class PostgresStore:
                     ) from None
                 _LOG.warning("migrating %s from store schema %d to %d", self.display, version, SCHEMA_VERSION)
 
+    def _try_node_lock(self, db: Connection[Any]) -> bool:
+        row = db.execute("SELECT pg_try_advisory_lock(%s, hashtext(current_schema()))", (layout.NODE_LOCK,)).fetchone()
+        return row is not None and bool(row[0])
+
     def _take_node_lock(self, db: Connection[Any], *, wait: float = 0.0) -> None:
         """Hold the schema's node lock for the writer's session (one node per schema until nodes share work):
         a session-level advisory lock, let go when the session ends (a node that dies lets it go with its
         connection). Raises ``StoreError`` if another session holds it after ``wait`` seconds."""
         deadline = time.monotonic() + wait
         while True:
-            row = db.execute(
-                "SELECT pg_try_advisory_lock(%s, hashtext(current_schema()))", (layout.NODE_LOCK,)
-            ).fetchone()
-            if row is not None and row[0]:
+            if self._try_node_lock(db):
                 return
             if time.monotonic() >= deadline:
                 break
@@ -236,21 +249,34 @@ class PostgresStore:
             "on one database are not supported yet); stop it, or give this one another database or schema"
         )
 
+    def _drop_connection(self) -> None:
+        """Close the writer's connection after it failed (it is opened again for the next transaction)."""
+        db, self._db = self._db, None
+        if db is None:
+            return
+        self._old_backend = self._backend
+        db.close()
+
     def _writer_connection(self) -> Connection[Any]:
         """The writer's connection, opened again if it was lost (raises ``psycopg.Error`` if it cannot be)."""
         db = self._db
         if db is not None and not db.closed and not db.broken:
             return db
         if db is not None:
-            db.close()
-            self._db = None
+            self._drop_connection()
+        old_backend, self._old_backend = self._old_backend, None
         db = self._connect()
         try:
-            self._take_node_lock(db)
+            if old_backend and not self._try_node_lock(db):
+                # the server may not have noticed yet that this node's previous session is gone (a cut network):
+                # that session is this node's own, so end it rather than wait for the server's TCP timeout
+                db.execute("SELECT pg_terminate_backend(%s)", (old_backend,))
+            self._take_node_lock(db, wait=NODE_LOCK_WAIT_SECONDS if old_backend else 0.0)
         except StoreError as exc:  # another node took the schema while this one was cut off: write nothing
             db.close()
             raise StoreWriteError(f"could not write to {self.display}: {exc}") from None
         self._db = db
+        self._backend = db.info.backend_pid
         self.reconnects += 1
         self._unsynced_since = None  # the old session's commits were flushed by the server, or lost with it
         _LOG.warning("reconnected to PostgreSQL at %s", self.display)
@@ -386,8 +412,10 @@ class PostgresStore:
         if self._unsynced_since is not None and time.monotonic() >= self._unsynced_since + SETTLEMENT_SYNC_SECONDS:
             try:
                 self._sync()
-            except psycopg.Error as exc:  # tried again; the next durable commit flushes them anyway
+            except (psycopg.Error, StoreWriteError) as exc:  # tried again; a durable commit flushes them anyway
                 _LOG.debug("store sync failed: %s", exc)
+                if self._unsynced_since is not None:
+                    self._unsynced_since = time.monotonic()  # not before SETTLEMENT_SYNC_SECONDS: no busy loop
 
     def _sync(self) -> None:
         """Make every committed transaction power-safe: a synchronous commit that writes a commit record (it takes
@@ -433,20 +461,27 @@ class PostgresStore:
         ``durable``."""
         if not ops:
             return
+        self._connection_failed = False
         db = self._writer_connection()
-        script = None if durable else layout.settlement_script(self._script_cursor(db), ops)
-        if script is not None:
-            try:
-                db.execute(script, prepare=False)
-            except BaseException:
-                if not db.closed and not db.broken and db.info.transaction_status != TransactionStatus.IDLE:
-                    db.execute("ROLLBACK")
-                raise
-        else:
-            with db.pipeline(), db.transaction():
-                if not durable:
-                    db.execute("SET LOCAL synchronous_commit = off")
-                self._ops.apply_all(db, ops)
+        try:
+            script = None if durable else layout.settlement_script(self._script_cursor(db), ops)
+            if script is not None:
+                try:
+                    db.execute(script, prepare=False)
+                except BaseException:
+                    if not db.closed and not db.broken and db.info.transaction_status != TransactionStatus.IDLE:
+                        db.execute("ROLLBACK")
+                    raise
+            else:
+                with db.pipeline(), db.transaction():
+                    if not durable:
+                        db.execute("SET LOCAL synchronous_commit = off")
+                    self._ops.apply_all(db, ops)
+        except psycopg.Error as exc:
+            if _connection_error(exc) or db.closed or db.broken:  # whatever libpq says of it, never trust it again
+                self._connection_failed = True
+                self._drop_connection()
+            raise
         self.commits += 1
         if durable:  # its flush carried every transaction committed before it
             self._unsynced_since = None
@@ -470,7 +505,7 @@ class PostgresStore:
 
     def _write_error(self, exc: BaseException) -> StoreWriteError:
         db = self._db
-        if db is None or db.closed or db.broken:
+        if self._connection_failed or db is None or db.closed or db.broken:
             return StoreWriteError(
                 f"could not write to {self.display}: the connection to PostgreSQL failed ({_reason(exc)}); this "
                 "call may not have been stored (if the commit was under way); oncebus reconnects with the next call"
@@ -504,7 +539,16 @@ def _message_row(row: tuple[Any, ...]) -> MessageRow:
 
 def _worth_retrying(exc: BaseException, db: Connection[Any] | None) -> bool:
     """Whether to try a failed group's units one by one: not when the connection is gone (each would fail)."""
-    return db is not None and not db.closed and not db.broken
+    return db is not None and not db.closed and not db.broken and not _connection_error(exc)
+
+
+def _connection_error(exc: BaseException) -> bool:
+    """An error of the connection rather than of the statements: the driver's own (no SQLSTATE), a connection
+    exception (class 08) or the server going away (class 57: shut down, session terminated)."""
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = exc.sqlstate
+    return state is None or state[:2] in ("08", "57")
 
 
 def _open_error(display: str, exc: BaseException) -> StoreError:

@@ -28,6 +28,7 @@ def test_serve_on_postgresql_loses_nothing_acknowledged_across_a_sigkill(
         acked = _send(server.connection_string, ids)
         assert acked == ids
         assert _send(server.connection_string, ["m-0"]) == ["m-0"]  # a resend: acknowledged, dropped
+        assert any(f"with its store on {url}" in line for line in server.output), server.output
         server.kill()
         assert (data / "oncebus.db").stat().st_size == 0  # nothing went to the data directory's SQLite file
         with psycopg.connect(url) as db:

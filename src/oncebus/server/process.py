@@ -167,7 +167,8 @@ async def run(
         if install_signal_handlers:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-        say(f"oncebus {__version__} serving {datadir.path} (started in {time.monotonic() - started:.2f} s)")
+        where = f" with its store on {store.display}" if hasattr(store, "display") else ""  # PostgreSQL
+        say(f"oncebus {__version__} serving {datadir.path}{where} (started in {time.monotonic() - started:.2f} s)")
         say(f"AMQP on {info['amqp_host']}:{info['amqp_port']} (also AMQP over TLS, HTTPS and HTTP on this port)")
         if info["tls_port"] is not None:
             say(f"TLS on {info['amqp_host']}:{info['tls_port']} (AMQP over TLS and HTTPS)")

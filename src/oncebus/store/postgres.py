@@ -99,7 +99,16 @@ def display_url(url: str) -> str:
         return "the PostgreSQL URL given"
 
 
+def _root(exc: BaseException) -> BaseException:
+    """The error that caused ``exc``: leaving a pipeline after a failure raises the driver's own error (no
+    SQLSTATE, "cannot exit pipeline mode while busy") in place of the server's."""
+    while isinstance(exc, psycopg.Error) and exc.sqlstate is None and isinstance(exc.__context__, psycopg.Error):
+        exc = exc.__context__
+    return exc
+
+
 def _reason(exc: BaseException) -> str:
+    exc = _root(exc)
     text = " ".join(str(exc).split())  # libpq's messages span lines
     return text or type(exc).__name__
 
@@ -545,6 +554,7 @@ def _worth_retrying(exc: BaseException, db: Connection[Any] | None) -> bool:
 def _connection_error(exc: BaseException) -> bool:
     """An error of the connection rather than of the statements: the driver's own (no SQLSTATE), a connection
     exception (class 08) or the server going away (class 57: shut down, session terminated)."""
+    exc = _root(exc)
     if not isinstance(exc, psycopg.OperationalError):
         return False
     state = exc.sqlstate

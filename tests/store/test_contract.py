@@ -342,3 +342,36 @@ def test_a_failing_settlement_stores_nothing_and_the_next_one_lands(stores: Stor
     assert [row[:4] for row in _rows(snapshot)] == [("q", 2, int(MessageState.DEFERRED), 1), (dead, 1, 0, 0)]
     assert "q" not in snapshot.counters  # the failed unit's counts went with it
     assert store.read_messages(dead, [1])[1].dead_letter_reason == "r\x00"
+
+
+def test_a_clean_stop_keeps_dedup_images_so_a_start_replays_only_the_keys_since(stores: Stores) -> None:
+    async def go() -> None:
+        clock = ManualClock()
+        store = stores.open()
+        ns = await Namespace.open(store, clock)
+        await ns.create_queue("q", requires_duplicate_detection=True, duplicate_detection_history_time_window="PT1H")
+        await ns.create_queue("gone", requires_duplicate_detection=True)
+        for i in range(50):
+            await ns.send("q", Message(b"x", message_id=f"a-{i}"))
+        await ns.send("gone", Message(b"x", message_id="g"))
+        clock.advance(1)  # the images' mark is the time of the stop: keys accepted at it are read again
+        await ns.close()  # a clean stop: the images are kept
+        store = stores.reopen(store)
+        clock.advance(1)
+        ns = await Namespace.open(store, clock)
+        assert store.keys_read == 0  # every key came from the images
+        assert (await ns.send("q", Message(b"x", message_id="a-7")))[0].duplicate
+        for i in range(5):
+            await ns.send("q", Message(b"x", message_id=f"b-{i}"))
+        await ns.delete_queue("gone")
+        await ns.create_queue("gone", requires_duplicate_detection=True)
+        store = stores.reopen(store)  # a crash: the namespace never closed, no new images
+        ns = await Namespace.open(store, clock)
+        assert store.keys_read == 5  # the images of the last clean stop, then the keys accepted since
+        assert ns.stats("q").keys_held == 55
+        assert (await ns.send("q", Message(b"x", message_id="a-0")))[0].duplicate
+        assert (await ns.send("q", Message(b"x", message_id="b-4")))[0].duplicate
+        assert not (await ns.send("gone", Message(b"x", message_id="g")))[0].duplicate  # a new queue of that name
+        await ns.close()
+
+    _run(go)

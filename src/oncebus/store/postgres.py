@@ -23,21 +23,26 @@ if it landed). A server that cannot be reached or a database written by a newer 
 :class:`StoreError` at start.
 
 One node only: the broker decides duplicates, locks and sequence numbers in memory, so two ``serve``
-processes must not share one database (nothing stops them yet: see docs/store.md). Dedup index images
-(checkpoints) are not written: a start rebuilds each index from its ``oncebus_dedup_key`` rows.
+processes must not share one database schema (the writer's session holds an advisory lock: see
+``_take_node_lock``). Dedup index images are stored at a clean stop (``keep_dedup_images``), not while
+serving: a start after a crash reads the key rows accepted since the last clean stop.
 Layout and schema versions: ``oncebus.store.postgres_layout``.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -60,6 +65,7 @@ from oncebus.store.base import (
     Snapshot,
     UpdateMessage,
 )
+from oncebus.store.dedup_images import DedupImage, Dumpable
 
 _LOG = logging.getLogger("oncebus.store")
 _STOP = object()
@@ -78,6 +84,7 @@ _CONNECTION_SETTINGS: dict[str, Any] = {
     "tcp_user_timeout": 10_000,
 }
 NODE_LOCK_WAIT_SECONDS = 3.0  # a node killed a moment ago: its session (and lock) ends when the server notices
+MAX_IMAGE_BYTES = 512 * 2**20  # a larger dedup index image is not stored (the entity is rebuilt from its rows)
 SCHEMA_VERSION = layout.SCHEMA_VERSION
 
 _Unit = tuple[list[Op], Future[None] | None]
@@ -124,6 +131,9 @@ class PostgresStore:
         self.relaxed_commits = 0  # transactions committed without waiting for their flush (settlements only)
         self.syncs = 0  # small synchronous commits the writer made to flush them (when no durable commit came)
         self.keys_read = 0  # dedup key rows read by load() and keys_of (what a start replayed)
+        self._keep_images: Callable[[], Iterable[tuple[str, Dumpable]]] | None = None
+        self._keep_since_us = 0
+        self._failures_at_load = 0  # a write failed since the broker last loaded: its memory may hold more
         self._unsynced_since: float | None = None  # monotonic time of the first commit not flushed yet
         try:
             self._db: Connection[Any] | None = self._connect()
@@ -294,6 +304,7 @@ class PostgresStore:
     # ------------------------------------------------------------------ reading
     def load(self) -> Snapshot:
         with self._lock:
+            self._failures_at_load = self.failures
             try:
                 return self._load()
             except psycopg.Error as exc:
@@ -320,9 +331,53 @@ class PostgresStore:
             for record in snapshot.entities
             if record.kind != "subscription" and record.properties.get("requires_duplicate_detection")
         ]
-        snapshot.dedup_keys = self._stream(layout.SELECT_KEYS, (keyed,), self._key, "keys")
+        snapshot.dedup_images = self._images(db, keyed)
+        marks = [image.since_us if (image := snapshot.dedup_images.get(path)) else 0 for path in keyed]
+        snapshot.dedup_keys = self._stream(layout.SELECT_KEYS_SINCE, (keyed, marks), self._key, "keys")
         snapshot.keys_of = lambda entity: self._stream(layout.SELECT_KEYS, ([entity],), self._key, "keys")
         return snapshot
+
+    def _images(self, db: Connection[Any], entities: list[str]) -> dict[str, DedupImage]:
+        """The images written at the last clean stop, of ``entities`` (those with duplicate detection)."""
+        found: dict[str, DedupImage] = {}
+        rows = db.execute(
+            "SELECT entity, image, crc, since_us FROM oncebus_dedup_image WHERE entity = ANY(%s)", (entities,)
+        )
+        for entity, image, crc, since in rows:
+            data = bytes(image)
+            where = Path(f"{self.display}#oncebus_dedup_image/{entity}")  # named in the broker's warnings
+            found[entity] = _DatabaseImage(where, 0, len(data), crc, since, data)
+        return found
+
+    def keep_dedup_images(self, indexes: Callable[[], Iterable[tuple[str, Dumpable]]], since_us: int) -> None:
+        """At ``close``, once every unit is committed, store images of ``indexes()`` (holding every key first
+        accepted before ``since_us``) in ``oncebus_dedup_image``, in place of the previous ones, for the next
+        start to read in bulk; unless a write failed since the last ``load`` (memory may then hold a key the
+        store does not: the previous images stay). As the SQLite store's, at a clean stop only: a start after a
+        crash reads the images of the last clean stop and the keys accepted since."""
+        self._keep_images = indexes
+        self._keep_since_us = since_us
+
+    def _save_images(self) -> None:
+        keep, self._keep_images = self._keep_images, None
+        if keep is None or self.failures != self._failures_at_load or not self._queue.empty():
+            return
+        rows = []
+        for entity, index in keep():
+            buffer = io.BytesIO()
+            index.dump(buffer)
+            data = buffer.getvalue()
+            if len(data) <= MAX_IMAGE_BYTES:  # larger: rebuilt from its rows (a bytea holds at most 1 GB)
+                rows.append((entity, data, zlib.crc32(data), self._keep_since_us))
+        try:
+            db = self._writer_connection()
+            with db.transaction():
+                db.execute("DELETE FROM oncebus_dedup_image")
+                db.cursor().executemany(
+                    "INSERT INTO oncebus_dedup_image (entity, image, crc, since_us) VALUES (%s, %s, %s, %s)", rows
+                )
+        except (psycopg.Error, StoreWriteError) as exc:  # the rows stay the truth; the next start reads them
+            _LOG.warning("could not store the dedup index images in %s: %s", self.display, _reason(exc))
 
     def _key(self, row: tuple[Any, ...]) -> PutDedupKey:
         self.keys_read += 1
@@ -532,13 +587,24 @@ class PostgresStore:
             if self._unsynced_since is not None:
                 try:
                     self._sync()
-                except psycopg.Error as exc:
+                except (psycopg.Error, StoreWriteError) as exc:
                     _LOG.warning("could not flush the last settlements to %s on close: %s", self.display, exc)
+            self._save_images()
             if self._db is not None:
                 self._db.close()
         with self._reader_lock:
             if self._reader is not None:
                 self._reader.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _DatabaseImage(DedupImage):
+    """An image read from ``oncebus_dedup_image`` (in memory; ``open`` gives it as a file)."""
+
+    data: bytes = b""
+
+    def open(self) -> BinaryIO:
+        return io.BytesIO(self.data)
 
 
 def _message_row(row: tuple[Any, ...]) -> MessageRow:

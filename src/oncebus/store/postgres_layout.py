@@ -57,6 +57,7 @@ TABLES = (
     "oncebus_session_state",
     "oncebus_counters",
     "oncebus_rules",
+    "oncebus_dedup_image",
 )
 SCHEMA_LOCK = 0x6F6E63656275  # pg_advisory_xact_lock key: nodes starting together create or migrate once
 NODE_LOCK = 0x6F6E6365  # pg_try_advisory_lock(NODE_LOCK, hashtext(schema)): the one node serving a schema
@@ -112,6 +113,14 @@ CREATE TABLE oncebus_rules (
     path text COLLATE "C" PRIMARY KEY,
     rules text NOT NULL
 );
+-- an image of each dedup index written at the last clean stop (DedupIndex.dump), its CRC-32 and its mark: the keys
+-- first accepted at or after since_us are read from oncebus_dedup_key on top of it; deleting the entity deletes it
+CREATE TABLE oncebus_dedup_image (
+    entity text COLLATE "C" PRIMARY KEY,
+    image bytea NOT NULL,
+    crc bigint NOT NULL,
+    since_us bigint NOT NULL
+);
 INSERT INTO {VERSION_TABLE} (version) VALUES ({SCHEMA_VERSION});
 """
 
@@ -158,8 +167,15 @@ SELECT_KEYS = (
     "SELECT entity, key, first_accepted_us FROM oncebus_dedup_key WHERE entity = ANY(%s)"
     " ORDER BY entity, first_accepted_us"
 )
+# the keys of each entity first accepted at or after its mark (0: all of them)
+SELECT_KEYS_SINCE = (
+    "SELECT k.entity, k.key, k.first_accepted_us FROM unnest(%s::text[], %s::bigint[]) AS w(entity, since_us)"
+    " JOIN oncebus_dedup_key AS k ON k.entity = w.entity AND k.first_accepted_us >= w.since_us"
+    " ORDER BY k.entity, k.first_accepted_us"
+)
 NEWEST_KEY = (
-    "SELECT COALESCE(MAX((SELECT MAX(k.first_accepted_us) FROM oncebus_dedup_key AS k WHERE k.entity = e.path)), 0)"
+    "SELECT GREATEST(COALESCE(MAX((SELECT MAX(k.first_accepted_us) FROM oncebus_dedup_key AS k"
+    " WHERE k.entity = e.path)), 0), (SELECT COALESCE(MAX(since_us), 0) FROM oncebus_dedup_image))"
     " FROM oncebus_entity AS e"
 )
 _SELECT_CONTENT = (
@@ -357,6 +373,7 @@ class OpWriter:
                     )
                 db.execute("DELETE FROM oncebus_counters WHERE entity = %s", (path,))
                 db.execute("DELETE FROM oncebus_dedup_key WHERE entity = %s", (path,))
+                db.execute("DELETE FROM oncebus_dedup_image WHERE entity = %s", (path,))  # void now
             case PutMessage(message=m, dedup_key=dedup_key):
                 db.execute(INSERT_MESSAGE, message_row(m))
                 if dedup_key is not None:

@@ -12,6 +12,7 @@ Schema versions (table ``oncebus_schema``, one row):
   read them. A dedup key is one row per (entity, key) with its first-accepted time: the primary key a later
   multi-node step decides duplicates with, in the transaction that stores the message (``INSERT ... ON
   CONFLICT (entity, key) DO UPDATE ... WHERE`` the stored time left the window), instead of in memory.
+  ``oncebus_dedup_image`` holds the dedup index images of the last clean stop (one row per entity).
 
 ``MIGRATIONS[n]`` brings version ``n`` to ``n + 1``; a database at an older version is migrated in one
 transaction at start (PostgreSQL's DDL is transactional: all of it or none), a newer one is refused.

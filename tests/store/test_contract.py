@@ -375,3 +375,27 @@ def test_a_clean_stop_keeps_dedup_images_so_a_start_replays_only_the_keys_since(
         await ns.close()
 
     _run(go)
+
+
+def test_a_checkpoint_while_serving_bounds_what_a_crash_restart_replays(stores: Stores) -> None:
+    async def go() -> None:
+        clock = ManualClock()
+        store = stores.open()
+        ns = await Namespace.open(store, clock)
+        await ns.create_queue("q", requires_duplicate_detection=True, duplicate_detection_history_time_window="PT1H")
+        for i in range(40):
+            await ns.send("q", Message(b"x", message_id=f"a-{i}"))
+        clock.advance(1)
+        assert ns.checkpoint_dedup()  # a forked child writes the images; the store keeps them behind the sends
+        assert store.wait_checkpoint(30) and store.checkpoints == 1
+        for i in range(3):
+            await ns.send("q", Message(b"x", message_id=f"b-{i}"))
+        store = stores.reopen(store)  # a crash: no clean stop
+        ns = await Namespace.open(store, clock)
+        assert store.keys_read == 3  # the checkpoint's images, then the keys accepted since its mark
+        assert ns.stats("q").keys_held == 43
+        assert (await ns.send("q", Message(b"x", message_id="a-39")))[0].duplicate
+        assert (await ns.send("q", Message(b"x", message_id="b-2")))[0].duplicate
+        await ns.close()
+
+    _run(go)

@@ -24,8 +24,9 @@ if it landed). A server that cannot be reached or a database written by a newer 
 
 One node only: the broker decides duplicates, locks and sequence numbers in memory, so two ``serve``
 processes must not share one database schema (the writer's session holds an advisory lock: see
-``_take_node_lock``). Dedup index images are stored at a clean stop (``keep_dedup_images``), not while
-serving: a start after a crash reads the key rows accepted since the last clean stop.
+``_take_node_lock``). Dedup index images are stored while serving (``checkpoint_dedup``: a forked child
+writes them to a temporary file, the writer stores them) and at a clean stop (``keep_dedup_images``): a start
+reads them, then the key rows accepted since their mark.
 Layout and schema versions: ``oncebus.store.postgres_layout``.
 """
 
@@ -34,7 +35,11 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import queue
+import secrets
+import signal
+import tempfile
 import threading
 import time
 import zlib
@@ -51,6 +56,7 @@ from psycopg.pq import TransactionStatus
 
 from oncebus.core.errors import StoreError, StoreWriteError
 from oncebus.core.messages import StoredMessage
+from oncebus.store import dedup_images
 from oncebus.store import postgres_layout as layout
 from oncebus.store.base import (
     SETTLEMENT_SYNC_SECONDS,
@@ -134,6 +140,15 @@ class PostgresStore:
         self._keep_images: Callable[[], Iterable[tuple[str, Dumpable]]] | None = None
         self._keep_since_us = 0
         self._failures_at_load = 0  # a write failed since the broker last loaded: its memory may hold more
+        self._loads = 0  # load() calls so far: a checkpoint forked before a reload holds memory from before it
+        self._checkpointing: _Checkpoint | None = None  # the checkpoint being written, until stored or dropped
+        self._closing = False
+        self._submit_lock = threading.Lock()
+        self._submitted = 0  # units queued so far (under _submit_lock)
+        self._finished = 0  # units of those the writer has committed or failed
+        self._deleted_at: dict[str, int] = {}  # entity -> the number of the last unit that deleted it (writer)
+        self.checkpoints = 0  # dedup checkpoints stored while serving
+        self.checkpoints_dropped = 0  # written but not stored (a write failed, a reload, the child failed)
         self._unsynced_since: float | None = None  # monotonic time of the first commit not flushed yet
         try:
             self._db: Connection[Any] | None = self._connect()
@@ -305,6 +320,7 @@ class PostgresStore:
     def load(self) -> Snapshot:
         with self._lock:
             self._failures_at_load = self.failures
+            self._loads += 1
             try:
                 return self._load()
             except psycopg.Error as exc:
@@ -379,6 +395,99 @@ class PostgresStore:
         except (psycopg.Error, StoreWriteError) as exc:  # the rows stay the truth; the next start reads them
             _LOG.warning("could not store the dedup index images in %s: %s", self.display, _reason(exc))
 
+    def checkpoint_dedup(self, indexes: Iterable[tuple[str, Dumpable]], since_us: int) -> bool:
+        """Start a checkpoint of the dedup ``indexes`` as they are now, marked ``since_us`` (see
+        ``SqliteStore.checkpoint_dedup``: call it on the thread that judges and submits, between two steps).
+
+        A forked child writes the images to a temporary file (the fork is the caller's only pause); once it has,
+        the checkpoint goes through the writer's queue, behind every unit submitted before the fork, and the
+        writer stores the images in ``oncebus_dedup_image`` in place of the previous ones, only if none of those
+        units failed and the store was not reloaded meanwhile (else they are dropped and the previous images
+        stay). An entity deleted by a unit submitted after the fork is left out. Returns False (nothing started)
+        while one is being written, while closing, or where processes cannot fork."""
+        if self._checkpointing is not None or self._closing or not hasattr(os, "fork"):
+            return False
+        entries = list(indexes)
+        if not entries:
+            return False
+        with self._submit_lock:
+            submitted = self._submitted
+        path = dedup_images.new_image_path(Path(tempfile.gettempdir()) / "oncebus-postgres")
+        token = secrets.token_bytes(16)
+        try:
+            pid = dedup_images.fork_write(path, token, entries)
+        except OSError as exc:  # out of memory or processes: the next one tries again
+            _LOG.warning("could not start a dedup checkpoint: %s", exc)
+            return False
+        checkpoint = _Checkpoint(path, token, {name: since_us for name, _ in entries}, submitted, self._loads, pid)
+        checkpoint.waiter = threading.Thread(
+            target=self._await_checkpoint, args=(checkpoint,), name="oncebus-dedup-checkpoint", daemon=True
+        )
+        self._checkpointing = checkpoint
+        checkpoint.waiter.start()
+        return True
+
+    def wait_checkpoint(self, timeout: float | None = None) -> bool:
+        """Wait until no checkpoint is being written (stored or dropped); False if one still is."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._checkpointing is not None:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def _await_checkpoint(self, checkpoint: _Checkpoint) -> None:
+        """On a thread of its own: wait for the child, then queue the checkpoint behind the units before it."""
+        try:
+            _, status = os.waitpid(checkpoint.pid, 0)
+        except ChildProcessError:  # reaped by someone else: unknown
+            status = -1
+        if status == 0 and not checkpoint.cancelled:
+            self._queue.put(checkpoint)
+            return
+        if not checkpoint.cancelled:
+            _LOG.warning("the dedup checkpoint's child process failed (status %s); the next one tries again", status)
+        self._drop_checkpoint(checkpoint)
+
+    def _drop_checkpoint(self, checkpoint: _Checkpoint) -> None:
+        dedup_images.discard(checkpoint.path)
+        dedup_images.discard(checkpoint.path.with_name(checkpoint.path.name + dedup_images.TMP_SUFFIX))
+        self.checkpoints_dropped += 1
+        self._checkpointing = None
+
+    def _commit_checkpoint(self, checkpoint: _Checkpoint) -> None:
+        """On the writer, under the lock; every unit submitted before the fork committed or failed by now."""
+        if self.failures != self._failures_at_load or self._loads != checkpoint.loads:
+            self._drop_checkpoint(checkpoint)  # memory may have held a key the store does not
+            return
+        try:
+            # the file fork_write wrote (dedup_images' format): each entity's image, its length and CRC-32
+            images = dedup_images._read_directory(checkpoint.path, checkpoint.token)
+            rows = []
+            for entity, since in checkpoint.marks.items():
+                image = images.get(entity)
+                if image is None or self._deleted_at.get(entity, 0) > checkpoint.submitted:
+                    continue
+                if image.length > MAX_IMAGE_BYTES:
+                    continue
+                with image.open() as file:
+                    data = file.read(image.length)
+                rows.append((entity, data, image.crc, since))
+            db = self._writer_connection()
+            with db.transaction():
+                db.execute("DELETE FROM oncebus_dedup_image")
+                db.cursor().executemany(
+                    "INSERT INTO oncebus_dedup_image (entity, image, crc, since_us) VALUES (%s, %s, %s, %s)", rows
+                )
+        except (OSError, ValueError, psycopg.Error, StoreWriteError) as exc:  # the previous images stay
+            _LOG.warning("could not store a dedup checkpoint in %s: %s", self.display, _reason(exc))
+            self._drop_checkpoint(checkpoint)
+            return
+        self._unsynced_since = None  # its synchronous commit flushed every transaction before it
+        self.checkpoints += 1
+        dedup_images.discard(checkpoint.path)
+        self._checkpointing = None
+
     def _key(self, row: tuple[Any, ...]) -> PutDedupKey:
         self.keys_read += 1
         return PutDedupKey(row[0], bytes(row[1]).decode("utf-8", "surrogatepass"), row[2])
@@ -439,7 +548,9 @@ class PostgresStore:
         future: Future[None] = Future()
         if not durable and not all(isinstance(op, _SETTLEMENT_OPS) for op in unit):
             durable = True  # what stores a message, a key or a definition waits for its flush, whatever was asked
-        self._queue.put((list(unit), future, durable))
+        with self._submit_lock:
+            self._submitted += 1
+            self._queue.put((list(unit), future, durable))
         return future
 
     def _write_loop(self) -> None:
@@ -455,8 +566,13 @@ class PostgresStore:
                 continue
             if item is _STOP:
                 return
+            if isinstance(item, _Checkpoint):
+                with self._lock:
+                    self._commit_checkpoint(item)
+                continue
             group = [item]
             stop = False
+            checkpoint: _Checkpoint | None = None  # after this group (it must not overtake it)
             while len(group) < _MAX_UNITS_PER_COMMIT:
                 try:
                     more = self._queue.get_nowait()
@@ -465,9 +581,19 @@ class PostgresStore:
                 if more is _STOP:
                     stop = True
                     break
+                if isinstance(more, _Checkpoint):
+                    checkpoint = more
+                    break
                 group.append(more)
             with self._lock:
-                self._commit_group(group)  # type: ignore[arg-type]
+                try:
+                    self._commit_group(group)  # type: ignore[arg-type]
+                finally:
+                    self._finished += len(group)
+                    for path in self._ops.take_deleted():  # a deletion tried counts, landed or not
+                        self._deleted_at[path] = self._finished
+                if checkpoint is not None:
+                    self._commit_checkpoint(checkpoint)
                 self._sync_if_due()
             if stop:
                 return
@@ -580,6 +706,15 @@ class PostgresStore:
         )
 
     def close(self) -> None:
+        self._closing = True
+        checkpoint = self._checkpointing
+        if checkpoint is not None and checkpoint.waiter is not None:  # a clean stop stores newer images anyway
+            checkpoint.cancelled = True
+            try:
+                os.kill(checkpoint.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            checkpoint.waiter.join()
         if self._writer.is_alive():
             self._queue.put(_STOP)
             self._writer.join()
@@ -595,6 +730,20 @@ class PostgresStore:
         with self._reader_lock:
             if self._reader is not None:
                 self._reader.close()
+
+
+@dataclass(slots=True)
+class _Checkpoint:
+    """A dedup checkpoint being written by a forked child (see ``PostgresStore.checkpoint_dedup``)."""
+
+    path: Path
+    token: bytes
+    marks: dict[str, int]  # entity -> since_us
+    submitted: int  # units submitted before the fork: the image holds their keys, and no later unit's
+    loads: int  # the store's loads before the fork: a reload since means memory was rebuilt
+    pid: int
+    waiter: threading.Thread | None = None
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -300,6 +300,14 @@ def settlement_script(cursor: ClientCursor[Any], ops: list[Op]) -> str | None:
 class OpWriter:
     """Applies units' operations inside the caller's transaction (its pipeline: few round trips)."""
 
+    def __init__(self) -> None:
+        self._deleted: list[str] = []  # entities deleted by the operations applied since ``take_deleted``
+
+    def take_deleted(self) -> list[str]:
+        """The entities deleted since the last call (whether their transaction committed or not)."""
+        deleted, self._deleted = self._deleted, []
+        return deleted
+
     def apply_all(self, db: Connection[Any], ops: list[Op]) -> None:
         """Apply a group's operations with the same effect as one by one, in fewer statements.
 
@@ -375,6 +383,7 @@ class OpWriter:
                 db.execute("DELETE FROM oncebus_counters WHERE entity = %s", (path,))
                 db.execute("DELETE FROM oncebus_dedup_key WHERE entity = %s", (path,))
                 db.execute("DELETE FROM oncebus_dedup_image WHERE entity = %s", (path,))  # void now
+                self._deleted.append(path)
             case PutMessage(message=m, dedup_key=dedup_key):
                 db.execute(INSERT_MESSAGE, message_row(m))
                 if dedup_key is not None:

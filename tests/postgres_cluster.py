@@ -24,6 +24,7 @@ import psycopg
 import pytest
 
 SUPERUSER = "oncebus"
+DEBIAN_BINARIES = Path("/usr/lib/postgresql")  # Debian's postgresql package: <version>/bin
 
 
 def find_binaries() -> Path:
@@ -32,7 +33,8 @@ def find_binaries() -> Path:
     on_path = shutil.which("initdb")
     if on_path is not None:
         candidates.append(Path(on_path).resolve().parent)
-    candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), reverse=True)
+    versions = [p for p in DEBIAN_BINARIES.glob("*/bin") if p.parent.name.isdigit()]
+    candidates += sorted(versions, key=lambda p: int(p.parent.name), reverse=True)
     for folder in candidates:
         if all((folder / name).exists() for name in ("initdb", "pg_ctl", "postgres")):
             return folder

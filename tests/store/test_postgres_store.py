@@ -264,3 +264,14 @@ def test_a_damaged_dedup_image_is_rebuilt_from_the_key_rows(postgres_cluster: Po
             store.close()
 
     asyncio.run(go())
+
+
+def test_without_the_postgresql_binaries_the_tests_fail_saying_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tests.postgres_cluster as cluster_module
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no initdb on PATH
+    monkeypatch.setattr(cluster_module, "DEBIAN_BINARIES", tmp_path / "none")
+    with pytest.raises(pytest.fail.Exception, match=r"initdb, pg_ctl and postgres were not found.*apt-get install"):
+        cluster_module.find_binaries()  # a failure, never a skip

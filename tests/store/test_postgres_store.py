@@ -74,6 +74,9 @@ def test_a_server_it_cannot_reach_gives_one_line_without_the_password(tmp_path: 
     assert message.startswith("cannot connect to PostgreSQL at postgresql://me:***@127.0.0.1:1/db")
     assert "s3cret" not in message and "\n" not in message
     assert display_url("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert display_url("postgresql://h/db?user=u&password=pw&sslmode=require") == (
+        "postgresql://h/db?user=u&password=***&sslmode=require"
+    )
 
 
 def test_serve_on_an_unreachable_server_exits_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -100,14 +100,15 @@ def display_url(url: str) -> str:
     """The URL without its password (for messages and logs)."""
     try:
         parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port is not None else "")
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+        netloc, query = parts.netloc, parts.query
+        if parts.password is not None:
+            host = parts.hostname or ""
+            if ":" in host:
+                host = f"[{host}]"
+            netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port is not None else "")
+        if "password=" in query:  # libpq also takes it as a parameter
+            query = "&".join("password=***" if q.startswith("password=") else q for q in query.split("&"))
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
     except ValueError:
         return "the PostgreSQL URL given"
 

@@ -278,3 +278,14 @@ def test_without_the_postgresql_binaries_the_tests_fail_saying_what_to_install(
     monkeypatch.setattr(cluster_module, "DEBIAN_BINARIES", tmp_path / "none")
     with pytest.raises(pytest.fail.Exception, match=r"initdb, pg_ctl and postgres were not found.*apt-get install"):
         cluster_module.find_binaries()  # a failure, never a skip
+
+
+def test_reading_messages_after_the_session_was_ended_reconnects(postgres_cluster: PostgresCluster) -> None:
+    store = PostgresStore(postgres_cluster.fresh_url())
+    try:
+        store.submit([PutEntity("q", "queue", {}), PutMessage(_message(1))]).result()
+        assert store.read_messages("q", [1])[1].body == b"x1"
+        assert _terminate_oncebus_sessions(postgres_cluster) >= 2  # the reader's and the writer's
+        assert store.read_messages("q", [1])[1].body == b"x1"  # opened again, once, on the caller's thread
+    finally:
+        store.close()

@@ -540,7 +540,12 @@ class PostgresStore:
                         self._reader = self._connect()
                     return layout.read_content(self._reader, path, sequence_numbers)
                 except psycopg.Error as exc:
-                    if attempt == 2 or (self._reader is not None and not self._reader.broken):
+                    reader, lost = self._reader, _connection_error(exc)
+                    if reader is not None and (lost or reader.closed or reader.broken):
+                        reader.close()  # whatever libpq says of it: opened afresh
+                        self._reader = None
+                        lost = True
+                    if attempt == 2 or not lost:
                         raise StoreWriteError(f"could not read messages from {self.display}: {_reason(exc)}") from None
         raise AssertionError("unreachable")
 

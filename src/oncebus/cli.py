@@ -32,7 +32,7 @@ from oncebus.core.errors import InvalidArgumentError, MessageSizeExceededError, 
 from oncebus.server import ServeError, ServeOptions, run
 from oncebus.server.control import LATEST_US, MAX_REQUEST_LINE, dispatch, error_from_json
 from oncebus.server.datadir import DataDir, resolve_data_dir
-from oncebus.store.sqlite import SqliteStore
+from oncebus.store.postgres_url import open_store, store_spec
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY = 1, 2, 3, 4
 
@@ -93,7 +93,7 @@ class _Local:
     def __init__(self, datadir: DataDir) -> None:
         self.datadir = datadir
         self._runner = asyncio.Runner()
-        self._store = SqliteStore(datadir.store_path)
+        self._store = open_store(store_spec(None), datadir.store_path)  # $ONCEBUS_STORE, as serve reads it
         self._namespace = self._runner.run(Namespace.open(self._store, SystemClock()))
 
     def call(self, op: str, args: dict[str, Any]) -> Any:
@@ -141,11 +141,19 @@ def _serve(args: argparse.Namespace) -> int:
         config=args.config,
         send_log=args.send_log,
         clock_file=os.environ.get("ONCEBUS_CLOCK_FILE"),  # tests only: time read from a file
+        store=_store(args),
     )
     try:
         return asyncio.run(run(options, install_signal_handlers=True))
     except ServeError as exc:
         raise CliError(str(exc), EXIT_BUSY if exc.busy else EXIT_REFUSED) from exc
+
+
+def _store(args: argparse.Namespace) -> str | None:
+    try:
+        return store_spec(args.store)
+    except InvalidArgumentError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
 
 
 def _keys(args: argparse.Namespace) -> KeyRing | None:
@@ -615,6 +623,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-faults",
         action="store_true",
         help="let faults be armed ('oncebus fault', POST /$faults) when serving beyond loopback (refused otherwise)",
+    )
+    serve.add_argument(
+        "--store",
+        help="where messages and dedup keys are kept: a postgresql://user:password@host:port/database URL, or sqlite "
+        "(default: $ONCEBUS_STORE, else oncebus.db in the data directory)",
     )
     serve.add_argument("--log-format", choices=["text", "json"], default="text", help="stderr log lines: text or json")
 

@@ -27,8 +27,8 @@ from oncebus.server.control import ControlServer
 from oncebus.server.datadir import DataDir
 from oncebus.server.front import Front, open_front
 from oncebus.server.runtime import freeze_again, tune_gc
+from oncebus.store.postgres_url import open_store
 from oncebus.store.sendlog import SendLogWriter
-from oncebus.store.sqlite import SqliteStore
 
 
 class ServeError(OncebusError):
@@ -60,6 +60,7 @@ class ServeOptions:
     send_log: str | None = None
     clock_file: str | None = None  # tests only: time read from a file (ONCEBUS_CLOCK_FILE)
     mount: ASGIApp | None = None  # an ASGI app for /metrics, / and /dashboard* (see oncebus.http.app)
+    store: str | None = None  # a postgresql:// URL (store/postgres_url.py); None: oncebus.db in the data directory
 
     def resolved_port(self, given: int | None, default: int) -> int:
         if given is not None:
@@ -105,7 +106,11 @@ async def run(
             busy=True,
         )
     started = time.monotonic()
-    store = SqliteStore(datadir.store_path)
+    try:
+        store = open_store(options.store, datadir.store_path)
+    except BaseException:
+        datadir.unlock()
+        raise
     send_log = SendLogWriter(options.send_log) if options.send_log else None
     clock = FileClock(options.clock_file) if options.clock_file else SystemClock()
     namespace = await Namespace.open(  # the stored messages load while it serves
@@ -167,7 +172,8 @@ async def run(
         if install_signal_handlers:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-        say(f"oncebus {__version__} serving {datadir.path} (started in {time.monotonic() - started:.2f} s)")
+        where = f" with its store on {store.display}" if hasattr(store, "display") else ""  # PostgreSQL
+        say(f"oncebus {__version__} serving {datadir.path}{where} (started in {time.monotonic() - started:.2f} s)")
         say(f"AMQP on {info['amqp_host']}:{info['amqp_port']} (also AMQP over TLS, HTTPS and HTTP on this port)")
         if info["tls_port"] is not None:
             say(f"TLS on {info['amqp_host']}:{info['tls_port']} (AMQP over TLS and HTTPS)")

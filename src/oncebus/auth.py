@@ -40,7 +40,7 @@ import ipaddress
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote_plus, unquote, unquote_plus, urlencode, urlsplit
@@ -89,6 +89,10 @@ class SasKey:
     rights: frozenset[str] = ALL_RIGHTS
 
 
+EntityRules = Callable[[str], Iterable[tuple[str, Sequence[str], Iterable[str]]]]
+"""``path -> [(key name, (primary, secondary), rights)]``: the shared access rules of the entity holding ``path``."""
+
+
 class KeyRing(Mapping[str, str]):
     """The namespace's keys: a mapping of key name to key (as everything that verifies tokens reads them) that
     also knows each key's rights. A plain ``{name: key}`` mapping means all rights for every key."""
@@ -132,6 +136,27 @@ class KeyRing(Mapping[str, str]):
 
     def __repr__(self) -> str:  # never the keys themselves
         return "KeyRing(" + ", ".join(f"{k.name}:{rights_text(k.rights)}" for k in self._keys.values()) + ")"
+
+    def attach_entity_rules(self, lookup: EntityRules) -> None:
+        """Let tokens signed with an entity's own shared access rules in: ``lookup(path)`` gives the rules of the
+        queue or topic that holds ``path`` (its subscriptions and sub-queues included), as (key name, keys,
+        rights) triples. The namespace's keys are looked up first."""
+        self._entity_rules = lookup
+
+    def candidates(self, name: str, path: str) -> list[tuple[str, frozenset[str]]]:
+        """The keys a token signed by ``name`` for the resource ``path`` may have used, with their rights: the
+        namespace key of that name, else the primary and secondary key of that rule of the entity at ``path``."""
+        key = self._keys.get(name)
+        if key is not None:
+            return [(key.key, key.rights)]
+        lookup: EntityRules | None = getattr(self, "_entity_rules", None)
+        if lookup is None:
+            return []
+        for rule_name, keys, rights in lookup(path):
+            if rule_name == name:
+                granted = frozenset(rights) | (ALL_RIGHTS if MANAGE in rights else frozenset())
+                return [(k, granted) for k in keys]
+        return []
 
 
 def rights_of(keys: Mapping[str, str], name: str) -> frozenset[str]:
@@ -302,22 +327,37 @@ def verify_token(token: str, keys: Mapping[str, str], now: float | None = None) 
     if missing:
         raise UnauthorizedError(f"the shared access signature lacks {', '.join(missing)}")
     key_name = unquote_plus(fields["skn"])
-    key = keys.get(key_name)
-    if key is None:
-        raise UnauthorizedError(f"unknown shared access key name {key_name[:80]!r}")
+    resource = unquote_plus(fields["sr"])
+    if isinstance(keys, KeyRing):
+        candidates = keys.candidates(key_name, resource_path(resource))
+    else:
+        key = keys.get(key_name)
+        candidates = [] if key is None else [(key, ALL_RIGHTS)]
+    if not candidates:
+        raise UnauthorizedError(
+            f"unknown shared access key name {key_name[:80]!r} (neither a namespace key nor a rule of the entity "
+            "the token is for)"
+        )
     if not _SE.fullmatch(fields["se"]) or int(fields["se"]) > MAX_EXPIRY:
         raise UnauthorizedError(
             f"the expiry se={fields['se'][:40]!r} is not a whole number of seconds since 1970 up to {MAX_EXPIRY} "
             "(the end of year 9999)"
         )
     expiry = int(fields["se"])
-    expected = sign(fields["sr"], expiry, key)
-    if not hmac.compare_digest(expected.encode(), unquote(fields["sig"]).encode()):
+    given = unquote(fields["sig"]).encode()
+    rights = next(  # an entity rule has two keys: either signs
+        (
+            granted
+            for key, granted in candidates
+            if hmac.compare_digest(sign(fields["sr"], expiry, key).encode(), given)
+        ),
+        None,
+    )
+    if rights is None:
         raise UnauthorizedError(f"the signature does not match key {key_name!r}")
     if expiry <= now:
         raise UnauthorizedError(f"the token expired at {expiry} (now {int(now)})")
-    resource = unquote_plus(fields["sr"])
-    return Grant(resource_path(resource), float(expiry), key_name, rights_of(keys, key_name), resource_host(resource))
+    return Grant(resource_path(resource), float(expiry), key_name, rights, resource_host(resource))
 
 
 def authorize(token: str, audience: str, keys: Mapping[str, str], now: float | None = None) -> Grant:

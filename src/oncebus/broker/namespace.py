@@ -409,6 +409,17 @@ class Namespace(Delivery):
     async def delete_topic(self, name: str) -> None:
         await self.delete_entity("topic", name)
 
+    def authorization_rules(self, path: str) -> list[tuple[str, tuple[str, str], tuple[str, ...]]]:
+        """The shared access rules of the queue or topic holding ``path`` (a subscription, sub-queue or
+        ``$management`` node included): (key name, (primary, secondary key), rights) each."""
+        parts = path.strip("/").lower().split("/")
+        for end in range(len(parts), 0, -1):  # the longest name first: entity names may hold '/'
+            entity = self._entities.get("/".join(parts[:end]))
+            if entity is not None and entity.kind in ("queue", "topic"):
+                rules = getattr(entity.properties, "authorization_rules", ())
+                return [(r.key_name, (r.primary_key, r.secondary_key), r.rights) for r in rules]
+        return []
+
     def get_queue(self, name: str) -> QueueProperties:
         return cast(QueueProperties, self.get_entity("queue", name))
 

@@ -7,8 +7,10 @@ wherever a duration is given.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import re
+import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -148,6 +150,86 @@ def forward_target(value: Any, name: str = "forward_to") -> str | None:
         raise InvalidArgumentError(f"{name}: {exc}") from None
 
 
+ACCESS_RIGHTS = ("Manage", "Send", "Listen")
+MAX_AUTHORIZATION_RULES = 12  # per entity, as Azure allows
+_KEY_NAME = re.compile(r"[A-Za-z0-9._-]{1,256}")
+
+
+@dataclass(frozen=True)
+class AuthorizationRule:
+    """A shared access rule of one queue or topic (its subscriptions included): a token signed with either
+    key grants ``rights`` on the entity and below it, never above. Field names follow
+    ``azure.servicebus.management.AuthorizationRule``; a key left out is generated, as Azure does."""
+
+    key_name: str
+    primary_key: str
+    secondary_key: str
+    rights: tuple[str, ...]  # of Manage, Send, Listen, in that order; Manage implies the other two
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _new_key() -> str:
+    return base64.b64encode(secrets.token_bytes(32)).decode("ascii")
+
+
+def _rule_value(item: Any, name: str) -> Any:
+    """A field of a rule given as this model, the SDK's object, or a mapping (snake_case or Service Bus names)."""
+    if isinstance(item, dict):
+        for key in (name, service_bus_name(name)):
+            if key in item:
+                return item[key]
+        return None
+    return getattr(item, name, None)
+
+
+def _authorization_rule(item: Any, where: str) -> AuthorizationRule:
+    key_name = _rule_value(item, "key_name")
+    if not isinstance(key_name, str) or not _KEY_NAME.fullmatch(key_name):
+        raise InvalidArgumentError(
+            f"{where}: key_name {key_name!r} is not valid: use 1 to 256 letters, digits, '.', '-' or '_'"
+        )
+    keys = []
+    for field in ("primary_key", "secondary_key"):
+        key = _rule_value(item, field)
+        if key is None or key == "":
+            key = _new_key()
+        if not isinstance(key, str) or len(key) > 256:
+            raise InvalidArgumentError(f"{where}: {field} must be text of at most 256 characters")
+        keys.append(key)
+    given = _rule_value(item, "rights")
+    if isinstance(given, str):
+        given = [given]
+    if not isinstance(given, list | tuple) or not given:
+        raise InvalidArgumentError(f"{where}: rights must list at least one of {', '.join(ACCESS_RIGHTS)}")
+    rights: set[str] = set()
+    for right in given:
+        text = str(getattr(right, "value", right))  # the SDK's AccessRights enum, or text
+        match = [r for r in ACCESS_RIGHTS if r.lower() == text.strip().lower()]
+        if not match:
+            raise InvalidArgumentError(f"{where}: {text!r} is not a right; use {', '.join(ACCESS_RIGHTS)}")
+        rights.add(match[0])
+    if "Manage" in rights and not {"Send", "Listen"} <= rights:
+        raise InvalidArgumentError(f"{where}: a rule with Manage must also have Send and Listen (as Azure requires)")
+    return AuthorizationRule(key_name, keys[0], keys[1], tuple(r for r in ACCESS_RIGHTS if r in rights))
+
+
+def _authorization_rules(value: Any) -> tuple[AuthorizationRule, ...]:
+    if not isinstance(value, list | tuple):
+        raise InvalidArgumentError(f"authorization_rules must be a list of rules, not {type(value).__name__}")
+    if len(value) > MAX_AUTHORIZATION_RULES:
+        raise InvalidArgumentError(
+            f"authorization_rules: {len(value)} rules; an entity has at most {MAX_AUTHORIZATION_RULES}"
+        )
+    rules = tuple(_authorization_rule(item, f"authorization rule {i + 1}") for i, item in enumerate(value))
+    names = [rule.key_name for rule in rules]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise InvalidArgumentError(f"authorization_rules: the key name {twice[0]!r} is given twice")
+    return rules
+
+
 STATUSES = ("Active", "Disabled", "SendDisabled", "ReceiveDisabled")
 
 
@@ -161,6 +243,7 @@ def _status(value: Any) -> str:
 
 _VALIDATORS: dict[str, Any] = {
     "status": _status,
+    "authorization_rules": _authorization_rules,
     "lock_duration": _lock_duration,
     "max_size_in_megabytes": _positive_int("max_size_in_megabytes", MAX_SIZE_MB),
     "requires_duplicate_detection": _flag("requires_duplicate_detection"),
@@ -273,6 +356,8 @@ class _EntityProperties:
             value = getattr(self, f.name)
             if f.name in STAMPS and value is None:
                 continue
+            if f.name == "authorization_rules":
+                value = [rule.to_dict() for rule in value]
             out[f.name] = format_duration(value) if isinstance(value, timedelta) else value
         return out
 
@@ -305,6 +390,7 @@ class QueueProperties(_EntityProperties):
     forward_to: str | None = None
     forward_dead_lettered_messages_to: str | None = None
     status: str = "Active"
+    authorization_rules: tuple[AuthorizationRule, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -324,6 +410,7 @@ class TopicProperties(_EntityProperties):
     user_metadata: str | None = None
     auto_delete_on_idle: timedelta = TIMESPAN_MAX
     status: str = "Active"
+    authorization_rules: tuple[AuthorizationRule, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -367,7 +454,7 @@ def field_name(service_bus: str) -> str:
 
 def property_kinds(kind: str) -> dict[str, str]:
     """The settable properties of an entity kind and each one's value kind: ``duration``, ``flag``, ``count``,
-    ``text`` or ``status``. Every door that reads or writes entity properties (the administration API's XML,
+    ``text``, ``status`` or ``rules``. Every door that reads or writes entity properties (the administration API's XML,
     the topology file, the CLI) takes the names and kinds from here."""
     cls = ENTITY_CLASSES[kind]
     settable = cls.settable()
@@ -378,6 +465,8 @@ def property_kinds(kind: str) -> dict[str, str]:
         declared = str(f.type)
         if f.name == "status":
             out[f.name] = "status"
+        elif f.name == "authorization_rules":
+            out[f.name] = "rules"
         elif declared == "timedelta":
             out[f.name] = "duration"
         elif declared == "bool":

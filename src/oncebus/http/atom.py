@@ -29,6 +29,7 @@ from oncebus.broker import RuntimeProperties
 from oncebus.core.durations import TIMESPAN_MAX, format_duration, parse_duration
 from oncebus.core.entities import (
     ENTITY_CLASSES,
+    AuthorizationRule,
     QueueProperties,
     SubscriptionProperties,
     TopicProperties,
@@ -125,7 +126,7 @@ def queue_description(props: QueueProperties, rt: RuntimeProperties, api_version
             ("SizeInBytes", rt.size_in_bytes),
             ("MessageCount", rt.total_message_count),
             ("IsAnonymousAccessible", False),
-            ("AuthorizationRules", _Raw("<AuthorizationRules/>")),
+            ("AuthorizationRules", _authorization_rules_xml(props.authorization_rules)),
             ("Status", props.status),
             ("CreatedAt", rt.created_at_utc),
             ("UpdatedAt", rt.updated_at_utc),
@@ -156,7 +157,7 @@ def topic_description(props: TopicProperties, rt: RuntimeProperties, api_version
             ("SizeInBytes", rt.size_in_bytes),
             ("FilteringMessagesBeforePublishing", False),
             ("IsAnonymousAccessible", False),
-            ("AuthorizationRules", _Raw("<AuthorizationRules/>")),
+            ("AuthorizationRules", _authorization_rules_xml(props.authorization_rules)),
             ("Status", props.status),
             ("CreatedAt", rt.created_at_utc),
             ("UpdatedAt", rt.updated_at_utc),
@@ -362,12 +363,47 @@ def _status_text(name: str, element: Element) -> str | None:
     return (element.text or "").strip() or None  # empty: unchanged (core checks the value and the kind)
 
 
+def _authorization_rules(name: str, element: Element) -> list[dict[str, Any]]:
+    """``<AuthorizationRules>`` as the SDKs write it: each ``AuthorizationRule`` with its ``KeyName``, keys and
+    ``Rights`` (``AccessRights`` items); the claim type and times are Azure's own, ignored. Core validates."""
+    rules: list[dict[str, Any]] = []
+    for rule in element:
+        if _local(rule.tag) != "AuthorizationRule":
+            raise InvalidArgumentError(f"{name} holds {_local(rule.tag)!r}; it holds AuthorizationRule elements")
+        fields = {_local(child.tag): child for child in rule}
+        rights = fields.get("Rights")
+        rules.append(
+            {
+                "key_name": (fields["KeyName"].text or "").strip() if "KeyName" in fields else None,
+                "primary_key": (fields["PrimaryKey"].text or "").strip() if "PrimaryKey" in fields else None,
+                "secondary_key": (fields["SecondaryKey"].text or "").strip() if "SecondaryKey" in fields else None,
+                "rights": [] if rights is None else [(item.text or "").strip() for item in rights],
+            }
+        )
+    return rules
+
+
+def _authorization_rules_xml(rules: Sequence[AuthorizationRule]) -> _Raw:
+    items = []
+    for rule in rules:
+        rights = "".join(f"<AccessRights>{right}</AccessRights>" for right in rule.rights)
+        items.append(
+            '<AuthorizationRule i:type="SharedAccessAuthorizationRule">'
+            "<ClaimType>SharedAccessKey</ClaimType><ClaimValue>None</ClaimValue>"
+            f"<Rights>{rights}</Rights>"
+            f"<KeyName>{escape(rule.key_name)}</KeyName><PrimaryKey>{escape(rule.primary_key)}</PrimaryKey>"
+            f"<SecondaryKey>{escape(rule.secondary_key)}</SecondaryKey></AuthorizationRule>"
+        )
+    return _Raw("<AuthorizationRules>" + "".join(items) + "</AuthorizationRules>")
+
+
 _CONVERTERS: dict[str, Any] = {
     "duration": _duration,
     "count": _int,
     "flag": _bool,
     "text": _str,
     "status": _status_text,
+    "rules": _authorization_rules,
 }
 # settable elements: XML name -> (core property, converter), from core's schema
 _SETTABLE: dict[str, dict[str, tuple[str, Any]]] = {
@@ -396,10 +432,6 @@ _READ_ONLY = {
 # Service Bus features oncebus does not have: accepted only with the value that means "not used".
 _DEFAULT_ONLY: dict[str, tuple[Any, str]] = {
     "EnableExpress": (lambda n, e: not _bool(n, e), "express entities are not implemented; it must be false"),
-    "AuthorizationRules": (
-        lambda n, e: len(e) == 0,
-        "entity-level authorization rules are not implemented; use the namespace keys (--key)",
-    ),
     "IsAnonymousAccessible": (lambda n, e: not _bool(n, e), "anonymous access is not supported; it must be false"),
     "FilteringMessagesBeforePublishing": (lambda n, e: not _bool(n, e), "it must be false"),
     "EnableSubscriptionPartitioning": (lambda n, e: not _bool(n, e), "it must be false"),

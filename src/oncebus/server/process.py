@@ -116,6 +116,7 @@ async def run(
     namespace = await Namespace.open(  # the stored messages load while it serves
         store, clock, send_log=send_log, backlog_in_background=True
     )
+    keys.attach_entity_rules(namespace.authorization_rules)  # tokens signed by an entity's own rules
     if topology is not None:
         from oncebus.server.topology import apply_topology
 

@@ -7,13 +7,18 @@ from collections.abc import Iterator
 import pytest
 
 from tests.amqp.conftest import ServerProcess, topology
-from tests.fuzz.sessions import Recording, record_sessions
+from tests.fuzz.sessions import JS_SESSIONS, Recording, record_js_sessions, record_sessions
+from tests.js.test_js_sdk import node_ready
 
 QUEUES = {
     "fuzz": {"RequiresDuplicateDetection": True, "LockDuration": "PT5S", "MaxDeliveryCount": 3},
     "fuzzsessions": {"RequiresSession": True},
     "ledger": {"RequiresDuplicateDetection": True},
     "probe": {},
+    # the JavaScript SDK's recorded scenarios (tests/js/scenario.js)
+    "js-plain": {},
+    "js-dedup": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT10M"},
+    "js-sched": {},
 }
 TOPICS = {"fuzztopic": ({"EnablePartitioning": True}, {"sub": {}})}
 
@@ -29,7 +34,10 @@ def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 
 @pytest.fixture(scope="module")
 def recordings(fuzz_server: ServerProcess) -> list[Recording]:
-    """One recording per SDK connection: send, receive and settle, sessions, topic (see sessions.SESSIONS)."""
+    """One recording per SDK connection: the Python SDK's send, receive and settle, sessions, topic (see
+    sessions.SESSIONS) and the JavaScript SDK's (sessions.JS_SESSIONS)."""
     found = record_sessions(fuzz_server.connection_string, fuzz_server.port)
-    assert {r.name for r in found} >= {"send", "receive", "sessions", "topic"}, [r.name for r in found]
+    found += record_js_sessions(fuzz_server.connection_string, fuzz_server.port, node_ready())
+    wanted = {"send", "receive", "sessions", "topic", *("js-" + name for name in JS_SESSIONS)}
+    assert {r.name for r in found} >= wanted, [r.name for r in found]
     return found

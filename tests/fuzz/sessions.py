@@ -10,13 +10,16 @@ the server to answer between chunks as the SDK did.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from azure.servicebus import (
     NEXT_AVAILABLE_SESSION,
@@ -172,6 +175,29 @@ def record_sessions(connection_string: str, port: int) -> list[Recording]:
             recorder.current = name
             with ServiceBusClient.from_connection_string(recorder.connection_string(connection_string)) as client:
                 session(client)
+            time.sleep(0.2)
+    finally:
+        recorder.close()
+    return [r for r in recorder.recordings if r.chunks]
+
+
+JS_SESSIONS = ("send-receive", "dedup", "schedule-peek")
+"""Scenarios of tests/js/scenario.js recorded too: the JavaScript SDK speaks AMQP through rhea, another stack."""
+
+
+def record_js_sessions(connection_string: str, port: int, node: str) -> list[Recording]:
+    """Run the JavaScript SDK's scenarios through a recording proxy (the queues js-plain, js-dedup, js-sched)."""
+    scenario = Path(__file__).resolve().parents[1] / "js" / "scenario.js"
+    recorder = Recorder(port)
+    try:
+        for name in JS_SESSIONS:
+            recorder.current = "js-" + name
+            env = dict(os.environ, ONCEBUS_CONNECTION_STRING=recorder.connection_string(connection_string))
+            result = subprocess.run(
+                [node, str(scenario), name], cwd=scenario.parent, env=env, capture_output=True, text=True, timeout=60
+            )
+            if result.returncode != 0:
+                raise RuntimeError(f"the JS scenario {name} failed through the recorder:\n{result.stderr[-2000:]}")
             time.sleep(0.2)
     finally:
         recorder.close()

@@ -90,7 +90,7 @@ class Router:
             props: Any = namespace.get_queue(entity)
         except EntityNotFoundError:
             props = namespace.get_topic(entity)
-        return max(int(props.max_message_size_in_kilobytes) * 1024, MIN_LINK_MESSAGE_SIZE)
+        return max(namespace.quotas.message_limit_kb(props) * 1024, MIN_LINK_MESSAGE_SIZE)  # the tier's cap too
 
     async def _put_token(self, conn: AmqpConnection, link: proton.Link, request: proton.Message) -> proton.Message:
         now = self.host.wall_time()

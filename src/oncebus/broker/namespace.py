@@ -54,6 +54,7 @@ from oncebus.core.messages import (
     Message,
 )
 from oncebus.core.rules import RuleProperties
+from oncebus.core.tiers import STANDARD, TierQuotas
 from oncebus.core.timeutil import datetime_to_us
 from oncebus.store.base import (
     DeleteEntity,
@@ -82,10 +83,12 @@ class Namespace(Delivery):
         *,
         send_log: SendLog | None = None,
         reencode: Reencode | None = None,
+        quotas: TierQuotas = STANDARD,
     ) -> None:
         self.store = store
         self.clock = clock or SystemClock()
-        self._registry = Registry()
+        self.quotas = quotas  # the tier (Standard or Premium) and Azure's quotas on it
+        self._registry = Registry(quotas)
         self._entities = self._registry.entities  # the same dict, for readers of the namespace's entities
         self._changes = ChangeSignal()
         self._journal = Journal(store, reload=self._load, reloaded=self._notify)
@@ -114,6 +117,7 @@ class Namespace(Delivery):
         send_log: SendLog | None = None,
         reencode: Reencode | None = None,
         backlog_in_background: bool = False,
+        quotas: TierQuotas = STANDARD,
     ) -> Namespace:
         """``reencode``: how a copy changed by a rule action gets its AMQP encoding (the AMQP adapter's);
         without it such a copy's encoding is dropped and rebuilt from its fields when delivered.
@@ -121,7 +125,7 @@ class Namespace(Delivery):
         ``backlog_in_background``: return once entities and dedup keys are loaded (sends are judged exactly
         from then on) and restore the stored messages in steps on the loop; until that is done, what reads or
         removes stored messages (receiving, peeking, sessions, entity changes, the timers) waits for it."""
-        namespace = cls(store, clock, send_log=send_log, reencode=reencode)
+        namespace = cls(store, clock, send_log=send_log, reencode=reencode, quotas=quotas)
         namespace._load(background=backlog_in_background)
         return namespace
 

@@ -26,7 +26,8 @@ from oncebus.core.entities import (
     validate_subscription_name,
 )
 from oncebus.core.errors import EntityAlreadyExistsError, EntityNotFoundError, InvalidArgumentError
-from oncebus.core.rules import RuleProperties, RuleSet, default_rule
+from oncebus.core.rules import CorrelationRuleFilter, RuleProperties, RuleSet, default_rule
+from oncebus.core.tiers import STANDARD, TierQuotas
 from oncebus.core.timeutil import us_to_datetime
 from oncebus.store.base import AddCounters, DeleteEntity, Op, PruneDedupKeys, PutEntity, PutRules
 
@@ -105,8 +106,11 @@ _PROPERTIES: dict[str, type[QueueProperties] | type[TopicProperties]] = {
 
 
 class Registry:
-    def __init__(self) -> None:
+    """``quotas``: the namespace's tier and what Azure allows it (checked when entities and rules change)."""
+
+    def __init__(self, quotas: TierQuotas = STANDARD) -> None:
         self.entities: dict[str, Entity] = {}
+        self.quotas = quotas
 
     # ------------------------------------------------------------------------------ install
     def install(self, kind: EntityKind, props: QueueProperties | TopicProperties) -> Entity:
@@ -196,7 +200,11 @@ class Registry:
         validate_entity_name(name, kind=kind)
         if name.lower() in self.entities:
             raise EntityAlreadyExistsError(f"a {self.entities[name.lower()].kind} named {name!r} already exists")
-        props = _PROPERTIES[kind].create(name, **properties).stamped(now_us, created=True)
+        quotas = self.quotas
+        props = _PROPERTIES[kind].create(name, **quotas.defaults(kind, properties)).stamped(now_us, created=True)
+        quotas.check_entity(props)
+        partitioned = sum(1 for e in self.entities.values() if e.properties.enable_partitioning)
+        quotas.check_entity_count(len(self.entities), partitioned, props.enable_partitioning)
         check_forwarding(self.entities, name.lower(), props)
         self.install(kind, props)
         return props, [PutEntity(name.lower(), kind, props.to_dict())]
@@ -214,12 +222,14 @@ class Registry:
         topic = self.entity(topic_name, "topic")
         if name.lower() in topic.subscriptions:
             raise EntityAlreadyExistsError(f"topic {topic_name!r} already has a subscription named {name!r}")
+        self.quotas.check_subscription_count(topic.properties.name, len(topic.subscriptions))
         props = SubscriptionProperties.create(name, **properties).stamped(now_us, created=True)
         check_forwarding(self.entities, topic.path, props)
         stamp = us_to_datetime(now_us)
         rules = [default_rule()] if rules is None else list(rules)
         rules = [r if r.created_at_utc is not None else dataclasses.replace(r, created_at_utc=stamp) for r in rules]
         RuleSet(rules)  # names unique: checked before anything changes
+        self._check_filters(topic, name, rules)
         subscription = self.install_subscription(topic.path, props, rules)
         path = subscription.receivable.path
         return props, [PutEntity(path, "subscription", props.to_dict()), PutRules(path, rules_json(rules))]
@@ -228,6 +238,8 @@ class Registry:
         """New properties, applied; the ops store them and prune the keys that left the old window (one unit)."""
         entity = self.entity(name, kind)
         props = entity.properties.updated(**changes).stamped(now_us)
+        if any(changes.get(key) is not None for key in ("max_message_size_in_kilobytes", "max_size_in_megabytes")):
+            self.quotas.check_entity(props)  # what a release before the tiers stored is left as it is otherwise
         check_forwarding(self.entities, entity.path, props)
         prune = PruneDedupKeys(entity.path, now_us - to_micros(entity.detector.window) + 1)
         entity.properties = props
@@ -254,8 +266,28 @@ class Registry:
     def set_rules(self, topic_name: str, name: str, rules: list[RuleProperties]) -> list[Op]:
         """Replace a subscription's rules (names unique, ignoring case); the op stores them."""
         subscription = self.subscription(topic_name, name)
-        subscription.rules = RuleSet(rules)
+        checked = RuleSet(rules)
+        self._check_filters(self.entity(topic_name, "topic"), name, list(checked))
+        subscription.rules = checked
         return [PutRules(subscription.receivable.path, rules_json(list(subscription.rules)))]
+
+    def _check_filters(self, topic: Entity, subscription: str, rules: list[RuleProperties]) -> None:
+        """The topic's SQL and correlation filters, with ``subscription``'s rules replaced by ``rules``."""
+        sql = correlation = 0
+        for rule in rules:
+            if isinstance(rule.filter, CorrelationRuleFilter):
+                correlation += 1
+            else:
+                sql += 1
+        for key, other in topic.subscriptions.items():
+            if key == subscription.lower():
+                continue
+            for rule in other.rules:
+                if isinstance(rule.filter, CorrelationRuleFilter):
+                    correlation += 1
+                else:
+                    sql += 1
+        self.quotas.check_filter_counts(topic.properties.name, sql, correlation)
 
     def delete(self, kind: EntityKind, name: str) -> list[Op]:
         entity = self.entity(name, kind)

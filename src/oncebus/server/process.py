@@ -22,6 +22,7 @@ from oncebus.amqp.reencode import reencode
 from oncebus.auth import DEFAULT_KEYS, KEYS_ENV, KeyRing, is_loopback, uses_public_key
 from oncebus.broker import FileClock, Namespace, SystemClock
 from oncebus.core.errors import InvalidArgumentError, OncebusError
+from oncebus.core.tiers import TierQuotas
 from oncebus.http.server import ASGIApp
 from oncebus.server.certs import ensure_certificates
 from oncebus.server.control import ControlServer
@@ -59,6 +60,7 @@ class ServeOptions:
     config: str | None = None
     send_log: str | None = None
     clock_file: str | None = None  # tests only: time read from a file (ONCEBUS_CLOCK_FILE)
+    tier: str | None = None  # standard or premium (None: $ONCEBUS_TIER, else standard); see oncebus.core.tiers
     mount: ASGIApp | None = None  # an ASGI app for /metrics, / and /dashboard* (see oncebus.http.app)
 
     def resolved_port(self, given: int | None, default: int) -> int:
@@ -91,6 +93,10 @@ async def run(
             f"anyone who reaches the port could use it; give your own key (--keys-file, ${KEYS_ENV} or --key) "
             "or pass --allow-default-key"
         )
+    try:
+        quotas = TierQuotas.from_env(tier=options.tier)
+    except InvalidArgumentError as exc:
+        raise ServeError(str(exc)) from exc
     topology = None
     if options.config:  # read and shape-checked before the data directory is touched
         from oncebus.server.topology import load_topology
@@ -109,7 +115,7 @@ async def run(
     send_log = SendLogWriter(options.send_log) if options.send_log else None
     clock = FileClock(options.clock_file) if options.clock_file else SystemClock()
     namespace = await Namespace.open(  # reencode: rule actions' copies; the stored messages load while it serves
-        store, clock, send_log=send_log, reencode=reencode, backlog_in_background=True
+        store, clock, send_log=send_log, reencode=reencode, backlog_in_background=True, quotas=quotas
     )
     if topology is not None:
         from oncebus.server.topology import apply_topology

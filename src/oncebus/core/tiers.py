@@ -167,14 +167,14 @@ class TierQuotas:
         if existing >= self.max_entities:
             per = f" ({PREMIUM_ENTITIES_PER_UNIT} per messaging unit)" if self.premium else ""
             raise QuotaExceededError(
-                f"SubCode=40301. The maximum number of queues and topics in a '{self.tier.value}' tier namespace "
+                f"The maximum number of queues and topics in a '{self.tier.value}' tier namespace "
                 f"({self.max_entities}{per}) has been reached. QuotaType: EntityCount. "
                 "Delete a queue or topic, or use another namespace."
             )
         limit = self.max_partitioned_entities
         if partitioned and limit is not None and partitioned_existing >= limit:
             raise QuotaExceededError(
-                f"SubCode=40301. The maximum number of partitioned queues and topics in a "
+                f"The maximum number of partitioned queues and topics in a "
                 f"'{self.tier.value}' tier namespace ({limit}) has been reached. QuotaType: PartitionedEntityCount. "
                 "Create the entity without partitioning, or in another namespace."
             )
@@ -182,7 +182,7 @@ class TierQuotas:
     def check_subscription_count(self, topic: str, existing: int) -> None:
         if existing >= self.max_subscriptions_per_topic:
             raise QuotaExceededError(
-                f"SubCode=40301. The maximum number of subscriptions of topic '{topic}' "
+                f"The maximum number of subscriptions of topic '{topic}' "
                 f"({self.max_subscriptions_per_topic}) has been reached. QuotaType: SubscriptionCount."
             )
 
@@ -190,12 +190,12 @@ class TierQuotas:
         """The topic's filters after a change: SQL (and true/false) filters, and correlation filters, in all."""
         if sql > self.max_sql_filters_per_topic:
             raise QuotaExceededError(
-                f"SubCode=40301. Topic '{topic}' would have {sql} SQL filters in its subscriptions' rules; "
+                f"Topic '{topic}' would have {sql} SQL filters in its subscriptions' rules; "
                 f"at most {self.max_sql_filters_per_topic} are allowed per topic. QuotaType: SqlFilterCount."
             )
         if correlation > self.max_correlation_filters_per_topic:
             raise QuotaExceededError(
-                f"SubCode=40301. Topic '{topic}' would have {correlation} correlation filters in its subscriptions' "
+                f"Topic '{topic}' would have {correlation} correlation filters in its subscriptions' "
                 f"rules; at most {self.max_correlation_filters_per_topic} are allowed per topic. "
                 "QuotaType: CorrelationFilterCount."
             )

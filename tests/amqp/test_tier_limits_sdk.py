@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from azure.core.exceptions import HttpResponseError
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
-from azure.servicebus.exceptions import MessageSizeExceededError
+from azure.servicebus.exceptions import MessageSizeExceededError, ServiceBusServerBusyError
 from azure.servicebus.management import ServiceBusAdministrationClient
 
 from tests.amqp.conftest import ServerProcess, topology
@@ -21,6 +21,9 @@ from tests.amqp.conftest import ServerProcess, topology
 KB = 1024
 MIB = 1024 * 1024
 QUEUES = {"q": {"RequiresDuplicateDetection": True}}
+TOPICS = {"t": ({}, {"a": {}, "b": {}})}
+# counts made small to meet them cheaply (Azure's figures are the defaults: tests/core/test_tiers.py)
+SMALL_COUNTS = {"ONCEBUS_QUOTA_MAX_CONCURRENT_RECEIVES": "2", "ONCEBUS_QUOTA_MAX_ENTITIES": "3"}
 
 
 class PremiumServer(ServerProcess):
@@ -36,7 +39,7 @@ def _ca_file(server: ServerProcess) -> str:
 @pytest.fixture(scope="module")
 def standard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     base = tmp_path_factory.mktemp("standard")
-    server = ServerProcess(base / "data", topology(QUEUES, {})).start()
+    server = ServerProcess(base / "data", topology(QUEUES, TOPICS), env=SMALL_COUNTS).start()
     yield server
     server.stop()
 
@@ -94,3 +97,20 @@ def test_premium_takes_a_5_mib_message_when_the_entity_allows_it(premium: Server
             with pytest.raises(MessageSizeExceededError):
                 sender.send_messages(ServiceBusMessage(b"y" * 7 * MIB, message_id="too-big"))
     assert _received(premium) == [("big", 5 * MIB)]
+
+
+def test_concurrent_receivers_and_entities_meet_their_quotas(standard: ServerProcess) -> None:
+    with ServiceBusClient.from_connection_string(standard.connection_string, retry_total=0) as client:
+        with client.get_subscription_receiver("t", "a") as first, client.get_subscription_receiver("t", "b"):
+            assert first.receive_messages(max_wait_time=0.2) == []
+            with pytest.raises(ServiceBusServerBusyError, match="across its subscriptions"):
+                with client.get_subscription_receiver("t", "a") as third:
+                    third.receive_messages(max_wait_time=0.2)
+        with client.get_subscription_receiver("t", "a") as again:  # the first two closed: room again
+            assert again.receive_messages(max_wait_time=0.2) == []
+    with _admin(standard) as admin:
+        admin.create_queue("third")  # q, t and this one: the limit
+        with pytest.raises(HttpResponseError, match="maximum number of queues and topics") as refused:
+            admin.create_topic("fourth")
+        assert refused.value.status_code == 403
+        admin.delete_queue("third")

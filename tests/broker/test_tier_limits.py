@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from oncebus.broker import ManualClock, Message, Namespace
-from oncebus.core.errors import ArgumentOutOfRangeError, MessageSizeExceededError, QuotaExceededError
+from oncebus.core.errors import ArgumentOutOfRangeError, MessageSizeExceededError, QuotaExceededError, ServerBusyError
 from oncebus.core.rules import CorrelationRuleFilter, RuleProperties, SqlRuleFilter
 from oncebus.core.tiers import STANDARD, Tier, TierQuotas
 from tests.broker.conftest import StoreFactory, run
@@ -162,3 +162,27 @@ def test_sql_and_correlation_filters_per_topic(stores: StoreFactory) -> None:
         assert [s.name for s in ns.list_subscriptions("t")] == ["a", "b"]
 
     _with(stores, TierQuotas.of(max_sql_filters_per_topic=3, max_correlation_filters_per_topic=2), body)
+
+
+def test_concurrent_receivers_per_queue_or_topic(stores: StoreFactory) -> None:
+    async def body(ns: Namespace) -> None:
+        await ns.create_queue("q")
+        await ns.create_topic("t")
+        for sub in ("a", "b"):
+            await ns.create_subscription("t", sub)
+        on_queue = [ns.open_receiver("q"), ns.open_receiver("q/$DeadLetterQueue")]  # the limit: 2
+        with pytest.raises(ServerBusyError, match=r"receive requests on queue 'q' has reached its limit \(2\)"):
+            ns.open_receiver("q")
+        on_topic = [ns.open_receiver("t/Subscriptions/a"), ns.open_receiver("T/subscriptions/B")]
+        with pytest.raises(ServerBusyError, match=r"topic 't' has reached its limit \(2, across its subscriptions\)"):
+            ns.open_receiver("t/Subscriptions/b")
+        on_queue[0]()
+        on_queue[0]()  # ending one twice frees one place only
+        on_queue.append(ns.open_receiver("q"))
+        with pytest.raises(ServerBusyError):
+            ns.open_receiver("q")
+        for release in on_topic:
+            release()
+        ns.open_receiver("t/Subscriptions/a")
+
+    _with(stores, TierQuotas.of(max_concurrent_receives=2), body)

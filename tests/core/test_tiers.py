@@ -61,6 +61,10 @@ def test_the_tier_is_read_from_the_option_or_the_environment() -> None:
         TierQuotas.from_env({"ONCEBUS_TIER": "basic"})
     with pytest.raises(InvalidArgumentError, match="1, 2, 4, 8 or 16 messaging units"):
         TierQuotas.from_env({"ONCEBUS_TIER": "premium", "ONCEBUS_MESSAGING_UNITS": "3"})
+    changed = TierQuotas.from_env({"ONCEBUS_QUOTA_MAX_ENTITIES": "3", "ONCEBUS_QUOTA_MAX_CONCURRENT_RECEIVES": "0"})
+    assert (changed.max_entities, changed.max_concurrent_receives, changed.tier) == (3, 0, Tier.STANDARD)
+    with pytest.raises(InvalidArgumentError, match="ONCEBUS_QUOTA_MAX_ENTITIES='many' is not a whole number"):
+        TierQuotas.from_env({"ONCEBUS_QUOTA_MAX_ENTITIES": "many"})
 
 
 # ---------------------------------------------------------------------------------- message and batch size

@@ -214,6 +214,10 @@ class SendLink:
 
 
 # ---------------------------------------------------------------------------------------- receiving
+def _nothing() -> None:
+    pass
+
+
 class ReceiveLink:
     """The client receives from a queue, subscription or dead-letter queue, with credit and drain."""
 
@@ -236,6 +240,7 @@ class ReceiveLink:
         self.wake: asyncio.Future[None] = conn.loop.create_future()
         self.task: asyncio.Task[None] | None = None
         self.largest = 0  # the largest delivery sent on this link so far (bytes): sizes the next batch
+        self.release: Callable[[], None] = _nothing  # ends this receiver's count (the tier's concurrent receives)
 
     def open(self) -> None:
         link = self.link
@@ -432,6 +437,7 @@ class ReceiveLink:
 
     def on_closed(self) -> None:
         self.closed = True
+        self.release()
         self._poke()
         if self.session is not None:
             self.conn.sessions.pop((self.session.path, self.session.session_id), None)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import proton
@@ -130,9 +131,11 @@ class Router:
 
     async def _receiver(self, conn: AmqpConnection, link: proton.Link, address: str) -> None:
         namespace = self.host.namespace
+        release: Callable[[], None] | None = None
         try:
             self._check_access(conn, link, address, LISTEN)
             namespace.check_receivable(address)
+            release = namespace.open_receiver(address)  # the tier's concurrent receive requests
             filters = read_filter(link.remote_source)
             mode = (
                 ServiceBusReceiveMode.RECEIVE_AND_DELETE
@@ -151,11 +154,16 @@ class Router:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if release is not None:
+                release()
             if not conn.closed and link.state & proton.Endpoint.REMOTE_ACTIVE:
                 refuse(link, condition_of(exc))
             return
         if conn.closed or not link.state & proton.Endpoint.REMOTE_ACTIVE:
+            release()
             if session is not None:
                 await namespace.close_session(session)
             return
-        ReceiveLink(conn, cast(proton.Sender, link), namespace, address, mode, session).open()
+        receiving = ReceiveLink(conn, cast(proton.Sender, link), namespace, address, mode, session)
+        receiving.release = release  # counted until the link closes
+        receiving.open()

@@ -346,6 +346,11 @@ class Namespace(Delivery):
         self._write_later(receivable.advance(self._now()))
         return receivable
 
+    def open_receiver(self, path: str) -> Callable[[], None]:
+        """A receiver opens on ``path`` (an AMQP receiver link): counted against the tier's concurrent receive
+        requests per queue or topic (server busy past it); call the returned function when it closes."""
+        return self._registry.open_receiver(path)
+
     def check_receivable(self, path: str) -> None:
         """Raise the error a receiver of ``path`` would meet (no such entity, a topic, ...); nothing else."""
         self.receivable(path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,7 +25,7 @@ from oncebus.core.entities import (
     validate_entity_name,
     validate_subscription_name,
 )
-from oncebus.core.errors import EntityAlreadyExistsError, EntityNotFoundError, InvalidArgumentError
+from oncebus.core.errors import EntityAlreadyExistsError, EntityNotFoundError, InvalidArgumentError, ServerBusyError
 from oncebus.core.rules import CorrelationRuleFilter, RuleProperties, RuleSet, default_rule
 from oncebus.core.tiers import STANDARD, TierQuotas
 from oncebus.core.timeutil import us_to_datetime
@@ -57,6 +57,7 @@ class Entity:
     late_delays_us: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=LATE_DELAYS_KEPT))
     last_prune_us: int = 0
     observed: EntityCounters = field(default_factory=EntityCounters)  # metrics beyond the persisted counters
+    receivers: int = 0  # receive requests open on it (a topic: on all its subscriptions), see Registry.open_receiver
 
     @property
     def path(self) -> str:
@@ -270,6 +271,29 @@ class Registry:
         self._check_filters(self.entity(topic_name, "topic"), name, list(checked))
         subscription.rules = checked
         return [PutRules(subscription.receivable.path, rules_json(list(subscription.rules)))]
+
+    def open_receiver(self, path: str) -> Callable[[], None]:
+        """Count a receiver (an open receive request) on ``path``'s queue or topic, as Azure counts concurrent
+        receive requests: a topic's subscriptions (and dead-letter queues) together. Refused with server busy
+        past the tier's ``max_concurrent_receives``; the returned function ends it (calling it again does
+        nothing)."""
+        entity = self.entity(parse_path(path).entity)
+        limit = self.quotas.max_concurrent_receives
+        if entity.receivers >= limit:
+            raise ServerBusyError(
+                f"The number of concurrent receive requests on {entity.kind} '{entity.properties.name}' has "
+                f"reached its limit ({limit}{', across its subscriptions' if entity.kind == 'topic' else ''}); "
+                "close a receiver, or retry later."
+            )
+        entity.receivers += 1
+        open_ = [True]
+
+        def release() -> None:
+            if open_[0]:
+                open_[0] = False
+                entity.receivers -= 1
+
+        return release
 
     def _check_filters(self, topic: Entity, subscription: str, rules: list[RuleProperties]) -> None:
         """The topic's SQL and correlation filters, with ``subscription``'s rules replaced by ``rules``."""

@@ -168,7 +168,9 @@ async def run(
         if install_signal_handlers:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-        say(f"oncebus {__version__} serving {datadir.path} (started in {time.monotonic() - started:.2f} s)")
+        units = f", {quotas.messaging_units} messaging unit{'s' if quotas.messaging_units > 1 else ''}"
+        tier = f"{quotas.tier.value} tier{units if quotas.premium else ''}"
+        say(f"oncebus {__version__} serving {datadir.path} ({tier}; started in {time.monotonic() - started:.2f} s)")
         say(f"AMQP on {info['amqp_host']}:{info['amqp_port']} (also AMQP over TLS, HTTPS and HTTP on this port)")
         if info["tls_port"] is not None:
             say(f"TLS on {info['amqp_host']}:{info['tls_port']} (AMQP over TLS and HTTPS)")

@@ -152,14 +152,14 @@ class TierQuotas:
             raise ArgumentOutOfRangeError(
                 f"SubCode=40000. The property 'MaxMessageSizeInKilobytes' ({kb}) can be raised above "
                 f"{STANDARD_MESSAGE_KB} only when the namespace is using 'Premium' tier; this namespace is using "
-                f"'Standard' tier, where messages are at most {STANDARD_MESSAGE_KB} KB.\r\n"
+                f"'Standard' tier, where messages are at most {STANDARD_MESSAGE_KB} KB. "
                 "Parameter name: MaxMessageSizeInKilobytes"
             )
         if self.premium and kb > PREMIUM_MAX_MESSAGE_KB:
             raise ArgumentOutOfRangeError(
                 f"SubCode=40000. The property value for 'MaxMessageSizeInKilobytes' ({kb}) must be between "
                 f"{PREMIUM_DEFAULT_MESSAGE_KB} and {PREMIUM_MAX_MESSAGE_KB} when the namespace is using "
-                "'Premium' tier.\r\nParameter name: MaxMessageSizeInKilobytes"
+                "'Premium' tier. Parameter name: MaxMessageSizeInKilobytes"
             )
         size = props.max_size_in_megabytes
         limit = self.max_size_mb(props.enable_partitioning)
@@ -173,7 +173,7 @@ class TierQuotas:
                 f"SubCode=40000. The property 'MaxSizeInMegabytes' ({size}) is out of range: on {where} a queue "
                 f"or topic holds at most {limit} MB ({limit // 1024} GB)"
                 + ("; enable partitioning for up to 80 GB" if limit == STANDARD_MAX_SIZE_MB else "")
-                + ".\r\nParameter name: MaxSizeInMegabytes"
+                + ". Parameter name: MaxSizeInMegabytes"
             )
 
     def max_size_mb(self, partitioned: bool) -> int:

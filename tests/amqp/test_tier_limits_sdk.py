@@ -75,6 +75,7 @@ def test_standard_refuses_a_5_mib_message_and_a_larger_setting(standard: ServerP
         assert refused.value.status_code == 400
     with ServiceBusClient.from_connection_string(standard.connection_string, retry_total=0) as client:
         with client.get_queue_sender("q") as sender:
+            assert sender.create_message_batch().max_size_in_bytes == 256 * KB
             sender.send_messages(ServiceBusMessage(b"s" * 250 * KB, message_id="fits"))
             with pytest.raises(MessageSizeExceededError):
                 sender.send_messages(ServiceBusMessage(b"x" * 5 * MIB, message_id="big"))
@@ -99,6 +100,7 @@ def test_premium_takes_a_5_mib_message_when_the_entity_allows_it(premium: Server
         admin.update_queue(queue)
     with ServiceBusClient.from_connection_string(premium.connection_string, retry_total=0) as client:
         with client.get_queue_sender("q") as sender:
+            assert sender.create_message_batch().max_size_in_bytes == MIB  # Premium's batches: 1 MB
             sender.send_messages(ServiceBusMessage(b"x" * 5 * MIB, message_id="big"))
             with pytest.raises(MessageSizeExceededError):
                 sender.send_messages(ServiceBusMessage(b"y" * 7 * MIB, message_id="too-big"))

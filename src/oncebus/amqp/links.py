@@ -115,6 +115,7 @@ class SendLink:
         self.namespace = namespace
         self.entity = entity
         self.max_message_size = max_message_size
+        self.max_batch_size = max_message_size  # what the link advertises for a batch (the tier's: see routing)
         self.queue: collections.deque[tuple[proton.Delivery, list[Message] | BaseException]] = collections.deque()
         self.worker: asyncio.Task[None] | None = None
         self.closed = False
@@ -125,7 +126,7 @@ class SendLink:
         link.source.copy(link.remote_source)
         link.rcv_settle_mode = proton.Link.RCV_FIRST
         link.max_message_size = self.max_message_size
-        link.properties = {MAX_BATCH_SIZE: proton.ulong(self.max_message_size)}
+        link.properties = {MAX_BATCH_SIZE: proton.ulong(min(self.max_batch_size, self.max_message_size))}
         link.oncebus_handler = self
         self.conn.scanner.set_link_limit(link.name, self.max_message_size)
         link.open()

@@ -85,13 +85,19 @@ class Router:
             covered=address_path(node),
         ).open()
 
-    def _max_message_size(self, entity: str) -> int:
+    def _properties(self, entity: str) -> Any:
         namespace = self.host.namespace
         try:
-            props: Any = namespace.get_queue(entity)
+            return namespace.get_queue(entity)
         except EntityNotFoundError:
-            props = namespace.get_topic(entity)
-        return max(namespace.quotas.message_limit_kb(props) * 1024, MIN_LINK_MESSAGE_SIZE)  # the tier's cap too
+            return namespace.get_topic(entity)
+
+    def _max_message_size(self, entity: str) -> int:
+        props = self._properties(entity)
+        return max(self.host.namespace.quotas.message_limit_kb(props) * 1024, MIN_LINK_MESSAGE_SIZE)  # the tier's cap
+
+    def _batch_size(self, entity: str) -> int:
+        return max(self.host.namespace.quotas.batch_limit_bytes(self._properties(entity)), MIN_LINK_MESSAGE_SIZE)
 
     async def _put_token(self, conn: AmqpConnection, link: proton.Link, request: proton.Message) -> proton.Message:
         now = self.host.wall_time()
@@ -127,7 +133,10 @@ class Router:
         except Exception as exc:
             refuse(link, condition_of(exc))
             return
-        SendLink(conn, cast(proton.Receiver, link), self.host.namespace, where.entity, size).open()
+        sending = SendLink(conn, cast(proton.Receiver, link), self.host.namespace, where.entity, size)
+        # the SDK sizes a batch by com.microsoft:max-message-batch-size: the tier's (256 KB Standard, 1 MB Premium)
+        sending.max_batch_size = self._batch_size(where.entity)
+        sending.open()
 
     async def _receiver(self, conn: AmqpConnection, link: proton.Link, address: str) -> None:
         namespace = self.host.namespace

@@ -186,3 +186,24 @@ def test_concurrent_receivers_per_queue_or_topic(stores: StoreFactory) -> None:
         ns.open_receiver("t/Subscriptions/a")
 
     _with(stores, TierQuotas.of(max_concurrent_receives=2), body)
+
+
+def test_a_namespace_past_a_count_may_shrink_but_not_grow(stores: StoreFactory) -> None:
+    """Entities and rules stored under larger counts (another tier, a release before the tiers) load as they
+    are; removing some is allowed, adding is refused until the namespace is back under the count."""
+
+    async def fill(ns: Namespace) -> None:
+        await ns.create_topic("t")
+        for sub in ("a", "b", "c"):
+            await ns.create_subscription("t", sub)  # three $Default rules: three SQL filters
+
+    async def shrink(ns: Namespace) -> None:
+        assert [s.name for s in ns.list_subscriptions("t")] == ["a", "b", "c"]
+        with pytest.raises(QuotaExceededError, match="4 SQL filters"):
+            await ns.create_rule("t", "a", RuleProperties("more", SqlRuleFilter("x = 1")))
+        await ns.delete_rule("t", "a", "$Default")  # 2 left: at the count
+        await ns.delete_subscription("t", "b")  # 1 left
+        await ns.create_rule("t", "c", RuleProperties("more", SqlRuleFilter("x = 1")))  # 2 again
+
+    _with(stores, STANDARD, fill)
+    _with(stores, TierQuotas.of(max_sql_filters_per_topic=2), shrink)

@@ -175,6 +175,9 @@ def test_subscription_and_filter_counts() -> None:
         STANDARD.check_filter_counts("t", 2_001, 0)
     with pytest.raises(QuotaExceededError, match=r"100001 correlation filters.*at most 100000"):
         STANDARD.check_filter_counts("t", 0, 100_001)
+    STANDARD.check_filter_counts("t", 2_001, 0, sql_before=2_002)  # fewer than before: allowed past the count
+    with pytest.raises(QuotaExceededError, match="2003 SQL filters"):
+        STANDARD.check_filter_counts("t", 2_003, 0, sql_before=2_002)
 
 
 # ---------------------------------------------------------------------------------- ids

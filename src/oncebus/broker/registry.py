@@ -296,22 +296,21 @@ class Registry:
         return release
 
     def _check_filters(self, topic: Entity, subscription: str, rules: list[RuleProperties]) -> None:
-        """The topic's SQL and correlation filters, with ``subscription``'s rules replaced by ``rules``."""
-        sql = correlation = 0
+        """The topic's SQL and correlation filters, with ``subscription``'s rules replaced by ``rules``: refused
+        past the tier's counts when the change adds filters (removing some is always allowed)."""
+        before = [0, 0]  # SQL (true and false filters too), correlation
+        after = [0, 0]
         for rule in rules:
-            if isinstance(rule.filter, CorrelationRuleFilter):
-                correlation += 1
-            else:
-                sql += 1
+            after[isinstance(rule.filter, CorrelationRuleFilter)] += 1
         for key, other in topic.subscriptions.items():
-            if key == subscription.lower():
-                continue
             for rule in other.rules:
-                if isinstance(rule.filter, CorrelationRuleFilter):
-                    correlation += 1
-                else:
-                    sql += 1
-        self.quotas.check_filter_counts(topic.properties.name, sql, correlation)
+                kind = isinstance(rule.filter, CorrelationRuleFilter)
+                before[kind] += 1
+                if key != subscription.lower():
+                    after[kind] += 1
+        self.quotas.check_filter_counts(
+            topic.properties.name, after[0], after[1], sql_before=before[0], correlation_before=before[1]
+        )
 
     def delete(self, kind: EntityKind, name: str) -> list[Op]:
         entity = self.entity(name, kind)

@@ -203,14 +203,17 @@ class TierQuotas:
                 f"({self.max_subscriptions_per_topic}) has been reached. QuotaType: SubscriptionCount."
             )
 
-    def check_filter_counts(self, topic: str, sql: int, correlation: int) -> None:
-        """The topic's filters after a change: SQL (and true/false) filters, and correlation filters, in all."""
-        if sql > self.max_sql_filters_per_topic:
+    def check_filter_counts(
+        self, topic: str, sql: int, correlation: int, *, sql_before: int = 0, correlation_before: int = 0
+    ) -> None:
+        """The topic's filters after a change: SQL (and true/false) filters, and correlation filters, in all.
+        Only a change that adds filters is refused (one that removes some, past a lowered count, is not)."""
+        if sql > self.max_sql_filters_per_topic and sql > sql_before:
             raise QuotaExceededError(
                 f"Topic '{topic}' would have {sql} SQL filters in its subscriptions' rules; "
                 f"at most {self.max_sql_filters_per_topic} are allowed per topic. QuotaType: SqlFilterCount."
             )
-        if correlation > self.max_correlation_filters_per_topic:
+        if correlation > self.max_correlation_filters_per_topic and correlation > correlation_before:
             raise QuotaExceededError(
                 f"Topic '{topic}' would have {correlation} correlation filters in its subscriptions' "
                 f"rules; at most {self.max_correlation_filters_per_topic} are allowed per topic. "

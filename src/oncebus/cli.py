@@ -29,6 +29,7 @@ from oncebus.broker import Namespace, SystemClock
 from oncebus.cli_rules import add_rule_parser, rule_command
 from oncebus.core.durations import parse_duration, to_micros
 from oncebus.core.errors import InvalidArgumentError, MessageSizeExceededError, OncebusError
+from oncebus.core.tiers import TierQuotas
 from oncebus.server import ServeError, ServeOptions, run
 from oncebus.server.control import LATEST_US, MAX_REQUEST_LINE, dispatch, error_from_json
 from oncebus.server.datadir import DataDir, resolve_data_dir
@@ -92,9 +93,14 @@ class _Local:
 
     def __init__(self, datadir: DataDir) -> None:
         self.datadir = datadir
+        try:
+            quotas = TierQuotas.from_env()  # the tier of $ONCEBUS_TIER, as `serve` would take it
+        except InvalidArgumentError:
+            datadir.unlock()
+            raise
         self._runner = asyncio.Runner()
         self._store = open_store(store_spec(None), datadir.store_path)  # $ONCEBUS_STORE, as serve reads it
-        self._namespace = self._runner.run(Namespace.open(self._store, SystemClock()))
+        self._namespace = self._runner.run(Namespace.open(self._store, SystemClock(), quotas=quotas))
 
     def call(self, op: str, args: dict[str, Any]) -> Any:
         return self._runner.run(dispatch(self._namespace, op, args))
@@ -142,6 +148,7 @@ def _serve(args: argparse.Namespace) -> int:
         send_log=args.send_log,
         clock_file=os.environ.get("ONCEBUS_CLOCK_FILE"),  # tests only: time read from a file
         store=_store(args),
+        tier=args.tier,
     )
     try:
         return asyncio.run(run(options, install_signal_handlers=True))
@@ -630,6 +637,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: $ONCEBUS_STORE, else oncebus.db in the data directory)",
     )
     serve.add_argument("--log-format", choices=["text", "json"], default="text", help="stderr log lines: text or json")
+    serve.add_argument(
+        "--tier",
+        type=str.lower,
+        choices=["standard", "premium"],
+        default=None,
+        help="the namespace's Service Bus tier, whose quotas (message size, entity counts, ...) apply as Azure "
+        "enforces them (default: $ONCEBUS_TIER, else standard; $ONCEBUS_MESSAGING_UNITS sets a premium "
+        "namespace's messaging units, 1 by default)",
+    )
 
     for kind in ("queue", "topic", "subscription"):
         group = commands.add_parser(kind, help=f"manage {kind}s").add_subparsers(dest="action", required=True)

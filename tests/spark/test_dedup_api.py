@@ -35,6 +35,10 @@ def test_key_text_and_validity_agree_with_core(spark: SparkSession) -> None:
         ("a", "p" * 129, None),
         ("", None, None),
         ("12:3", "1", None),
+        ("\U0001f600" * 64, None, None),  # 64 characters, 128 UTF-16 code units: the most Service Bus takes
+        ("a" + "\U0001f600" * 64, None, None),  # 65 characters, 129 code units: refused as Service Bus does
+        ("a", "\U0001f600" * 64 + "p", None),
+        ("a", None, "s" + "\U0001f600" * 64),
     ]
     df = spark.createDataFrame(cases, "message_id string, partition_key string, session_id string")
     mid, pk, sid = F.col("message_id"), F.col("partition_key"), F.col("session_id")

@@ -62,7 +62,7 @@ class AmqpLimits:
     auth_timeout: float = 20.0  # Azure closes a connection with no token 20 s after its open
     # authenticated AMQP connections (a CBS token accepted) served at once; past it a client's open is answered
     # with a close (amqp:resource-limit-exceeded)
-    max_connections: int = 1000
+    max_connections: int = 5000  # Azure Service Bus: 5,000 AMQP connections per namespace (its quotas page)
     # connections without an accepted token yet (in the handshake, or opened with no token); past it the oldest
     # of them is closed (amqp:resource-limit-exceeded), never the newcomer, nor one that holds a token
     max_unauthenticated: int = 512

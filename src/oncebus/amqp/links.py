@@ -115,6 +115,7 @@ class SendLink:
         self.namespace = namespace
         self.entity = entity
         self.max_message_size = max_message_size
+        self.max_batch_size = max_message_size  # what the link advertises for a batch (the tier's: see routing)
         self.queue: collections.deque[tuple[proton.Delivery, list[Message] | BaseException]] = collections.deque()
         self.worker: asyncio.Task[None] | None = None
         self.closed = False
@@ -125,7 +126,7 @@ class SendLink:
         link.source.copy(link.remote_source)
         link.rcv_settle_mode = proton.Link.RCV_FIRST
         link.max_message_size = self.max_message_size
-        link.properties = {MAX_BATCH_SIZE: proton.ulong(self.max_message_size)}
+        link.properties = {MAX_BATCH_SIZE: proton.ulong(min(self.max_batch_size, self.max_message_size))}
         link.oncebus_handler = self
         self.conn.scanner.set_link_limit(link.name, self.max_message_size)
         link.open()
@@ -225,6 +226,10 @@ class SendLink:
 
 
 # ---------------------------------------------------------------------------------------- receiving
+def _nothing() -> None:
+    pass
+
+
 class ReceiveLink:
     """The client receives from a queue, subscription or dead-letter queue, with credit and drain."""
 
@@ -247,6 +252,7 @@ class ReceiveLink:
         self.wake: asyncio.Future[None] = conn.loop.create_future()
         self.task: asyncio.Task[None] | None = None
         self.largest = 0  # the largest delivery sent on this link so far (bytes): sizes the next batch
+        self.release: Callable[[], None] = _nothing  # ends this receiver's count (the tier's concurrent receives)
 
     def open(self) -> None:
         link = self.link
@@ -456,6 +462,7 @@ class ReceiveLink:
 
     def on_closed(self) -> None:
         self.closed = True
+        self.release()
         self._poke()
         if self.session is not None:
             self.conn.sessions.pop((self.session.path, self.session.session_id), None)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import proton
@@ -84,13 +85,19 @@ class Router:
             covered=address_path(node),
         ).open()
 
-    def _max_message_size(self, entity: str) -> int:
+    def _properties(self, entity: str) -> Any:
         namespace = self.host.namespace
         try:
-            props: Any = namespace.get_queue(entity)
+            return namespace.get_queue(entity)
         except EntityNotFoundError:
-            props = namespace.get_topic(entity)
-        return max(int(props.max_message_size_in_kilobytes) * 1024, MIN_LINK_MESSAGE_SIZE)
+            return namespace.get_topic(entity)
+
+    def _max_message_size(self, entity: str) -> int:
+        props = self._properties(entity)
+        return max(self.host.namespace.quotas.message_limit_kb(props) * 1024, MIN_LINK_MESSAGE_SIZE)  # the tier's cap
+
+    def _batch_size(self, entity: str) -> int:
+        return max(self.host.namespace.quotas.batch_limit_bytes(self._properties(entity)), MIN_LINK_MESSAGE_SIZE)
 
     async def _put_token(self, conn: AmqpConnection, link: proton.Link, request: proton.Message) -> proton.Message:
         now = self.host.wall_time()
@@ -126,13 +133,18 @@ class Router:
         except Exception as exc:
             refuse(link, condition_of(exc))
             return
-        SendLink(conn, cast(proton.Receiver, link), self.host.namespace, where.entity, size).open()
+        sending = SendLink(conn, cast(proton.Receiver, link), self.host.namespace, where.entity, size)
+        # the SDK sizes a batch by com.microsoft:max-message-batch-size: the tier's (256 KB Standard, 1 MB Premium)
+        sending.max_batch_size = self._batch_size(where.entity)
+        sending.open()
 
     async def _receiver(self, conn: AmqpConnection, link: proton.Link, address: str) -> None:
         namespace = self.host.namespace
+        release: Callable[[], None] | None = None
         try:
             self._check_access(conn, link, address, LISTEN)
             namespace.check_receivable(address)
+            release = namespace.open_receiver(address)  # the tier's concurrent receive requests
             filters = read_filter(link.remote_source)
             mode = (
                 ServiceBusReceiveMode.RECEIVE_AND_DELETE
@@ -151,11 +163,16 @@ class Router:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if release is not None:
+                release()
             if not conn.closed and link.state & proton.Endpoint.REMOTE_ACTIVE:
                 refuse(link, condition_of(exc))
             return
         if conn.closed or not link.state & proton.Endpoint.REMOTE_ACTIVE:
+            release()
             if session is not None:
                 await namespace.close_session(session)
             return
-        ReceiveLink(conn, cast(proton.Sender, link), namespace, address, mode, session).open()
+        receiving = ReceiveLink(conn, cast(proton.Sender, link), namespace, address, mode, session)
+        receiving.release = release  # counted until the link closes
+        receiving.open()

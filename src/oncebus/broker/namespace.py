@@ -55,6 +55,7 @@ from oncebus.core.errors import (
 )
 from oncebus.core.messages import Message, MessageState
 from oncebus.core.rules import RuleProperties
+from oncebus.core.tiers import STANDARD, TierQuotas
 from oncebus.core.timeutil import datetime_to_us
 from oncebus.store.base import (
     DeleteEntity,
@@ -84,10 +85,12 @@ class Namespace(Delivery):
         clock: Clock | None = None,
         *,
         send_log: SendLog | None = None,
+        quotas: TierQuotas = STANDARD,
     ) -> None:
         self.store = store
         self.clock = clock or SystemClock()
-        self._registry = Registry()
+        self.quotas = quotas  # the tier (Standard or Premium) and Azure's quotas on it
+        self._registry = Registry(quotas)
         self._entities = self._registry.entities  # the same dict, for readers of the namespace's entities
         self._changes = ChangeSignal()
         self._journal = Journal(store, reload=self._load, reloaded=self._notify)
@@ -116,11 +119,12 @@ class Namespace(Delivery):
         *,
         send_log: SendLog | None = None,
         backlog_in_background: bool = False,
+        quotas: TierQuotas = STANDARD,
     ) -> Namespace:
         """``backlog_in_background``: return once entities and dedup keys are loaded (sends are judged exactly
         from then on) and restore the stored messages in steps on the loop; until that is done, what reads or
         removes stored messages (receiving, peeking, sessions, entity changes, the timers) waits for it."""
-        namespace = cls(store, clock, send_log=send_log)
+        namespace = cls(store, clock, send_log=send_log, quotas=quotas)
         namespace._load(background=backlog_in_background)
         return namespace
 
@@ -340,6 +344,11 @@ class Namespace(Delivery):
             self._touch(subscription_path(where.entity, where.subscription))
         self._write_later(receivable.advance(self._now()))
         return receivable
+
+    def open_receiver(self, path: str) -> Callable[[], None]:
+        """A receiver opens on ``path`` (an AMQP receiver link): counted against the tier's concurrent receive
+        requests per queue or topic (server busy past it); call the returned function when it closes."""
+        return self._registry.open_receiver(path)
 
     def check_receivable(self, path: str) -> None:
         """Raise the error a receiver of ``path`` would meet (no such entity, a topic, disabled, ...); nothing else."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -25,8 +25,9 @@ from oncebus.core.entities import (
     validate_entity_name,
     validate_subscription_name,
 )
-from oncebus.core.errors import EntityAlreadyExistsError, EntityNotFoundError, InvalidArgumentError
-from oncebus.core.rules import RuleProperties, RuleSet, default_rule
+from oncebus.core.errors import EntityAlreadyExistsError, EntityNotFoundError, InvalidArgumentError, ServerBusyError
+from oncebus.core.rules import CorrelationRuleFilter, RuleProperties, RuleSet, default_rule
+from oncebus.core.tiers import STANDARD, TierQuotas
 from oncebus.core.timeutil import us_to_datetime
 from oncebus.store.base import AddCounters, DeleteEntity, Op, PruneDedupKeys, PutEntity, PutRules
 
@@ -56,6 +57,7 @@ class Entity:
     late_delays_us: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=LATE_DELAYS_KEPT))
     last_prune_us: int = 0
     observed: EntityCounters = field(default_factory=EntityCounters)  # metrics beyond the persisted counters
+    receivers: int = 0  # receive requests open on it (a topic: on all its subscriptions), see Registry.open_receiver
 
     @property
     def path(self) -> str:
@@ -105,8 +107,11 @@ _PROPERTIES: dict[str, type[QueueProperties] | type[TopicProperties]] = {
 
 
 class Registry:
-    def __init__(self) -> None:
+    """``quotas``: the namespace's tier and what Azure allows it (checked when entities and rules change)."""
+
+    def __init__(self, quotas: TierQuotas = STANDARD) -> None:
         self.entities: dict[str, Entity] = {}
+        self.quotas = quotas
 
     # ------------------------------------------------------------------------------ install
     def install(self, kind: EntityKind, props: QueueProperties | TopicProperties) -> Entity:
@@ -196,7 +201,11 @@ class Registry:
         validate_entity_name(name, kind=kind)
         if name.lower() in self.entities:
             raise EntityAlreadyExistsError(f"a {self.entities[name.lower()].kind} named {name!r} already exists")
-        props = _PROPERTIES[kind].create(name, **properties).stamped(now_us, created=True)
+        quotas = self.quotas
+        props = _PROPERTIES[kind].create(name, **quotas.defaults(kind, properties)).stamped(now_us, created=True)
+        quotas.check_entity(props)
+        partitioned = sum(1 for e in self.entities.values() if e.properties.enable_partitioning)
+        quotas.check_entity_count(len(self.entities), partitioned, props.enable_partitioning)
         check_forwarding(self.entities, name.lower(), props)
         self.install(kind, props)
         return props, [PutEntity(name.lower(), kind, props.to_dict())]
@@ -214,12 +223,14 @@ class Registry:
         topic = self.entity(topic_name, "topic")
         if name.lower() in topic.subscriptions:
             raise EntityAlreadyExistsError(f"topic {topic_name!r} already has a subscription named {name!r}")
+        self.quotas.check_subscription_count(topic.properties.name, len(topic.subscriptions))
         props = SubscriptionProperties.create(name, **properties).stamped(now_us, created=True)
         check_forwarding(self.entities, topic.path, props)
         stamp = us_to_datetime(now_us)
         rules = [default_rule()] if rules is None else list(rules)
         rules = [r if r.created_at_utc is not None else dataclasses.replace(r, created_at_utc=stamp) for r in rules]
         RuleSet(rules)  # names unique: checked before anything changes
+        self._check_filters(topic, name, rules)
         subscription = self.install_subscription(topic.path, props, rules)
         path = subscription.receivable.path
         return props, [PutEntity(path, "subscription", props.to_dict()), PutRules(path, rules_json(rules))]
@@ -228,6 +239,8 @@ class Registry:
         """New properties, applied; the ops store them and prune the keys that left the old window (one unit)."""
         entity = self.entity(name, kind)
         props = entity.properties.updated(**changes).stamped(now_us)
+        if any(changes.get(key) is not None for key in ("max_message_size_in_kilobytes", "max_size_in_megabytes")):
+            self.quotas.check_entity(props)  # what a release before the tiers stored is left as it is otherwise
         check_forwarding(self.entities, entity.path, props)
         prune = PruneDedupKeys(entity.path, now_us - to_micros(entity.detector.window) + 1)
         entity.properties = props
@@ -254,8 +267,50 @@ class Registry:
     def set_rules(self, topic_name: str, name: str, rules: list[RuleProperties]) -> list[Op]:
         """Replace a subscription's rules (names unique, ignoring case); the op stores them."""
         subscription = self.subscription(topic_name, name)
-        subscription.rules = RuleSet(rules)
+        checked = RuleSet(rules)
+        self._check_filters(self.entity(topic_name, "topic"), name, list(checked))
+        subscription.rules = checked
         return [PutRules(subscription.receivable.path, rules_json(list(subscription.rules)))]
+
+    def open_receiver(self, path: str) -> Callable[[], None]:
+        """Count a receiver (an open receive request) on ``path``'s queue or topic, as Azure counts concurrent
+        receive requests: a topic's subscriptions (and dead-letter queues) together. Refused with server busy
+        past the tier's ``max_concurrent_receives``; the returned function ends it (calling it again does
+        nothing)."""
+        entity = self.entity(parse_path(path).entity)
+        limit = self.quotas.max_concurrent_receives
+        if entity.receivers >= limit:
+            raise ServerBusyError(
+                f"The number of concurrent receive requests on {entity.kind} '{entity.properties.name}' has "
+                f"reached its limit ({limit}{', across its subscriptions' if entity.kind == 'topic' else ''}); "
+                "close a receiver, or retry later."
+            )
+        entity.receivers += 1
+        open_ = [True]
+
+        def release() -> None:
+            if open_[0]:
+                open_[0] = False
+                entity.receivers -= 1
+
+        return release
+
+    def _check_filters(self, topic: Entity, subscription: str, rules: list[RuleProperties]) -> None:
+        """The topic's SQL and correlation filters, with ``subscription``'s rules replaced by ``rules``: refused
+        past the tier's counts when the change adds filters (removing some is always allowed)."""
+        before = [0, 0]  # SQL (true and false filters too), correlation
+        after = [0, 0]
+        for rule in rules:
+            after[isinstance(rule.filter, CorrelationRuleFilter)] += 1
+        for key, other in topic.subscriptions.items():
+            for rule in other.rules:
+                kind = isinstance(rule.filter, CorrelationRuleFilter)
+                before[kind] += 1
+                if key != subscription.lower():
+                    after[kind] += 1
+        self.quotas.check_filter_counts(
+            topic.properties.name, after[0], after[1], sql_before=before[0], correlation_before=before[1]
+        )
 
     def delete(self, kind: EntityKind, name: str) -> list[Op]:
         entity = self.entity(name, kind)

@@ -82,7 +82,9 @@ class Sender:
                 "a dead-letter queue"
             )
         entity = self.registry.entity(where.entity)
-        checked = validate_send(entity.properties, entity.detector, batch, scheduled=scheduled_us is not None)
+        checked = validate_send(
+            entity.properties, entity.detector, batch, scheduled=scheduled_us is not None, quotas=self.registry.quotas
+        )
         self._check_quota(entity, checked.total_bytes, len(batch))
         now = self.now()
         verdicts_since = self.journal.failed_writes

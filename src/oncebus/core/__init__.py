@@ -11,6 +11,7 @@ from oncebus.core.entities import (
     validate_duplicate_window,
 )
 from oncebus.core.keys import DedupKey, dedup_key, validate_ids
+from oncebus.core.tiers import Tier, TierQuotas
 
 __all__ = [
     "DedupIndex",
@@ -18,6 +19,8 @@ __all__ = [
     "DuplicateDetector",
     "QueueProperties",
     "SubscriptionProperties",
+    "Tier",
+    "TierQuotas",
     "TopicProperties",
     "Verdict",
     "dedup_key",

@@ -17,9 +17,8 @@ from oncebus.core.entities import QueueProperties, SubscriptionProperties, Topic
 from oncebus.core.errors import InvalidArgumentError, MessageSizeExceededError
 from oncebus.core.keys import MessageId, normalize_message_id, require_identifiable, validate_ids
 from oncebus.core.messages import Message, MessageState, StoredMessage, check_message
+from oncebus.core.tiers import STANDARD, TierQuotas
 from oncebus.core.timeutil import add_us, datetime_to_us
-
-MAX_BATCH_BYTES = 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -35,9 +34,11 @@ def validate_send(
     messages: Sequence[Message],
     *,
     scheduled: bool,
+    quotas: TierQuotas = STANDARD,
 ) -> CheckedSend:
-    """Check a whole send before judging any of it: types, ids, sessions, sizes."""
-    limit = props.max_message_size_in_kilobytes * 1024
+    """Check a whole send before judging any of it: types, ids, sessions, sizes (the tier's, ``quotas``)."""
+    limit_kb = quotas.message_limit_kb(props)
+    limit = limit_kb * 1024
     requires_session = isinstance(props, QueueProperties) and props.requires_session
     ids: list[MessageId | None] = []
     keys: list[str | None] = []
@@ -68,20 +69,24 @@ def validate_send(
             )
         size = message.size
         if size > limit:
-            raise MessageSizeExceededError(
-                f"{where} is {size} bytes, over the limit of {limit} bytes "
-                f"(max_message_size_in_kilobytes={props.max_message_size_in_kilobytes} of {props.name!r})"
+            setting = (
+                f"max_message_size_in_kilobytes={limit_kb} of {props.name!r}"
+                if limit_kb == props.max_message_size_in_kilobytes
+                else f"{limit_kb} KB on a namespace of the {quotas.tier.value} tier"
             )
+            raise MessageSizeExceededError(f"{where} is {size} bytes, over the limit of {limit} bytes ({setting})")
+        quotas.check_header(where, size - len(message.body), message.application_properties)
         total += size
         ids.append(message_id)
         if detector.enabled and message_id is not None:
             keys.append(detector.key_of_valid(message_id, message.partition_key, message.session_id))
         else:
             keys.append(None)
-    batch_limit = max(limit, MAX_BATCH_BYTES)
+    batch_limit = quotas.batch_limit_bytes(props)
     if not scheduled and count > 1 and total > batch_limit:
         raise MessageSizeExceededError(
-            f"the batch is {total} bytes, over the limit of {batch_limit} bytes for one send"
+            f"the batch is {total} bytes, over the limit of {batch_limit} bytes for one send of several messages "
+            f"on a namespace of the {quotas.tier.value} tier"
         )
     return CheckedSend(ids, keys, total)
 

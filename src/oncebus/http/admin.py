@@ -269,7 +269,9 @@ class AdminApi:
 
     # --- namespace ------------------------------------------------------------------------------
     async def _namespace_info(self, request: Request) -> Reply:
-        content = atom.namespace_info(self.namespace_name, UNKNOWN_TIME, UNKNOWN_TIME)
+        quotas = self.namespace.quotas
+        units = quotas.messaging_units if quotas.premium else None
+        content = atom.namespace_info(self.namespace_name, UNKNOWN_TIME, UNKNOWN_TIME, quotas.tier.value, units)
         return self._entry(request, "$namespaceinfo", self.namespace_name, content)
 
     async def _list_queues(self, request: Request) -> Reply:

@@ -232,12 +232,16 @@ def rule_description(rule: RuleView) -> str:
     )
 
 
-def namespace_info(name: str, created: datetime, modified: datetime) -> str:
+def namespace_info(
+    name: str, created: datetime, modified: datetime, tier: str = "Standard", messaging_units: int | None = None
+) -> str:
+    """``tier``: Standard or Premium (``MessagingSKU``); a Premium namespace reports its ``MessagingUnits``."""
     return _description(
         "NamespaceInfo",
         [
             ("CreatedTime", created),
-            ("MessagingSKU", "Standard"),
+            ("MessagingSKU", tier),
+            ("MessagingUnits", messaging_units),
             ("ModifiedTime", modified),
             ("Name", name),
             ("NamespaceType", "Messaging"),

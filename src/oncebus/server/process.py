@@ -21,6 +21,7 @@ from oncebus import __version__
 from oncebus.auth import DEFAULT_KEYS, KEYS_ENV, KeyRing, is_loopback, uses_public_key
 from oncebus.broker import FileClock, Namespace, SystemClock
 from oncebus.core.errors import InvalidArgumentError, OncebusError
+from oncebus.core.tiers import TierQuotas
 from oncebus.http.server import ASGIApp
 from oncebus.server.certs import ensure_certificates
 from oncebus.server.control import ControlServer
@@ -59,6 +60,7 @@ class ServeOptions:
     config: str | None = None
     send_log: str | None = None
     clock_file: str | None = None  # tests only: time read from a file (ONCEBUS_CLOCK_FILE)
+    tier: str | None = None  # standard or premium (None: $ONCEBUS_TIER, else standard); see oncebus.core.tiers
     mount: ASGIApp | None = None  # an ASGI app for /metrics, / and /dashboard* (see oncebus.http.app)
     store: str | None = None  # a postgresql:// URL (store/postgres_url.py); None: oncebus.db in the data directory
 
@@ -92,6 +94,10 @@ async def run(
             f"anyone who reaches the port could use it; give your own key (--keys-file, ${KEYS_ENV} or --key) "
             "or pass --allow-default-key"
         )
+    try:
+        quotas = TierQuotas.from_env(tier=options.tier)
+    except InvalidArgumentError as exc:
+        raise ServeError(str(exc)) from exc
     topology = None
     if options.config:  # read and shape-checked before the data directory is touched
         from oncebus.server.topology import load_topology
@@ -114,7 +120,7 @@ async def run(
     send_log = SendLogWriter(options.send_log) if options.send_log else None
     clock = FileClock(options.clock_file) if options.clock_file else SystemClock()
     namespace = await Namespace.open(  # the stored messages load while it serves
-        store, clock, send_log=send_log, backlog_in_background=True
+        store, clock, send_log=send_log, backlog_in_background=True, quotas=quotas
     )
     keys.attach_entity_rules(namespace.authorization_rules)  # tokens signed by an entity's own rules
     if topology is not None:
@@ -174,7 +180,12 @@ async def run(
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
         where = f" with its store on {store.display}" if hasattr(store, "display") else ""  # PostgreSQL
-        say(f"oncebus {__version__} serving {datadir.path}{where} (started in {time.monotonic() - started:.2f} s)")
+        units = f", {quotas.messaging_units} messaging unit{'s' if quotas.messaging_units > 1 else ''}"
+        tier = f"{quotas.tier.value} tier{units if quotas.premium else ''}"
+        say(
+            f"oncebus {__version__} serving {datadir.path}{where} ({tier}; started in "
+            f"{time.monotonic() - started:.2f} s)"
+        )
         say(f"AMQP on {info['amqp_host']}:{info['amqp_port']} (also AMQP over TLS, HTTPS and HTTP on this port)")
         if info["tls_port"] is not None:
             say(f"TLS on {info['amqp_host']}:{info['tls_port']} (AMQP over TLS and HTTPS)")

@@ -5,7 +5,8 @@ them against ``dedup_key``, ``validate_ids`` and ``require_identifiable`` on
 the same inputs):
 
 * invalid (the send would fail, nothing is stored): ``message_id``,
-  ``partition_key`` or ``session_id`` longer than 128 characters; an empty
+  ``partition_key`` or ``session_id`` longer than 128 UTF-16 code units (as
+  Service Bus counts: a character outside the Basic Multilingual Plane counts 2); an empty
   ``message_id``; ``partition_key`` and ``session_id`` both set and different;
   on a partitioned entity with duplicate detection, none of the three set;
 * bypass (kept, never recorded, never a duplicate): ``message_id`` null (the
@@ -28,14 +29,15 @@ from oncebus.core.keys import MAX_ID_LENGTH
 DIGEST_SALT = "oncebus.dedup.v1"
 
 
+def _too_long(text: Column) -> Column:
+    """More than ``MAX_ID_LENGTH`` UTF-16 code units (``oncebus.core.keys.utf16_length``), as Service Bus counts."""
+    return F.octet_length(F.encode(text, "UTF-16LE")) > 2 * MAX_ID_LENGTH
+
+
 def invalid_column(
     message_id: Column, partition_key: Column, session_id: Column, partitioned: Column, enabled: Column
 ) -> Column:
-    too_long = (
-        (F.length(message_id) > MAX_ID_LENGTH)
-        | (F.length(partition_key) > MAX_ID_LENGTH)
-        | (F.length(session_id) > MAX_ID_LENGTH)
-    )
+    too_long = _too_long(message_id) | _too_long(partition_key) | _too_long(session_id)
     differs = partition_key.isNotNull() & session_id.isNotNull() & (partition_key != session_id)
     unidentifiable = partitioned & enabled & message_id.isNull() & partition_key.isNull() & session_id.isNull()
     return F.coalesce(too_long | (message_id == "") | differs | unidentifiable, F.lit(False))
@@ -51,13 +53,8 @@ def invalid_reason_column(message_id: Column, partition_key: Column, session_id:
             F.lit("partition_key differs from session_id; when both are set they must be equal;"),
         ),
         F.when(
-            F.coalesce(
-                (F.length(message_id) > MAX_ID_LENGTH)
-                | (F.length(partition_key) > MAX_ID_LENGTH)
-                | (F.length(session_id) > MAX_ID_LENGTH),
-                F.lit(False),
-            ),
-            F.lit(f"an id is longer than {MAX_ID_LENGTH} characters;"),
+            F.coalesce(_too_long(message_id) | _too_long(partition_key) | _too_long(session_id), F.lit(False)),
+            F.lit(f"an id is longer than {MAX_ID_LENGTH} UTF-16 code units;"),
         ),
         F.when(message_id == "", F.lit("message_id is empty;")),
         F.lit("message_id="),

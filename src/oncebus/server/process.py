@@ -62,6 +62,7 @@ class ServeOptions:
     clock_file: str | None = None  # tests only: time read from a file (ONCEBUS_CLOCK_FILE)
     tier: str | None = None  # standard or premium (None: $ONCEBUS_TIER, else standard); see oncebus.core.tiers
     mount: ASGIApp | None = None  # an ASGI app for /metrics, / and /dashboard* (see oncebus.http.app)
+    tune_gc: bool = True  # tune the collector for a long-lived broker (not when serving in a test's process)
     store: str | None = None  # a postgresql:// URL (store/postgres_url.py); None: oncebus.db in the data directory
 
     def resolved_port(self, given: int | None, default: int) -> int:
@@ -141,7 +142,8 @@ async def run(
             f"faults cannot be armed on a broker serving beyond loopback ({options.host}): a fault is a failure on "
             "cue for every client; start oncebus serve with --allow-faults to allow it"
         )
-    tune_gc()
+    if options.tune_gc:
+        tune_gc()
     control = ControlServer(namespace)
     await control.start()
     info: dict[str, Any] = {
@@ -174,7 +176,7 @@ async def run(
             raise ServeError(str(exc)) from exc
         info.update(front.info())
         timers = asyncio.create_task(namespace.run_timers(0.05 if options.clock_file else 0.5))
-        settled = asyncio.create_task(_tune_gc_when_loaded(namespace))
+        settled = asyncio.create_task(_tune_gc_when_loaded(namespace, options.tune_gc))
         datadir.write_server_info(info)
         if install_signal_handlers:
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -220,8 +222,9 @@ async def run(
     return 0
 
 
-async def _tune_gc_when_loaded(namespace: Namespace) -> None:
+async def _tune_gc_when_loaded(namespace: Namespace, tune: bool) -> None:
     """Once the stored messages are in memory (restored after ready), the collector leaves them alone too."""
     with contextlib.suppress(OncebusError):
         await namespace.backlog_restored()
-    freeze_again()
+    if tune:
+        freeze_again()

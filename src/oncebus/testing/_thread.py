@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import gc
 import threading
 import traceback
 from typing import Any
@@ -30,6 +29,7 @@ class ThreadBroker:
             keys=dict(launch.keys) or None,
             config=None if launch.config is None else str(launch.config),
             clock_file=None if launch.clock_file is None else str(launch.clock_file),
+            tune_gc=False,  # the test process's collector is the test's: a broker in a thread leaves it alone
         )
         self._lines: collections.deque[str] = collections.deque(maxlen=_OUTPUT_LINES)
         self._ready = threading.Event()
@@ -40,13 +40,9 @@ class ThreadBroker:
         self._thread: threading.Thread | None = None
 
     def start(self, timeout: float) -> dict[str, Any]:
-        gc_threshold, gc_frozen = gc.get_threshold(), gc.get_freeze_count()
         self._thread = threading.Thread(target=self._main, name="oncebus-serve", daemon=True)
         self._thread.start()
         ready = self._ready.wait(timeout)
-        gc.set_threshold(*gc_threshold)
-        if gc_frozen == 0:
-            gc.unfreeze()
         if not ready or self._info is None:
             why = f"failed: {self._error}" if self._error is not None else f"was not ready after {timeout:g} s"
             self.stop(5.0)

@@ -153,6 +153,9 @@ def test_refusals_name_what_was_wrong_and_store_nothing(
     # the Listen-only key receives
     got = requests.delete(url(server, f"{name}/messages/head?timeout=0"), headers=listen, timeout=10)
     assert got.status_code == 204
+    admin.create_queue(name + "-s", requires_session=True)  # sessions are not received over REST
+    in_session = lock(server, name + "-s")
+    assert in_session.status_code == 400 and "requires sessions" in in_session.text
 
 
 def test_oversize_body_is_refused_with_403(server: Served, admin: ServiceBusAdministrationClient, name: str) -> None:

@@ -37,6 +37,7 @@ from azure.servicebus.management import ServiceBusAdministrationClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from oncebus.auth import make_token
 from tests.amqp.raw import vmrss_kib
 from tests.fuzz.http_sessions import Request, record_admin_requests
 from tests.fuzz.sessions import Checker, drain_ids
@@ -468,3 +469,54 @@ def test_odd_first_bytes_on_the_shared_port_are_closed_cleanly(http_server: Serv
         health(http_server.http_port)
     finally:
         checker.close()
+
+
+REST_EXAMPLES = max(EXAMPLES // 8, 10)
+
+
+def rest_requests(port: int, queue: str) -> list[Request]:
+    """The REST data plane's requests (send, batch, peek-lock, receive-and-delete, unlock, complete, renew)."""
+    token = make_token(f"http://127.0.0.1:{port}/", "RootManageSharedAccessKey", "SAS_KEY_VALUE", 2**31)
+    common = f"Host: 127.0.0.1:{port}\r\nAuthorization: {token}\r\n"
+
+    def request(line: str, headers: str = "", body: bytes = b"") -> Request:
+        head = f"{line} HTTP/1.1\r\n{common}{headers}Content-Length: {len(body)}\r\n\r\n".encode()
+        return Request(head, body)
+
+    lock = f"/{queue}/messages/1/00000000-0000-0000-0000-000000000001"
+    batch = b'[{"Body": "a", "BrokerProperties": {"MessageId": "b1"}}, {"Body": "b", "UserProperties": {"n": 1}}]'
+    return [
+        request(
+            f"POST /{queue}/messages",
+            'BrokerProperties: {"MessageId": "m1", "Label": "x", "TimeToLive": 60}\r\nPriority: "High"\r\n',
+            b"hello",
+        ),
+        request(f"POST /{queue}/messages", "Content-Type: application/vnd.microsoft.servicebus.json\r\n", batch),
+        request(f"POST /{queue}/messages/head?timeout=0"),
+        request(f"DELETE /{queue}/messages/head?timeout=0"),
+        request(f"PUT {lock}"),
+        request(f"DELETE {lock}"),
+        request(f"POST {lock}"),
+    ]
+
+
+def test_mutated_rest_messaging_requests_never_hurt_the_server(http_server: Served, probe_queues: None) -> None:
+    with ServiceBusAdministrationClient.from_connection_string(
+        http_server.connection_string, connection_verify=http_server.ca_file
+    ) as admin:
+        admin.create_queue("rest-fuzz", requires_duplicate_detection=True)
+    found = rest_requests(http_server.http_port, "rest-fuzz")
+    for request in found:  # unmutated, each is answered without a failure
+        response = exchange(http_server.http_port, request.raw)
+        check_response(response)
+        assert statuses(response)[:1] and statuses(response)[0] < 500, response[:300]
+    watch = ServerWatch(http_server)
+
+    @_settings(REST_EXAMPLES)
+    @given(request=st.sampled_from(found), ops=st.lists(mutations, min_size=1, max_size=3))
+    def example(request: Request, ops: list[tuple[Any, ...]]) -> None:
+        check_response(exchange(http_server.http_port, apply(request, ops), wait=0.5))
+        watch.check()
+
+    example()
+    health(http_server.http_port)

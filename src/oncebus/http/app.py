@@ -27,6 +27,7 @@ from oncebus.broker import Namespace
 from oncebus.core.errors import UnauthorizedError
 from oncebus.http.admin import AdminApi
 from oncebus.http.faults import FaultsApi, is_faults_path
+from oncebus.http.messages import RestMessaging, match_route
 from oncebus.http.rules import RuleBook
 from oncebus.http.server import ASGIApp, Receive, Scope, Send
 
@@ -68,6 +69,7 @@ class HttpApp:
         self.admin = AdminApi(namespace, self.keys, rules=rules, namespace_name=namespace_name)
         self.mounted = mounted
         self.faults = FaultsApi(namespace, self.keys)  # /$faults (oncebus.http.faults)
+        self.messages = RestMessaging(namespace, self.keys)  # the REST data plane (oncebus.http.messages)
         self.observe_needs_key = observe_needs_key  # beyond loopback: /metrics and the dashboard need a key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -83,6 +85,8 @@ class HttpApp:
             await self._health(scope, send)
         elif is_faults_path(path):
             await self.faults(scope, receive, send)
+        elif match_route(str(scope["method"]).upper(), path) is not None:
+            await self.messages(scope, receive, send)
         elif self.mounted is not None and is_mounted_path(path):
             refused = self._observe_refused(scope) if self.observe_needs_key else None
             if refused is not None:

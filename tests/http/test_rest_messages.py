@@ -124,7 +124,7 @@ def test_refusals_name_what_was_wrong_and_store_nothing(
     server: Served, admin: ServiceBusAdministrationClient, name: str
 ) -> None:
     rules = [AuthorizationRule(key_name="only-listen", rights=[AccessRights.listen], primary_key="listen-key-1")]
-    admin.create_queue(name, authorization_rules=rules, max_message_size_in_kilobytes=1024)
+    admin.create_queue(name, authorization_rules=rules)  # Standard: 256 KB a message
     where = url(server, f"{name}/messages")
     no_key = requests.post(where, data=b"x", timeout=10)
     assert no_key.status_code == 401 and "Authorization" in no_key.text

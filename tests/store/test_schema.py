@@ -308,3 +308,28 @@ def test_a_schema_5_file_is_migrated_and_keeps_every_message_its_content_keys_an
         reopened.close()
 
     asyncio.run(go())
+
+
+def test_a_failed_schema_5_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from oncebus.store import sqlite_layout
+
+    path = tmp_path / "oncebus.db"
+    path.write_bytes(FIXTURE_5.read_bytes())
+    real = sqlite_layout._content_v5_to_v6
+
+    def failing(db: sqlite3.Connection) -> None:
+        real(db)  # all of it done, then the failure: the transaction is rolled back
+        raise OSError("simulated failure at the end")
+
+    monkeypatch.setattr(sqlite_layout, "_content_v5_to_v6", failing)
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 5 to 6 .*the file is unchanged"):
+        SqliteStore(path)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert db.execute("SELECT count(*) FROM message_data").fetchone()[0] == 6
+    assert db.execute("SELECT name FROM sqlite_master WHERE name = 'content'").fetchone() is None
+    db.close()
+    monkeypatch.setattr(sqlite_layout, "_content_v5_to_v6", real)
+    store = SqliteStore(path)  # and it migrates next time
+    assert store.read_messages("q", [1])[1].body == b"hello \x00 body"
+    store.close()

@@ -1,18 +1,20 @@
-"""What the store's per-message records cost, and what one record per transfer would save: measured in one run.
+"""What the store's records cost per stored message copy: schema 6 (content once per encoding) against schema 5.
 
-The hot-path issue's design item 3 asks for one stored record per transfer (a batch of 100 is one append,
-its messages addressed inside it) instead of two rows per message (``message`` + ``message_data``).
-Before building it, this bounds it. Three ways to store the same sends, on SQLite with the pragmas
-``oncebus serve`` uses (WAL, ``synchronous=FULL``, one transaction and fsync per unit):
+The hot-path issue's design item 3 asks for one stored record per transfer instead of two rows per message
+(schema 5: ``message`` + ``message_data``, every subscription copy holding its own copy of the wire bytes).
+Schema 6 stores a unit's content once per distinct encoding (``content``, reference counted; a topic's copies
+share their sender's wire) and one ``message`` row per message and copy carrying its meta and addressing its
+content. Four ways to store the same sends, on SQLite with the pragmas ``oncebus serve`` uses (WAL,
+``synchronous=FULL``, one transaction and fsync per unit):
 
-- ``store``: ``SqliteStore.submit`` of the ops the broker writes today (a ``PutMessage`` per message
+- ``store``: ``SqliteStore.submit`` (schema 6) of the ops the broker writes (a ``PutMessage`` per message
   and per subscription copy, with its dedup key), as ``oncebus serve`` commits them;
-- ``rows``: the same rows written by plain ``sqlite3`` (no writer thread, no ops): the floor of the
-  present layout;
-- ``transfer``: one ``message_data`` row holding the whole transfer and one light ``message`` row per
-  message and copy (its metadata and its offset inside the transfer): the proposed layout's floor.
+- ``rows-5``: schema 5's rows written by plain ``sqlite3`` (no writer thread, no ops): the old layout's floor;
+- ``rows-6``: schema 6's rows the same way (one content row per distinct wire of the unit): its floor;
+- ``transfer``: all of a unit's wires concatenated in one content row, each message addressing its slice
+  (the alternative schema 6 did not take: see the ratios).
 
-Printed: process CPU per stored message for each, and the ratios. A queue (1 copy per message) and a
+Printed: process CPU per stored message copy for each, and the ratios. A queue (1 copy per message) and a
 topic with 10 subscriptions (10 copies) are measured.
 
     python bench/store_records.py                  # about 20 s
@@ -31,7 +33,16 @@ from pathlib import Path
 from oncebus.core.messages import StoredMessage
 from oncebus.store.base import Op, PutMessage
 from oncebus.store.sqlite import SqliteStore
-from oncebus.store.sqlite_layout import INSERT_DATA, INSERT_KEY, INSERT_MESSAGE, message_rows
+from oncebus.store.sqlite_layout import (
+    INSERT_DATA,
+    INSERT_KEY,
+    INSERT_MESSAGE_V5,
+    MESSAGE_STATEMENTS_V5,
+    SCHEMA,
+    ContentRows,
+    create,
+    message_rows,
+)
 
 BODY = b"x" * 1024
 START_US = 1_800_000_000_000_000
@@ -79,12 +90,10 @@ def _connect(path: Path) -> sqlite3.Connection:
     return db
 
 
-def _via_rows(directory: Path, batches: int, batch: int, copies: int) -> float:
-    """The present layout, without the store's machinery."""
-    store = SqliteStore(directory / "rows.db")  # creates the tables at the present schema
-    store.load()
-    store.close()
+def _via_rows_5(directory: Path, batches: int, batch: int, copies: int) -> float:
+    """Schema 5's layout, without the store's machinery."""
     db = _connect(directory / "rows.db")
+    db.executescript(SCHEMA + "".join(statement + ";\n" for statement in MESSAGE_STATEMENTS_V5))
     units = [_records(batch, b * batch, copies) for b in range(batches)]
     data_id = 0
     started = time.process_time()
@@ -99,7 +108,31 @@ def _via_rows(directory: Path, batches: int, batch: int, copies: int) -> float:
             if key is not None:
                 keys.append((key[0], key[2], key[1]))
         db.executemany(INSERT_DATA, datas)
-        db.executemany(INSERT_MESSAGE, lights)
+        db.executemany(INSERT_MESSAGE_V5, lights)
+        db.executemany(INSERT_KEY, keys)
+        db.execute("COMMIT")
+    spent = time.process_time() - started
+    db.close()
+    return spent
+
+
+def _via_rows_6(directory: Path, batches: int, batch: int, copies: int) -> float:
+    """Schema 6's layout, without the store's machinery."""
+    db = _connect(directory / "rows6.db")
+    create(db)
+    units = [_records(batch, b * batch, copies) for b in range(batches)]
+    next_id = 0
+    started = time.process_time()
+    for unit in units:
+        db.execute("BEGIN")
+        rows = ContentRows(next_id)
+        keys = []
+        for record, key in unit:
+            rows.add(record)
+            if key is not None:
+                keys.append((key[0], key[2], key[1]))
+        rows.flush(db)
+        next_id = rows.next_id
         db.executemany(INSERT_KEY, keys)
         db.execute("COMMIT")
     spent = time.process_time() - started
@@ -120,7 +153,7 @@ CREATE TABLE dedup_key (entity TEXT NOT NULL, first_accepted_us INTEGER NOT NULL
 
 
 def _via_transfer(directory: Path, batches: int, batch: int, copies: int) -> float:
-    """The proposed layout: one row per transfer, light message rows addressing inside it."""
+    """One content row per unit (its wires concatenated), message rows addressing their slice of it."""
     db = _connect(directory / "transfer.db")
     db.executescript(_TRANSFER_SCHEMA)
     units = [_records(batch, b * batch, copies) for b in range(batches)]
@@ -172,7 +205,8 @@ def main() -> None:
     args = parser.parse_args()
     ways: dict[str, Callable[[Path, int, int, int], float]] = {
         "store": _via_store,
-        "rows": _via_rows,
+        "rows-5": _via_rows_5,
+        "rows-6": _via_rows_6,
         "transfer": _via_transfer,
     }
     print(f"{args.batches} sends of {args.batch} x 1 KiB messages; process CPU per stored message copy")
@@ -185,8 +219,9 @@ def main() -> None:
         print(f"  {what}:")
         for name, us in results.items():
             print(f"    {name:<9} {us:7.2f} us")
-        print(f"    ratio transfer / rows:  {results['transfer'] / results['rows']:.2f}")
-        print(f"    ratio rows / store:     {results['rows'] / results['store']:.2f}")
+        print(f"    ratio store (6) / rows-5:   {results['store'] / results['rows-5']:.2f}")
+        print(f"    ratio rows-6 / rows-5:      {results['rows-6'] / results['rows-5']:.2f}")
+        print(f"    ratio transfer / rows-6:    {results['transfer'] / results['rows-6']:.2f}")
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ def test_a_restart_with_a_backlog_delivers_every_message_exactly_once(tmp_path: 
         assert len(ids) == len(set(ids)), name
     reopened = SqliteStore(path)
     assert reopened._db.execute("SELECT count(*) FROM message").fetchone()[0] == 0
-    assert reopened._db.execute("SELECT count(*) FROM message_data").fetchone()[0] == 0  # no content left behind
+    assert reopened._db.execute("SELECT count(*) FROM content").fetchone()[0] == 0  # no content left behind
     reopened.close()
 
 

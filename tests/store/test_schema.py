@@ -67,7 +67,7 @@ def test_a_schema_0_file_is_migrated_and_keeps_every_key_and_message(tmp_path: P
     path = tmp_path / "oncebus.db"
     _write_schema_0(path)
     store = SqliteStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     stored = {(k.entity, k.key) for k in store.load().dedup_keys}
     assert stored == {
         ("plain", "order-1"),
@@ -113,7 +113,7 @@ def test_a_failed_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatc
         return keys.migrate_key_text_v0(text, partitioned=partitioned)
 
     monkeypatch.setattr("oncebus.store.sqlite_layout.migrate_key_text_v0", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 0 to 5 .*the file is unchanged"):
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 0 to 6 .*the file is unchanged"):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 0
@@ -129,7 +129,7 @@ def test_a_file_from_a_newer_release_is_refused_naming_both_versions(tmp_path: P
     db.execute("PRAGMA user_version = 7")
     db.commit()
     db.close()
-    with pytest.raises(StoreError, match=r"newer oncebus \(store schema 7; this version reads up to 5\)"):
+    with pytest.raises(StoreError, match=r"newer oncebus \(store schema 7; this version reads up to 6\)"):
         SqliteStore(path)
 
 
@@ -196,12 +196,16 @@ def test_a_schema_2_file_is_migrated_and_every_message_reads_back_the_same(tmp_p
     store = SqliteStore(path)
     assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     tables = {name for (name,) in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert {"message", "message_data"} <= tables and "message_v1" not in tables
-    # the body inside the wire encoding is kept once
-    assert store._db.execute("SELECT body, body_offset, body_length FROM message_data WHERE id = 1").fetchone() == (
-        None,
+    assert {"message", "content"} <= tables and not {"message_v1", "message_v5", "message_data"} & tables
+    # the body inside the wire encoding is kept once: the content row is the wire, the body a slice of it
+    assert store._db.execute(
+        "SELECT m.wire_length, m.body_offset, m.body_length, length(c.data) FROM message AS m"
+        " JOIN content AS c ON c.id = m.content_id WHERE m.path = 'q' AND m.sequence_number = 1"
+    ).fetchone() == (
+        len(b"\x00Sp\xc0\x01\x00\x00Su\xa0\x05") + 5,
         len(b"\x00Sp\xc0\x01\x00\x00Su\xa0\x05"),
         5,
+        len(b"\x00Sp\xc0\x01\x00\x00Su\xa0\x05") + 5,
     )
     rows = sorted(store.load().messages)
     assert [(r[0], r[1], r[2], r[3], r[7]) for r in rows] == [
@@ -228,7 +232,7 @@ def test_a_schema_2_file_is_migrated_and_every_message_reads_back_the_same(tmp_p
     asyncio.run(go())
     store.close()
     reopened = SqliteStore(path)
-    assert reopened._db.execute("SELECT count(*) FROM message_data").fetchone()[0] == 2  # the completed one's went
+    assert reopened._db.execute("SELECT count(*) FROM content").fetchone()[0] == 2  # the completed one's went
     reopened.close()
 
 
@@ -240,9 +244,92 @@ def test_a_failed_schema_2_migration_leaves_the_file_as_it_was(tmp_path: Path, m
         raise OSError("simulated failure half way")
 
     monkeypatch.setattr("oncebus.store.sqlite_layout.message_rows", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 2 to 5 .*the file is unchanged"):
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 2 to 6 .*the file is unchanged"):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 2
     assert db.execute("SELECT * FROM message ORDER BY sequence_number").fetchall() == [tuple(r) for r in rows]
     assert db.execute("SELECT name FROM sqlite_master WHERE name = 'message_data'").fetchone() is None
+
+
+# written by oncebus at store schema 5 (tests/store/fixtures/make_schema5.py, run on that release): a queue with
+# duplicate detection (a message with properties, one without a wire encoding and with a session, a deferred one
+# whose body is not inside its wire, one dead-lettered with an empty body) and a topic's two subscription copies
+FIXTURE_5 = Path(__file__).parent / "fixtures" / "schema5.db"
+_WIRE_T1 = b"\x00\x53\x73\xc0\x06\x01\xa1\x03t-1" + b"\x00\x53\x75\xb0" + (10).to_bytes(4, "big") + b"topic body"
+
+
+def test_a_schema_5_file_is_migrated_and_keeps_every_message_its_content_keys_and_state(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    path.write_bytes(FIXTURE_5.read_bytes())
+    store = SqliteStore(path)
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    tables = {name for (name,) in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"message", "content"} <= tables and not {"message_v5", "message_data"} & tables
+    snapshot = store.load()
+    rows = sorted((r[0], r[1], r[2], r[7]) for r in snapshot.messages)
+    assert rows == [
+        ("q", 1, 0, None),
+        ("q", 2, 0, "s1"),
+        ("q", 3, 1, None),
+        ("q/$deadletterqueue", 4, 3, None),
+        ("t/subscriptions/a", 1, 0, None),
+        ("t/subscriptions/b", 1, 0, None),
+    ]
+    assert sorted(store._db.execute("SELECT entity, key, first_accepted_us FROM dedup_key")) == [
+        ("q", f"m-{i}", T0 + i - 1) for i in range(1, 5)
+    ]
+    # the two subscription copies were one content row each in schema 5: now rows of their own, refs 1
+    assert store._db.execute("SELECT count(*), sum(refs) FROM content").fetchone() == (6, 6)
+    q = store.read_messages("q", [1, 2, 3])
+    assert (q[1].body, q[1].application_properties, q[1].wire is not None) == (b"hello \x00 body", {"k": 1}, True)
+    assert q[1].wire is not None and q[1].wire.endswith(q[1].body)
+    assert (q[2].body, q[2].wire, q[2].session_id, q[2].expires_at_us) == (b"no wire", None, "s1", T0 + 10**9)
+    assert (q[3].body, q[3].state, q[3].delivery_count) == (b"not in wire", 1, 1)
+    assert q[3].wire == b"\x00\x53\x73\xc0\x06\x01\xa1\x03m-3" + b"\x00\x53\x75\xb0" + (5).to_bytes(4, "big") + b"other"
+    (dead,) = store.read_messages("q/$deadletterqueue", [4]).values()
+    assert (dead.body, dead.dead_letter_reason, dead.dead_letter_error_description) == (b"", "why", "desc")
+    for sub in "ab":
+        (copy,) = store.read_messages(f"t/subscriptions/{sub}", [1]).values()
+        assert (copy.body, copy.wire) == (b"topic body", _WIRE_T1)
+    store.close()
+
+    async def go() -> None:  # the broker serves it: a duplicate is judged from the migrated keys, content settles
+        reopened = SqliteStore(path)
+        ns = await Namespace.open(reopened, ManualClock(T0 + 10))
+        assert (await ns.send("q", Message(b"again", message_id="m-1")))[0].duplicate
+        got = await ns.receive("q", 10)
+        assert sorted(m.body for m in got) == [b"hello \x00 body", b"no wire"]
+        for m in got:
+            await ns.complete("q", m.lock_token)
+        await ns.close()
+        left = reopened._db.execute("SELECT count(*) FROM content").fetchone()[0]
+        assert left == 6 - len(got)  # each completed message's content went with it
+        reopened.close()
+
+    asyncio.run(go())
+
+
+def test_a_failed_schema_5_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from oncebus.store import sqlite_layout
+
+    path = tmp_path / "oncebus.db"
+    path.write_bytes(FIXTURE_5.read_bytes())
+    real = sqlite_layout._content_v5_to_v6
+
+    def failing(db: sqlite3.Connection) -> None:
+        real(db)  # all of it done, then the failure: the transaction is rolled back
+        raise OSError("simulated failure at the end")
+
+    monkeypatch.setattr(sqlite_layout, "_content_v5_to_v6", failing)
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 5 to 6 .*the file is unchanged"):
+        SqliteStore(path)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert db.execute("SELECT count(*) FROM message_data").fetchone()[0] == 6
+    assert db.execute("SELECT name FROM sqlite_master WHERE name = 'content'").fetchone() is None
+    db.close()
+    monkeypatch.setattr(sqlite_layout, "_content_v5_to_v6", real)
+    store = SqliteStore(path)  # and it migrates next time
+    assert store.read_messages("q", [1])[1].body == b"hello \x00 body"
+    store.close()

@@ -159,7 +159,7 @@ class SqliteStore:
         self._submit_lock = threading.Lock()
         self._submitted = 0  # units queued so far (under _submit_lock)
         self._finished = 0  # units of those the writer has committed or failed (under _lock)
-        self._ops = OpWriter(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM message_data").fetchone()[0])
+        self._ops = OpWriter(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM content").fetchone()[0])
         self._reader: sqlite3.Connection | None = None  # the caller's thread reads message content on its own
         self._reader_generation = -1
         # called on the writer thread after each commit with (seconds, units): metrics, see broker/counters.py
@@ -172,7 +172,7 @@ class SqliteStore:
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
-            db.execute("PRAGMA recursive_triggers=ON")  # a replaced message row takes its content with it
+            db.execute("PRAGMA recursive_triggers=ON")  # a replaced message row releases its content
         except BaseException:
             db.close()
             raise

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
 
+from oncebus.core.messages import StoredMessage
 from oncebus.store import sqlite_layout as layout
 from oncebus.store.base import (
     AddCounters,
@@ -24,7 +26,7 @@ from oncebus.store.base import (
 
 
 class OpWriter:
-    """Applies units' operations; numbers the message contents it writes (``next_data_id``)."""
+    """Applies units' operations; numbers the content rows it writes (``next_data_id``)."""
 
     def __init__(self, next_data_id: int) -> None:
         self.next_data_id = next_data_id
@@ -46,26 +48,37 @@ class OpWriter:
             for op in ops:
                 self.apply(db, op)
             return
-        lights: list[tuple[object, ...]] = []
-        datas: list[tuple[object, ...]] = []
+        rows = layout.ContentRows(self.next_data_id)
         deletes: list[tuple[str, int]] = []
         keys: list[tuple[str, int, str]] = []
         counters: dict[str, AddCounters] = {}
-        message_rows = layout.message_rows
+        add = rows.add
+        try:
+            self._group(db, ops, rows, add, deletes, keys, counters)
+        finally:
+            self.next_data_id = rows.next_id
+
+    def _group(
+        self,
+        db: sqlite3.Connection,
+        ops: list[Op],
+        rows: layout.ContentRows,
+        add: Callable[[StoredMessage], None],
+        deletes: list[tuple[str, int]],
+        keys: list[tuple[str, int, str]],
+        counters: dict[str, AddCounters],
+    ) -> None:
         for op in ops:
             if isinstance(op, PutMessage):
                 if deletes:
-                    _flush(db, deletes, lights, datas)
-                self.next_data_id += 1
-                light, data = message_rows(op.message, self.next_data_id)
-                lights.append(light)
-                datas.append(data)
+                    _flush(db, deletes, rows)
+                add(op.message)
                 if op.dedup_key is not None:
                     entity, key, t0 = op.dedup_key
                     keys.append((entity, t0, key))
             elif isinstance(op, DeleteMessage):
-                if lights:
-                    _flush(db, deletes, lights, datas)
+                if rows.messages:
+                    _flush(db, deletes, rows)
                 deletes.append((op.path, op.sequence_number))
             elif isinstance(op, PutDedupKey):
                 keys.append((op.entity, op.first_accepted_us, op.key))
@@ -78,9 +91,11 @@ class OpWriter:
                     for name, delta in op.counters.items():
                         merged.counters[name] = merged.counters.get(name, 0) + delta
             else:
-                _flush(db, deletes, lights, datas)
+                _flush(db, deletes, rows)
+                self.next_data_id = rows.next_id
                 self.apply(db, op)
-        _flush(db, deletes, lights, datas)
+                rows.next_id = self.next_data_id
+        _flush(db, deletes, rows)
         if keys:
             db.executemany(layout.INSERT_KEY, keys)
         for op in counters.values():
@@ -106,10 +121,10 @@ class OpWriter:
                 db.execute("DELETE FROM dedup_checkpoint WHERE entity = ?", (path,))  # its image is void now
                 self._deleted.append(path)
             case PutMessage(message=m, dedup_key=dedup_key):
-                self.next_data_id += 1
-                light, data = layout.message_rows(m, self.next_data_id)
-                db.execute(layout.INSERT_DATA, data)
-                db.execute(layout.INSERT_MESSAGE, light)
+                rows = layout.ContentRows(self.next_data_id)
+                rows.add(m)
+                rows.flush(db)
+                self.next_data_id = rows.next_id
                 if dedup_key is not None:
                     db.execute(layout.INSERT_KEY, (dedup_key[0], dedup_key[2], dedup_key[1]))
             case UpdateMessage(path=path, sequence_number=seq, state=state, delivery_count=count):
@@ -164,17 +179,8 @@ class OpWriter:
                 )
 
 
-def _flush(
-    db: sqlite3.Connection,
-    deletes: list[tuple[str, int]],
-    lights: list[tuple[object, ...]],
-    datas: list[tuple[object, ...]],
-) -> None:
-    if datas:
-        db.executemany(layout.INSERT_DATA, datas)
-        db.executemany(layout.INSERT_MESSAGE, lights)
-        datas.clear()
-        lights.clear()
+def _flush(db: sqlite3.Connection, deletes: list[tuple[str, int]], rows: layout.ContentRows) -> None:
+    rows.flush(db)
     if deletes:
         db.executemany(layout.DELETE_MESSAGE, deletes)
         deletes.clear()

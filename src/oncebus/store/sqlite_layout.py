@@ -19,7 +19,13 @@ Schema versions (``PRAGMA user_version``):
   the file's token and the image's high-water mark (``since_us``: the keys first accepted from then on are
   read from ``dedup_key`` on top of the image). Images are written while serving too, and serve every start
   until a newer one is committed. A schema 4 token (a clean stop) becomes one row per entity with duplicate
-  detection, its mark the entity's newest key (the image held every key then).
+  detection, its mark the entity's newest key (the image held every key then);
+- 6: content stored once per unit: table ``content`` holds each distinct encoding a submitted unit wrote once (a
+  topic's subscription copies share their sender's wire bytes: one row for all of them) with a reference count;
+  ``message_data`` is gone: a ``message`` row carries its own meta JSON (properties differ per message and copy)
+  and addresses its content (``content_id``; the wire is ``data[:wire_length]``, the body
+  ``data[body_offset : body_offset + body_length]``). Deleting a message row releases its content (trigger);
+  the last reference deletes it. Schema 5's rows move over one content row per message.
 
 An older file is migrated in place in one transaction (all or nothing); a newer one is refused.
 """
@@ -35,7 +41,7 @@ from oncebus.core.keys import migrate_key_text_v0
 from oncebus.core.messages import StoredMessage
 from oncebus.core.rules import default_rule
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entity (
@@ -77,7 +83,8 @@ CREATE TABLE IF NOT EXISTS dedup_checkpoint (
 );
 """
 
-MESSAGE_STATEMENTS = (
+# schema 3 to 5: a message is a light row plus a message_data row (kept to migrate older files through it)
+MESSAGE_STATEMENTS_V5 = (
     """CREATE TABLE IF NOT EXISTS message (
     path TEXT NOT NULL,
     sequence_number INTEGER NOT NULL,
@@ -106,12 +113,52 @@ MESSAGE_STATEMENTS = (
 END""",
 )
 
-INSERT_MESSAGE = (
+INSERT_MESSAGE_V5 = (
     "INSERT OR REPLACE INTO message (path, sequence_number, state, delivery_count, enqueued_time_us, expires_at_us,"
     " size, session_id, data_id, dead_letter_reason, dead_letter_error_description, dead_letter_source)"
     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 INSERT_DATA = "INSERT INTO message_data (id, meta, body, body_offset, body_length, wire) VALUES (?, ?, ?, ?, ?, ?)"
+
+# schema 6: content once per distinct encoding of a unit, referenced by its messages (``refs``); the trigger
+# deletes the last reference's content and else counts one down (a queue's message: one delete, one miss)
+MESSAGE_STATEMENTS = (
+    """CREATE TABLE IF NOT EXISTS message (
+    path TEXT NOT NULL,
+    sequence_number INTEGER NOT NULL,
+    state INTEGER NOT NULL,
+    delivery_count INTEGER NOT NULL,
+    enqueued_time_us INTEGER NOT NULL,
+    expires_at_us INTEGER,
+    size INTEGER NOT NULL,
+    session_id TEXT,
+    content_id INTEGER NOT NULL,
+    dead_letter_reason TEXT,
+    dead_letter_error_description TEXT,
+    dead_letter_source TEXT,
+    meta TEXT NOT NULL,
+    wire_length INTEGER,  -- NULL: no wire encoding
+    body_offset INTEGER NOT NULL,
+    body_length INTEGER NOT NULL,
+    PRIMARY KEY (path, sequence_number)
+) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS content (
+    id INTEGER PRIMARY KEY,
+    data BLOB NOT NULL,
+    refs INTEGER NOT NULL
+)""",
+    """CREATE TRIGGER IF NOT EXISTS message_content_released AFTER DELETE ON message BEGIN
+    DELETE FROM content WHERE id = OLD.content_id AND refs = 1;
+    UPDATE content SET refs = refs - 1 WHERE id = OLD.content_id;
+END""",
+)
+
+INSERT_MESSAGE = (
+    "INSERT OR REPLACE INTO message (path, sequence_number, state, delivery_count, enqueued_time_us, expires_at_us,"
+    " size, session_id, content_id, dead_letter_reason, dead_letter_error_description, dead_letter_source, meta,"
+    " wire_length, body_offset, body_length) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+INSERT_CONTENT = "INSERT INTO content (id, data, refs) VALUES (?, ?, ?)"
 INSERT_KEY = "INSERT OR REPLACE INTO dedup_key (entity, first_accepted_us, key) VALUES (?, ?, ?)"
 # the primary key's order (no sort): a key accepted again has a later row, which replaces the earlier one
 SELECT_KEYS_OF = "SELECT key, first_accepted_us FROM dedup_key WHERE entity = ? ORDER BY first_accepted_us"
@@ -127,15 +174,85 @@ SELECT_ROWS = (
 _SELECT_CONTENT = (
     "SELECT m.sequence_number, m.state, m.delivery_count, m.enqueued_time_us, m.expires_at_us, m.session_id,"
     " m.dead_letter_reason, m.dead_letter_error_description, m.dead_letter_source,"
-    " d.meta, d.body, d.body_offset, d.body_length, d.wire"
-    " FROM message AS m JOIN message_data AS d ON d.id = m.data_id"
+    " m.meta, m.wire_length, m.body_offset, m.body_length, c.data"
+    " FROM message AS m JOIN content AS c ON c.id = m.content_id"
     " WHERE m.path = ? AND m.sequence_number IN ({})"
 )
 
 
+def content_of(m: StoredMessage) -> tuple[bytes, int | None, int, int]:
+    """A message's content row data (its wire encoding, with the body appended only where it is not a slice of
+    it; the body alone without a wire), the wire's length (None: no wire) and where the body is in the data."""
+    body = m.body
+    wire = m.wire
+    if wire is None:
+        return body, None, 0, len(body)
+    length = len(body)
+    if wire.endswith(body):  # a single data section last: the usual encoding, and a memcmp
+        return wire, len(wire), len(wire) - length, length
+    found = wire.find(body) if body else 0
+    if found >= 0:
+        return wire, len(wire), found, length
+    return wire + body, len(wire), len(wire), length
+
+
+class ContentRows:
+    """Builds one unit's ``message`` and ``content`` rows: a content row per distinct encoding (the same wire and
+    body objects: a topic's subscription copies of one send), numbered from ``next_id``."""
+
+    __slots__ = ("_seen", "contents", "messages", "next_id")
+
+    def __init__(self, next_id: int) -> None:
+        self.next_id = next_id
+        self.messages: list[tuple[object, ...]] = []
+        self.contents: list[list[object]] = []  # [id, data, refs]
+        self._seen: dict[tuple[int, int], tuple[list[object], int | None, int, int]] = {}
+
+    def add(self, m: StoredMessage) -> None:
+        key = (id(m.wire), id(m.body))  # the objects stay alive in the unit's ops while this runs
+        place = self._seen.get(key)
+        if place is None:
+            data, wire_length, offset, length = content_of(m)
+            self.next_id += 1
+            row: list[object] = [self.next_id, data, 0]
+            self.contents.append(row)
+            place = self._seen[key] = (row, wire_length, offset, length)
+        row, wire_length, offset, length = place
+        row[2] = row[2] + 1  # type: ignore[operator]
+        self.messages.append(
+            (
+                m.path,
+                m.sequence_number,
+                int(m.state),
+                m.delivery_count,
+                m.enqueued_time_us,
+                m.expires_at_us,
+                m.size,
+                m.session_id,
+                row[0],
+                m.dead_letter_reason,
+                m.dead_letter_error_description,
+                m.dead_letter_source,
+                m.meta_json(),
+                wire_length,
+                offset,
+                length,
+            )
+        )
+
+    def flush(self, db: sqlite3.Connection) -> None:
+        """Write the rows built so far (contents first) and start over; the numbering goes on."""
+        if self.contents:
+            db.executemany(INSERT_CONTENT, self.contents)
+            db.executemany(INSERT_MESSAGE, self.messages)
+            self.contents.clear()
+            self.messages.clear()
+            self._seen.clear()
+
+
 def message_rows(m: StoredMessage, data_id: int) -> tuple[tuple[object, ...], tuple[object, ...]]:
-    """The ``message`` and ``message_data`` rows of a message (its body kept once: as a slice of its wire
-    encoding where it is one)."""
+    """Schema 5's ``message`` and ``message_data`` rows of a message (its body kept once: as a slice of its wire
+    encoding where it is one). Used to migrate older files, and by the PostgreSQL layout for its own split."""
     body: bytes | None = m.body
     offset = length = None
     wire = m.wire
@@ -179,9 +296,11 @@ def read_content(db: sqlite3.Connection, path: str, sequence_numbers: Sequence[i
         chunk = list(sequence_numbers[start : start + 500])
         query = _SELECT_CONTENT.format(", ".join("?" * len(chunk)))
         for row in db.execute(query, (path, *chunk)):
-            seq, state, count, enq, exp, session, reason, description, source, meta, body, off, length, wire = row
-            if body is None:
-                body = wire[off : off + length]
+            seq, state, count, enq, exp, session, reason, description, source, meta, wire_length, off, length, data = (
+                row
+            )
+            body = data[off : off + length]
+            wire = None if wire_length is None else (data if wire_length == len(data) else data[:wire_length])
             found[seq] = StoredMessage.from_row(
                 path=path,
                 sequence_number=seq,
@@ -202,19 +321,16 @@ def read_content(db: sqlite3.Connection, path: str, sequence_numbers: Sequence[i
 
 def patch_properties(db: sqlite3.Connection, path: str, seq: int, changes: dict[str, Any]) -> None:
     """Merge ``changes`` into a stored message's application properties (abandon with modifications)."""
-    row = db.execute(
-        "SELECT d.id, d.meta FROM message AS m JOIN message_data AS d ON d.id = m.data_id"
-        " WHERE m.path = ? AND m.sequence_number = ?",
-        (path, seq),
-    ).fetchone()
+    row = db.execute("SELECT meta FROM message WHERE path = ? AND sequence_number = ?", (path, seq)).fetchone()
     if row is None:
         return
-    meta = json.loads(row[1])
+    meta = json.loads(row[0])
     properties = dict(meta.get("application_properties") or {})
     properties.update(changes)
     meta["application_properties"] = properties
     db.execute(
-        "UPDATE message_data SET meta = ? WHERE id = ?", (json.dumps(meta, separators=(",", ":"), default=str), row[0])
+        "UPDATE message SET meta = ? WHERE path = ? AND sequence_number = ?",
+        (json.dumps(meta, separators=(",", ":"), default=str), path, seq),
     )
 
 
@@ -233,6 +349,8 @@ def migrate(db: sqlite3.Connection, version: int, images: str = "oncebus.db.dedu
         _messages_v2_to_v3(db)
     if version < 5:
         _checkpoints_v4_to_v5(db, images)
+    if version < 6:
+        _content_v5_to_v6(db)
 
 
 def _keys_v0_to_v1(db: sqlite3.Connection) -> None:
@@ -268,7 +386,7 @@ def _messages_v2_to_v3(db: sqlite3.Connection) -> None:
     old = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'message'").fetchone()
     if old is not None:
         db.execute("ALTER TABLE message RENAME TO message_v1")
-    for statement in MESSAGE_STATEMENTS:  # execute, not executescript: that would commit the transaction
+    for statement in MESSAGE_STATEMENTS_V5:  # execute, not executescript: that would commit the transaction
         db.execute(statement)
     if old is None:
         return
@@ -299,7 +417,7 @@ def _messages_v2_to_v3(db: sqlite3.Connection) -> None:
             lights.append(light)
             datas.append(data)
         db.executemany(INSERT_DATA, datas)
-        db.executemany(INSERT_MESSAGE, lights)
+        db.executemany(INSERT_MESSAGE_V5, lights)
     db.execute("DROP TABLE message_v1")
 
 
@@ -323,3 +441,36 @@ def _checkpoints_v4_to_v5(db: sqlite3.Connection, image: str) -> None:
                     (path, image, bytes(row[0]), newest_key_us(db, path)),
                 )
     db.execute("DROP TABLE dedup_snapshot")
+
+
+def _content_v5_to_v6(db: sqlite3.Connection) -> None:
+    """``message`` + ``message_data`` become ``message`` (with its meta) + ``content`` (one row per message, as
+    schema 5 held it: its id the data row's, referenced once). A file without messages yet gets the new tables."""
+    old = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'message_data'").fetchone()
+    if old is None:
+        for statement in MESSAGE_STATEMENTS:
+            db.execute(statement)
+        return
+    db.execute("DROP TRIGGER IF EXISTS message_content_gone")
+    db.execute("ALTER TABLE message RENAME TO message_v5")
+    for statement in MESSAGE_STATEMENTS:
+        db.execute(statement)
+    # the data: the wire (the body a slice of it, or appended to it), or the body alone
+    db.execute(
+        "INSERT INTO content (id, data, refs) SELECT d.id, CASE WHEN d.wire IS NULL THEN d.body"
+        " WHEN d.body IS NULL THEN d.wire ELSE CAST(d.wire || d.body AS BLOB) END, 1"
+        " FROM message_data AS d WHERE d.id IN (SELECT data_id FROM message_v5)"
+    )
+    db.execute(
+        "INSERT INTO message (path, sequence_number, state, delivery_count, enqueued_time_us, expires_at_us, size,"
+        " session_id, content_id, dead_letter_reason, dead_letter_error_description, dead_letter_source, meta,"
+        " wire_length, body_offset, body_length)"
+        " SELECT m.path, m.sequence_number, m.state, m.delivery_count, m.enqueued_time_us, m.expires_at_us, m.size,"
+        " m.session_id, m.data_id, m.dead_letter_reason, m.dead_letter_error_description, m.dead_letter_source,"
+        " d.meta, length(d.wire),"
+        " CASE WHEN d.body IS NULL THEN d.body_offset WHEN d.wire IS NULL THEN 0 ELSE length(d.wire) END,"
+        " CASE WHEN d.body IS NULL THEN d.body_length ELSE length(d.body) END"
+        " FROM message_v5 AS m JOIN message_data AS d ON d.id = m.data_id"
+    )
+    db.execute("DROP TABLE message_v5")
+    db.execute("DROP TABLE message_data")

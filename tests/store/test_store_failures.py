@@ -19,6 +19,7 @@ import pytest
 from oncebus.broker import ManualClock, Message, Namespace, ServiceBusReceiveMode
 from oncebus.core.errors import ServerBusyError, StoreWriteError
 from oncebus.core.messages import StoredMessage
+from oncebus.core.tiers import Tier, TierQuotas
 from oncebus.store.base import Op, PutMessage
 from oncebus.store.memory import MemoryStore
 from oncebus.store.sqlite import SqliteStore
@@ -75,7 +76,7 @@ def test_disk_full_at_the_broker_refuses_clearly_counts_nothing_and_recovers_wit
     async def go() -> None:
         clock = ManualClock()
         store = SqliteStore(tmp_path / "oncebus.db")
-        ns = await Namespace.open(store, clock)
+        ns = await Namespace.open(store, clock, quotas=PREMIUM)  # a 500 KB batch: Premium's (1 MB a send)
         await ns.create_queue("q", requires_duplicate_detection=True)
         acked = [f"ok-{i}" for i in range(5)]
         for mid in acked:
@@ -99,7 +100,7 @@ def test_disk_full_at_the_broker_refuses_clearly_counts_nothing_and_recovers_wit
         store.close()
 
         store = SqliteStore(tmp_path / "oncebus.db")  # a restart keeps every acknowledged message, once
-        ns = await Namespace.open(store, clock)
+        ns = await Namespace.open(store, clock, quotas=PREMIUM)
         got = await ns.receive("q", 50, receive_mode=RAD)
         assert [m.message_id for m in got] == acked + [m.message_id for m in batch]
         assert ns.stats("q").accepted == 15
@@ -111,6 +112,9 @@ def test_disk_full_at_the_broker_refuses_clearly_counts_nothing_and_recovers_wit
     assert len(errors) == 1, errors  # logged once for the whole episode
     assert FULL in errors[0] and "oncebus.db" in errors[0]
     assert any("accepts writes again" in r.getMessage() for r in caplog.records)
+
+
+PREMIUM = TierQuotas.of(Tier.PREMIUM)
 
 
 class GatedStore(MemoryStore):

@@ -239,11 +239,11 @@ def test_a_busy_data_dir_is_refused_in_both_modes(tmp_path: Path) -> None:
 def test_thread_mode_leaves_the_test_process_garbage_collector_as_it_was() -> None:
     gc.freeze()  # a test process that froze objects of its own (the broker must not freeze more of them)
     try:
-        before = gc.get_threshold(), gc.get_freeze_count()
-        with serve(mode="thread") as server:
-            assert (gc.get_threshold(), gc.get_freeze_count()) == before
+        threshold, frozen = gc.get_threshold(), gc.get_freeze_count()
+        with serve(mode="thread") as server:  # (frozen objects may die meanwhile: the count never grows)
+            assert gc.get_threshold() == threshold and gc.get_freeze_count() <= frozen
             assert server.stats() == {}
-        assert (gc.get_threshold(), gc.get_freeze_count()) == before
+        assert gc.get_threshold() == threshold and gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
 

@@ -371,6 +371,34 @@ def authorize(token: str, audience: str, keys: Mapping[str, str], now: float | N
     return dataclasses.replace(grant, resource_path=wanted)
 
 
+def authorize_request(
+    header: str | None,
+    keys: Mapping[str, str],
+    path: str,
+    right: str,
+    *,
+    host: str | None,
+    now: float,
+    shown: str | None = None,
+    missing: str = "sign it with a SharedAccessSignature made with one of the namespace's keys",
+) -> Grant:
+    """An HTTP request's ``Authorization`` header checked as Azure checks it: a valid token that covers ``path``
+    (the URL used), made for ``host`` (when both name one), with ``right``. ``shown`` names the resource in the
+    missing-right text (default: ``path``); ``missing`` says what to do when the header is absent."""
+    if header is None:
+        raise UnauthorizedError(f"the request has no Authorization header: {missing}")
+    grant = verify_token(header, keys, now)
+    wanted = normalize_path(path)
+    if not grant.covers(wanted, now):
+        raise UnauthorizedError(
+            f"the token for {grant.resource_path or '/'!r} does not cover {wanted or 'the namespace'!r}"
+        )
+    check_host(grant, host)
+    if right not in grant.rights:
+        raise UnauthorizedError(missing_right_text(right, wanted if shown is None else shown))
+    return grant
+
+
 def connection_string(host: str, port: int, key_name: str = DEFAULT_KEY_NAME, key: str = DEFAULT_KEY) -> str:
     """The connection string for the SDKs (plain AMQP on ``host:port``)."""
     return (

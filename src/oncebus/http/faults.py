@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from oncebus.auth import MANAGE, KeyRing, check_host, missing_right_text, verify_token
+from oncebus.auth import MANAGE, KeyRing, authorize_request, missing_right_text
 from oncebus.broker import FaultsDisabledError, FaultSpec, Namespace
 from oncebus.core.errors import InvalidArgumentError, OncebusError, UnauthorizedError
 from oncebus.http.server import Receive, Scope, Send
@@ -108,14 +108,12 @@ class FaultsApi:
             if known is None or not hmac.compare_digest(known.encode(), key.encode()):
                 raise UnauthorizedError("unknown key name or wrong key")
             rights = self.keys.rights(name)
-        else:
-            grant = verify_token(header, self.keys, self.wall_time())
-            if grant.resource_path:
-                raise UnauthorizedError(f"the token for {grant.resource_path!r} does not cover the namespace root")
-            check_host(grant, headers.get(b"host"))
-            rights = grant.rights
-        if MANAGE not in rights:
-            raise UnauthorizedError(missing_right_text(MANAGE, PREFIX))
+            if MANAGE not in rights:
+                raise UnauthorizedError(missing_right_text(MANAGE, PREFIX))
+        else:  # a token for the namespace root, with Manage
+            authorize_request(
+                header, self.keys, "", MANAGE, host=headers.get(b"host"), now=self.wall_time(), shown=PREFIX
+            )
 
 
 async def _json(send: Send, status: int, answer: Any) -> None:

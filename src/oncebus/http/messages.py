@@ -32,7 +32,7 @@ from email.utils import format_datetime, parsedate_to_datetime
 from typing import Any
 from urllib.parse import parse_qs, quote
 
-from oncebus.auth import LISTEN, SEND, KeyRing, check_host, missing_right_text, normalize_path, verify_token
+from oncebus.auth import LISTEN, SEND, KeyRing, authorize_request
 from oncebus.broker import Messaging
 from oncebus.core.errors import (
     EntityNotFoundError,
@@ -41,7 +41,6 @@ from oncebus.core.errors import (
     MessageNotFoundError,
     MessageSizeExceededError,
     OncebusError,
-    UnauthorizedError,
 )
 from oncebus.core.messages import Message, ReceivedMessage, ServiceBusReceiveMode
 from oncebus.core.properties import BROKER_PROPERTIES, SENDER_PROPERTIES, SystemProperty
@@ -263,21 +262,16 @@ class RestMessaging:
         return 200, [(b"brokerproperties", bp)], b""
 
     def _authorize(self, headers: Mapping[str, bytes], entity: str, right: str, scope: Scope) -> None:
-        header = headers.get("authorization")
-        if header is None:
-            raise UnauthorizedError(
-                "the request has no Authorization header: sign it with a SharedAccessSignature made with a key "
-                f"with the {right} right"
-            )
-        now = self.wall_time()
-        grant = verify_token(header.decode("latin-1"), self.keys, now)
-        wanted = normalize_path(entity)
-        if not grant.covers(wanted, now):
-            raise UnauthorizedError(f"the token for {grant.resource_path or '/'!r} does not cover {wanted!r}")
-        host = headers.get("host")
-        check_host(grant, host.decode("latin-1") if host is not None else None)
-        if right not in grant.rights:
-            raise UnauthorizedError(missing_right_text(right, wanted))
+        header, host = headers.get("authorization"), headers.get("host")
+        authorize_request(
+            None if header is None else header.decode("latin-1"),
+            self.keys,
+            entity,
+            right,
+            host=None if host is None else host.decode("latin-1"),
+            now=self.wall_time(),
+            missing=f"sign it with a SharedAccessSignature made with a key with the {right} right",
+        )
 
     @staticmethod
     def _timeout(query: Mapping[str, list[str]]) -> float:

@@ -191,6 +191,13 @@ const scenarios = {
       out.locked = locked.map((m) => m.body);
       out.deleted = await receiver.deleteMessages({ maxMessageCount: 3 });
       out.overCap = await refused(() => receiver.deleteMessages({ maxMessageCount: 501 }));
+      // a Send-only key may not delete (batch delete needs Listen)
+      const sendOnly = new beta.ServiceBusClient(process.env.ONCEBUS_SEND_ONLY, { retryOptions });
+      try {
+        out.sendOnlyPurge = await refused(() => sendOnly.createReceiver("js-purge").purgeMessages());
+      } finally {
+        await sendOnly.close();
+      }
       out.purged = await receiver.purgeMessages();
       out.peeked = (await receiver.peekMessages(20)).map((m) => m.body);
       await sender.sendMessages({ body: "again", messageId: ids[5] }); // deleted: still a duplicate

@@ -180,6 +180,7 @@ def test_delete_and_purge_messages_keep_locked_ones_and_dedup_keys(node: str, se
     assert got["locked"] == [ids[0]]
     assert got["deleted"] == 3  # the oldest unlocked: 1, 2, 3
     assert "500" in got["overCap"]
+    assert got["sendOnlyPurge"] is not None and "Listen" in got["sendOnlyPurge"]  # refused: it needs Listen
     assert got["purged"] == 4  # 4 to 7; the locked one stays
     assert got["peeked"] == [ids[0]]
     assert got["afterResend"] == []  # the resend of a deleted id was dropped as a duplicate

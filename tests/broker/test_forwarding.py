@@ -154,3 +154,97 @@ def test_a_scheduled_message_is_forwarded_when_due(stores: StoreFactory) -> None
         assert await ids(ns, "dest") == ["later"]
 
     run(go())
+
+
+async def fill(ns: Namespace, path: str, body: int = 100_000) -> int:
+    """Send to ``path`` until its size quota refuses; how many were stored."""
+    from oncebus.core.errors import QuotaExceededError
+
+    count = 0
+    while True:
+        try:
+            await ns.send(path, Message(b"x" * body, message_id=f"fill-{count}"))
+        except QuotaExceededError:
+            return count
+        count += 1
+
+
+def test_a_forward_into_a_full_destination_is_dead_lettered_at_the_source(stores: StoreFactory) -> None:
+    """Service Bus (auto-forwarding doc): a destination over its quota makes the source dead-letter the message."""
+
+    async def go() -> None:
+        ns = await Namespace.open(stores.open(), ManualClock(START))
+        await ns.create_queue("dest", max_size_in_megabytes=1, requires_duplicate_detection=True)
+        await ns.create_queue("src", forward_to="dest")
+        held = await fill(ns, "dest")
+        await ns.send("src", Message(b"y" * 100_000, message_id="late"))
+        assert len(ns.peek_messages("dest", max_message_count=100)) == held  # the destination stays within its size
+        (dead,) = await ns.receive("src/$DeadLetterQueue", 10)
+        assert dead.message_id == "late" and dead.dead_letter_reason == "QuotaExceeded"
+        assert "dest" in (dead.dead_letter_error_description or "")
+        # nothing of it was recorded at the destination: once there is room, the same id is accepted there
+        for m in await ns.receive("dest", 5):
+            await ns.complete("dest", m.lock_token)  # type: ignore[arg-type]
+        outcome = await ns.send("src", Message(b"y", message_id="late"))
+        assert outcome[0].duplicate is False
+        assert "late" in [str(m.message_id) for m in ns.peek_messages("dest", max_message_count=100)]
+
+    run(go())
+
+
+def test_dead_letters_forwarded_to_a_full_destination_wait_in_the_dead_letter_queue(stores: StoreFactory) -> None:
+    """A dead-letter queue that forwards keeps what its destination has no room for, and forwards it once it has."""
+
+    async def go() -> None:
+        ns = await Namespace.open(stores.open(), ManualClock(START))
+        await ns.create_queue("parking", max_size_in_megabytes=1)
+        await ns.create_queue("work", forward_dead_lettered_messages_to="parking")
+        held = await fill(ns, "parking")
+        await ns.send("work", Message(b"z" * 100_000, message_id="bad"))
+        (bad,) = await ns.receive("work", 1)
+        await ns.dead_letter("work", bad.lock_token, reason="poison")  # type: ignore[arg-type]
+        ns.tick()
+        assert len(ns.peek_messages("parking", max_message_count=100)) == held
+        (waiting,) = ns.peek_messages("work/$DeadLetterQueue", max_message_count=10)
+        assert waiting.message_id == "bad" and waiting.dead_letter_reason == "poison"
+        for m in await ns.receive("parking", 5):
+            await ns.complete("parking", m.lock_token)  # type: ignore[arg-type]
+        ns.tick()  # room again: it moves on
+        assert ns.peek_messages("work/$DeadLetterQueue", max_message_count=10) == []
+        assert "bad" in [str(m.message_id) for m in ns.peek_messages("parking", max_message_count=100)]
+
+    run(go())
+
+
+def test_a_forward_into_a_send_disabled_destination_still_arrives(stores: StoreFactory) -> None:
+    """As Service Bus does (its team in Azure/azure-service-bus#666 and #743): a destination's status refuses
+    clients' sends, not forwarding into it."""
+
+    async def go() -> None:
+        ns = await Namespace.open(stores.open(), ManualClock(START))
+        await ns.create_queue("dest")
+        await ns.create_queue("src", forward_to="dest")
+        await ns.update_queue("dest", status="SendDisabled")
+        await ns.send("src", Message(b"", message_id="m"))
+        assert [str(m.message_id) for m in ns.peek_messages("dest", max_message_count=10)] == ["m"]
+
+    run(go())
+
+
+def test_dead_letters_whose_destination_was_deleted_stay_and_the_tick_returns(stores: StoreFactory) -> None:
+    """A dead-letter queue forwarding to a queue deleted since keeps its messages; the timer does not spin on them."""
+
+    async def go() -> None:
+        ns = await Namespace.open(stores.open(), ManualClock(START))
+        await ns.create_queue("parking")
+        await ns.create_queue("work", forward_dead_lettered_messages_to="parking")
+        await ns.delete_queue("parking")
+        await ns.send("work", Message(b"", message_id="bad"))
+        (bad,) = await ns.receive("work", 1)
+        await ns.dead_letter("work", bad.lock_token, reason="poison")  # type: ignore[arg-type]
+        ns.tick()
+        ns.tick()
+        (waiting,) = ns.peek_messages("work/$DeadLetterQueue", max_message_count=10)
+        assert waiting.message_id == "bad"
+
+    run(go())

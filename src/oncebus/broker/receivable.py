@@ -389,6 +389,10 @@ class Receivable:
             entry.available = False
         return entry
 
+    def give_back(self, entry: Entry) -> None:
+        """Make a message :meth:`take` returned available again, untouched (nothing to write)."""
+        self._make_available(entry)
+
     def lock(self, entry: Entry, now_us: int, session: SessionLock | None) -> None:
         token = uuid.uuid4()
         entry.lock_token = token

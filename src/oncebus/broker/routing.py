@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from oncebus.broker.receivable import QUOTA_BYTES_PER_MESSAGE
 from oncebus.core.durations import TIMESPAN_MAX, to_micros
 from oncebus.core.messages import MessageState, StoredMessage
 from oncebus.core.rules import MessageView
@@ -39,6 +40,7 @@ HOP_LIMIT_REASON = "MaxTransferHopCountExceeded"
 HOP_LIMIT_DESCRIPTION = "The maximum number of allowed hops when forwarding between queues was exceeded (4)."
 FILTER_REASON = "FilterEvaluationException"
 NO_DESTINATION_REASON = "ForwardingDestinationNotFound"
+FULL_DESTINATION_REASON = "QuotaExceeded"
 
 
 @dataclass
@@ -50,9 +52,13 @@ class Plan:
     deltas: dict[str, dict[str, int]] = field(default_factory=dict)  # forwarded-to entity path -> counter deltas
     touched: dict[str, Any] = field(default_factory=dict)  # entity path -> Entity (for their counters)
     dedup_key: tuple[str, str, int] | None = None  # written with the next message put (the send's own key)
+    added_bytes: dict[str, int] = field(default_factory=dict)  # receivable path -> quota bytes this plan adds
 
     def put(self, receivable: Any, copy: StoredMessage) -> None:
         self.placements.append((receivable, copy))
+        self.added_bytes[receivable.path] = (
+            self.added_bytes.get(receivable.path, 0) + copy.size + QUOTA_BYTES_PER_MESSAGE
+        )
         self.ops.append(PutMessage(copy, self.dedup_key))
         self.dedup_key = None
 
@@ -144,6 +150,11 @@ class Router:
         self.forward(copy, receivable, target, now, plan, hops)
 
     # ------------------------------------------------------------------------------ forwarding
+    def has_room(self, target: str, size: int) -> bool:
+        """Whether ``target`` has room for a message of ``size`` bytes (a missing one: :meth:`forward` decides)."""
+        destination = self.lookup(target)
+        return destination is None or _full(destination, size, Plan()) is None
+
     def forward(self, message: StoredMessage, source: Any, target: str, now: int, plan: Plan, hops: int) -> None:
         """``message`` leaves ``source`` (a queue, subscription or dead-letter queue) for ``target``.
 
@@ -159,6 +170,10 @@ class Router:
         if destination is None:
             text = f"the forwarding destination {target!r} does not exist"
             plan.put(source.dead_letter_queue or source, _dead(message, source, NO_DESTINATION_REASON, text))
+            return
+        full = _full(destination, message.size, plan)
+        if full is not None:  # as Service Bus: the source dead-letters it (a dead-letter queue keeps it)
+            plan.put(source.dead_letter_queue or source, _dead(message, source, FULL_DESTINATION_REASON, full))
             return
         if self.touch is not None:
             self.touch(destination.path)
@@ -179,6 +194,23 @@ class Router:
         if key is not None:
             plan.ops.append(PutDedupKey(destination.path, key, now))
         self.route(destination, record, now, plan, hops + 1)
+
+
+def _full(destination: Any, size: int, plan: Plan) -> str | None:
+    """Why ``destination`` has no room for a message of ``size`` bytes (its size quota, with what this plan adds).
+
+    A destination's status does not refuse forwarding into it: Service Bus forwards into a disabled entity
+    (its team in Azure/azure-service-bus#666 and #743); its size does."""
+    needed = size + QUOTA_BYTES_PER_MESSAGE
+    for receivable in destination.receivables():
+        held = receivable.quota_bytes + plan.added_bytes.get(receivable.path, 0)
+        if held + needed > receivable.settings.max_size_bytes:
+            return (
+                f"the forwarding destination {destination.properties.name!r} is full: {receivable.path!r} holds "
+                f"{held} of its {receivable.settings.max_size_bytes} bytes (max_size_in_megabytes="
+                f"{destination.properties.max_size_in_megabytes}) and this message needs {needed}"
+            )[:1024]
+    return None
 
 
 def _dead(message: StoredMessage, source: Any, reason: str, description: str) -> StoredMessage:

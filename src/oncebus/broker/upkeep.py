@@ -101,6 +101,9 @@ def pump_forwarding(registry: Registry, router: Router, now: int, contents: Cont
     ops: list[Op] = []
     for source, target in list(_forwarding_sources(registry)):
         while (entry := take_any(source)) is not None:
+            if not router.has_room(target, entry.size):  # it waits where it is until the destination has room
+                source.give_back(entry)
+                break
             ops += source.remove(entry)
             message = _content(source, entry, contents)
             if message is None:
@@ -108,6 +111,8 @@ def pump_forwarding(registry: Registry, router: Router, now: int, contents: Cont
             plan = Plan()
             router.forward(message, source, target, now, plan, 0)
             ops += commit_in_memory(plan, None, now, contents)
+            if any(place is source for place, _ in plan.placements):
+                break  # it stayed here (a dead-letter queue keeps what cannot go on): the next tick tries again
     return ops
 
 

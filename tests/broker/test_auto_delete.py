@@ -11,6 +11,7 @@ from tests.broker.conftest import StoreFactory, run
 
 START = 1_800_000_000_000_000
 MINUTE = 60.0
+SECOND = 1.0
 
 
 def test_an_idle_queue_is_deleted_with_its_dedup_history(stores: StoreFactory) -> None:
@@ -95,17 +96,46 @@ def test_an_idle_subscription_goes_alone_an_idle_topic_with_its_subscriptions(st
     run(go())
 
 
-def test_idle_time_counts_from_the_start_after_a_restart(stores: StoreFactory) -> None:
+def test_idle_time_goes_on_across_a_clean_restart(stores: StoreFactory) -> None:
+    """Service Bus keeps an entity's last access across its own restarts: a clean stop stores it."""
+
     async def go() -> None:
         clock = ManualClock(START)
         ns = await Namespace.open(stores.open(), clock)
         await ns.create_queue("q", auto_delete_on_idle="PT5M")
-        clock.advance(4 * MINUTE)
+        await ns.create_queue("used", auto_delete_on_idle="PT5M")
+        clock.advance(2 * MINUTE)
+        await ns.send("used", Message(b""))
+        clock.advance(2 * MINUTE)
         await ns.close()
+        ns = await Namespace.open(stores.open(), clock)
+        clock.advance(1 * MINUTE + 1)
+        ns.tick()
+        assert [q.name for q in ns.list_queues()] == ["used"]  # 5 minutes since q's creation; 3 since used's send
+        clock.advance(2 * MINUTE)
+        ns.tick()
+        assert ns.list_queues() == []
+
+    run(go())
+
+
+def test_idle_time_counts_from_the_start_after_a_crash(stores: StoreFactory) -> None:
+    """Without a clean stop the times of last use are not known: idle time counts from the start (never less)."""
+
+    async def go() -> None:
+        clock = ManualClock(START)
+        ns = await Namespace.open(stores.open(), clock)
+        await ns.create_queue("q", auto_delete_on_idle="PT5M")
+        clock.advance(1 * MINUTE)
+        await ns.close()  # a clean stop stores q's last use (its creation) ...
+        ns = await Namespace.open(stores.open(), clock)  # ... which this start takes, and forgets in the store
+        clock.advance(3 * MINUTE)
+        await ns.send("q", Message(b""))  # used at 4 minutes; then the process dies (no close)
+        clock.advance(30 * SECOND)
         ns = await Namespace.open(stores.open(), clock)
         clock.advance(4 * MINUTE)
         ns.tick()
-        assert [q.name for q in ns.list_queues()] == ["q"]  # 8 minutes since its creation, 4 since the start
+        assert [q.name for q in ns.list_queues()] == ["q"]  # 4.5 minutes since its last use: kept
         clock.advance(1 * MINUTE)
         ns.tick()
         assert ns.list_queues() == []

@@ -139,6 +139,9 @@ class Namespace(Delivery):
         replayed = restore(self._registry, snapshot, self._now(), messages=not background)
         self._checkpoints.loaded(replayed)
         self._activity.since_us = self._now()
+        forget = self._activity.restore(self._registry, self._now())
+        if forget:  # the first write: every later one (each acknowledged send) commits with it or after it
+            self._write_later(forget)
         self._backlog_error = None
         if background:
             self._backlog_loaded.clear()
@@ -185,6 +188,7 @@ class Namespace(Delivery):
             self._backlog.cancel()
         if self._journal.failure is None:
             ops: list[Op] = [op for e in self._entities.values() if (op := e.counters_op({})) is not None]
+            ops += self._activity.save(self._registry, self._now())
             if ops:
                 await self._write(ops)
         keep = getattr(self.store, "keep_dedup_images", None)

@@ -9,8 +9,9 @@
 - ``auto_delete_on_idle``: a queue, topic or subscription with no activity
   (a send, a receive or settlement, a management call) for that long is
   deleted, exactly as an explicit delete does (its messages, sessions and dedup
-  history go with it). Activity is kept in memory: after a restart an
-  entity's idle time counts from the start.
+  history go with it). The time of each entity's last use is kept in
+  memory and stored at a clean stop: after a clean restart idle time goes on
+  from it; after a crash it counts from the start (``Activity``).
 
 All of it is applied in memory at once and written in the background (the
 store's failure handling reloads memory if such a write fails), like expiry.
@@ -18,8 +19,10 @@ store's failure handling reloads memory if such a write fails), like expiry.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from oncebus.broker.contents import ContentCache
@@ -28,7 +31,7 @@ from oncebus.broker.registry import Entity, EntityKind, Registry
 from oncebus.broker.routing import Plan, Router
 from oncebus.core.durations import TIMESPAN_MAX, to_micros
 from oncebus.core.messages import StoredMessage
-from oncebus.store.base import AddCounters, Op
+from oncebus.store.base import AddCounters, Op, PutEntity
 
 _LOG = logging.getLogger("oncebus.broker")
 
@@ -127,7 +130,11 @@ def take_any(receivable: Receivable) -> Entry | None:
 
 
 class Activity:
-    """When each queue, topic and subscription (by path) last saw a send, a receive or a management call."""
+    """When each queue, topic and subscription (by path) last saw a send, a receive or a management call.
+
+    A clean stop stores these times with the entities (``accessed_at_us``); a start takes them and at once stores
+    the entities without them, so that after a crash (no clean stop since) idle time counts from the start, never
+    from a time older than the entity's real last use."""
 
     def __init__(self, since_us: int) -> None:
         self.since_us = since_us  # what counts as the last activity of an entity not touched since the start
@@ -138,6 +145,34 @@ class Activity:
 
     def idle_us(self, path: str, now: int) -> int:
         return now - self.last.get(path, self.since_us)
+
+    def restore(self, registry: Registry, now: int) -> list[Op]:
+        """Take the times a clean stop stored (at most now); returns the ops that store the entities without them."""
+        ops: list[Op] = []
+        for path, kind, props, keep in _used(registry):
+            stored = props.accessed_at_us
+            if stored is not None:
+                self.last[path] = max(self.last.get(path, 0), min(now, stored))
+                cleared = dataclasses.replace(props, accessed_at_us=None)
+                keep(cleared)
+                ops.append(PutEntity(path, kind, cleared.to_dict()))
+        return ops
+
+    def save(self, registry: Registry, now: int) -> list[Op]:
+        """At a clean stop: every entity with the time of its last use (the start, if unused since)."""
+        ops: list[Op] = []
+        for path, kind, props, _keep in _used(registry):
+            ops.append(PutEntity(path, kind, {**props.to_dict(), "accessed_at_us": self.last.get(path, self.since_us)}))
+        return ops
+
+
+def _used(registry: Registry) -> Iterator[tuple[str, str, Any, Callable[[Any], None]]]:
+    """(path, kind, properties, a setter of new properties) of every queue, topic and subscription."""
+    for entity in list(registry.entities.values()):
+        yield entity.path, entity.kind, entity.properties, functools.partial(setattr, entity, "properties")
+        for subscription in entity.subscriptions.values():
+            keep = functools.partial(setattr, subscription, "properties")
+            yield subscription.receivable.path, "subscription", subscription.properties, keep
 
 
 def _idle_for(props: Any) -> int | None:

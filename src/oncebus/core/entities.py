@@ -264,7 +264,7 @@ _VALIDATORS: dict[str, Any] = {
 }
 
 
-STAMPS = ("created_at_us", "updated_at_us")
+STAMPS = ("created_at_us", "updated_at_us", "accessed_at_us")
 _NOT_SETTABLE = ("name", *STAMPS)
 
 
@@ -281,6 +281,9 @@ class _EntityProperties:
     # kept by the broker, never set by a caller, not compared
     created_at_us: int | None = dataclasses.field(default=None, compare=False)
     updated_at_us: int | None = dataclasses.field(default=None, compare=False)
+    # when it was last sent to, received from or managed, as a clean stop stored it (so that auto_delete_on_idle
+    # counts across a restart); read at a start, never written by to_dict (broker.upkeep.Activity writes it)
+    accessed_at_us: int | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         status = getattr(self, "status", "Active")
@@ -354,7 +357,7 @@ class _EntityProperties:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in STAMPS and value is None:
+            if (f.name in STAMPS and value is None) or f.name == "accessed_at_us":
                 continue
             if f.name == "authorization_rules":
                 value = [rule.to_dict() for rule in value]

@@ -94,7 +94,7 @@ class _Local:
     def __init__(self, datadir: DataDir) -> None:
         self.datadir = datadir
         try:
-            quotas = TierQuotas.from_env()  # the tier of $ONCEBUS_TIER, as `serve` would take it
+            quotas = TierQuotas.from_env(stored=datadir.read_tier())  # as `serve` would take it (no --tier here)
         except InvalidArgumentError:
             datadir.unlock()
             raise

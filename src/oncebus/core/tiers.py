@@ -106,14 +106,17 @@ class TierQuotas:
         return dataclasses.replace(base, **changes)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, tier: str | None = None) -> TierQuotas:
-        """``tier`` (the ``--tier`` option), else ``$ONCEBUS_TIER`` (default Standard); ``$ONCEBUS_MESSAGING_UNITS``.
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, tier: str | None = None, stored: str | None = None
+    ) -> TierQuotas:
+        """``tier`` (the ``--tier`` option), else ``$ONCEBUS_TIER``, else ``stored`` (the data directory's), else
+        Standard; ``$ONCEBUS_MESSAGING_UNITS``.
 
         ``ONCEBUS_QUOTA_<FIELD>`` (e.g. ``ONCEBUS_QUOTA_MAX_ENTITIES=3``) changes one count, for tests that
         want to meet a quota without building 10,000 entities; Azure's figures are the defaults.
         """
         environ = os.environ if environ is None else environ
-        text = tier if tier is not None else environ.get(TIER_ENV, Tier.STANDARD.value)
+        text = tier if tier is not None else environ.get(TIER_ENV) or stored or Tier.STANDARD.value
         units_text = environ.get(MESSAGING_UNITS_ENV, "1")
         try:
             units = int(units_text)

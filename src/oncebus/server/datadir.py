@@ -30,6 +30,7 @@ WATCH_SECONDS = 1.0
 DATA_DIR_ENV = "ONCEBUS_DATA_DIR"
 DEFAULT_DATA_DIR = ".oncebus"
 STORE_FILE = "oncebus.db"
+TIER_FILE = "tier"  # the namespace's tier, as the last serve or command on it chose it (one word)
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 
@@ -170,6 +171,30 @@ class DataDir:
         with os.fdopen(fd, "w") as handle:
             json.dump(info, handle)
         os.replace(tmp, self.server_file)
+
+    @property
+    def tier_file(self) -> Path:
+        return self.path / TIER_FILE
+
+    def read_tier(self) -> str | None:
+        """The tier stored with this data directory (None: never chosen, or the file is unreadable)."""
+        try:
+            text = self.tier_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return text or None
+
+    def write_tier(self, tier: str) -> None:
+        """Store ``tier`` (replaced atomically, fsynced: a crash leaves the old or the new one)."""
+        if self.read_tier() == tier:
+            return
+        tmp = self.tier_file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(tier + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.tier_file)
 
     def read_server_info(self) -> dict[str, Any] | None:
         try:

@@ -21,7 +21,7 @@ from oncebus import __version__
 from oncebus.auth import DEFAULT_KEYS, KEYS_ENV, KeyRing, is_loopback, uses_public_key
 from oncebus.broker import FileClock, Namespace, SystemClock
 from oncebus.core.errors import InvalidArgumentError, OncebusError
-from oncebus.core.tiers import TierQuotas
+from oncebus.core.tiers import Tier, TierQuotas
 from oncebus.http.server import ASGIApp
 from oncebus.server.certs import ensure_certificates
 from oncebus.server.control import ControlServer
@@ -112,6 +112,15 @@ async def run(
             "; stop it or choose another directory with --data-dir",
             busy=True,
         )
+    stored_tier = datadir.read_tier()
+    try:  # the tier chosen now (--tier, $ONCEBUS_TIER), else the one this data directory was last served with
+        quotas = TierQuotas.from_env(tier=options.tier, stored=stored_tier)
+        if stored_tier is not None and Tier.parse(stored_tier) is not quotas.tier:
+            say(f"the tier changes from {Tier.parse(stored_tier).value} to {quotas.tier.value} (as asked)")
+        datadir.write_tier(quotas.tier.value)
+    except (InvalidArgumentError, OSError) as exc:
+        datadir.unlock()
+        raise ServeError(f"the data directory's tier ({datadir.tier_file}): {exc}") from exc
     started = time.monotonic()
     try:
         store = open_store(options.store, datadir.store_path)

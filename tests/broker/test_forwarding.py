@@ -248,3 +248,25 @@ def test_dead_letters_whose_destination_was_deleted_stay_and_the_tick_returns(st
         assert waiting.message_id == "bad"
 
     run(go())
+
+
+def test_a_message_keeps_its_hop_count_while_it_waits_and_across_a_restart(stores: StoreFactory) -> None:
+    """The four-transfer limit is the message's: two hops taken before it waited (and a restart) count later."""
+
+    async def go() -> None:
+        clock = ManualClock(START)
+        ns = await Namespace.open(stores.open(), clock)
+        for name in ("x3", "y3", "y2", "y1"):
+            await ns.create_queue(name, forward_to={"y2": "y3", "y1": "y2"}.get(name))
+        await ns.create_queue("x2", forward_to="x3")
+        await ns.create_queue("x1", forward_to="x2")
+        await ns.send("x1", Message(b"", message_id="m"))  # x1 -> x2 -> x3: two hops; x3 keeps it
+        await ns.close()
+        ns = await Namespace.open(stores.open(), clock)
+        await ns.update_queue("x3", forward_to="y1")
+        ns.tick()  # x3 -> y1 -> y2 are the third and fourth hops; y2 -> y3 would be a fifth
+        assert ns.peek_messages("y3", max_message_count=10) == []
+        (dead,) = ns.peek_messages("y2/$DeadLetterQueue", max_message_count=10)
+        assert dead.message_id == "m" and dead.dead_letter_reason == "MaxTransferHopCountExceeded"
+
+    run(go())

@@ -190,7 +190,7 @@ class Router:
         seq = destination.next_sequence_number
         destination.next_sequence_number += 1
         plan.count(destination, "accepted")
-        record = arrived(message, destination, seq, now)
+        record = arrived(message, destination, seq, now, hops + 1)
         if key is not None:
             plan.ops.append(PutDedupKey(destination.path, key, now))
         self.route(destination, record, now, plan, hops + 1)
@@ -221,8 +221,9 @@ def _dead(message: StoredMessage, source: Any, reason: str, description: str) ->
     return dead_lettered(message, source, reason, description)
 
 
-def arrived(message: StoredMessage, destination: Any, seq: int, now: int) -> StoredMessage:
-    """``message`` as the destination of a forward stores it: its sequence number, enqueued now, its time to live."""
+def arrived(message: StoredMessage, destination: Any, seq: int, now: int, hops: int) -> StoredMessage:
+    """``message`` as the destination of a forward stores it: its sequence number, enqueued now, its time to live,
+    the transfers it has taken (``hops``, kept with it for a later forward)."""
     ttl_us = message.time_to_live_us
     default = destination.properties.default_message_time_to_live
     if default < TIMESPAN_MAX and (ttl_us is None or to_micros(default) < ttl_us):
@@ -237,4 +238,5 @@ def arrived(message: StoredMessage, destination: Any, seq: int, now: int) -> Sto
         state=MessageState.ACTIVE,
         delivery_count=0,
         application_properties=dict(message.application_properties),
+        hops=hops,
     )

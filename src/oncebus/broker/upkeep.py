@@ -67,7 +67,7 @@ def release_scheduled(registry: Registry, router: Router, now: int, contents: Co
             if message is None:
                 continue
             plan = Plan()
-            router.route(entity, message, now, plan)
+            router.route(entity, message, now, plan, message.hops)
             ops += commit_in_memory(plan, entity, now, contents)
     return ops
 
@@ -112,7 +112,7 @@ def pump_forwarding(registry: Registry, router: Router, now: int, contents: Cont
             if message is None:
                 continue
             plan = Plan()
-            router.forward(message, source, target, now, plan, 0)
+            router.forward(message, source, target, now, plan, message.hops)
             ops += commit_in_memory(plan, None, now, contents)
             if any(place is source for place, _ in plan.placements):
                 break  # it stayed here (a dead-letter queue keeps what cannot go on): the next tick tries again

@@ -141,6 +141,7 @@ class StoredMessage:
     # the fields a rule action changed since ``wire`` was encoded (the application properties are then
     # taken from this record too): the door that delivers it encodes them again, the broker never does
     rewritten: frozenset[str] = frozenset()
+    hops: int = 0  # how many times auto-forwarding transferred it (Service Bus allows 4)
 
     @property
     def size(self) -> int:
@@ -166,6 +167,7 @@ class StoredMessage:
             and self.reply_to_session_id is None
             and self.to is None
             and not self.rewritten
+            and not self.hops
         ):  # the usual message: its id alone, without a JSON encoder
             return '{"message_id":' + _quote(message_id) + "}"
         meta = {name: value for name in _STORED_META if (value := getattr(self, name)) is not None}
@@ -173,6 +175,8 @@ class StoredMessage:
             meta.pop("application_properties", None)
         if self.rewritten:
             meta["rewritten"] = sorted(self.rewritten)
+        if self.hops:
+            meta["hops"] = self.hops
         message_id = self.message_id
         if isinstance(message_id, str):
             meta["message_id"] = message_id

@@ -1,0 +1,253 @@
+"""AMQP transactions and send-via, with python-qpid-proton's client (the .NET and Java SDKs' ``TransactionScope``
+and ``ServiceBusTransactionContext`` do the same on the wire): declare, transactional sends and settlements,
+discharge; all of a transaction or nothing of it."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import proton
+import pytest
+
+from oncebus.amqp.limits import AmqpLimits
+from oncebus.broker import Namespace
+from tests.amqp.inprocess import InProcessServer
+from tests.amqp.txn_client import ACCEPTED, DECLARED, RELEASED, TRANSACTIONAL_STATE, TxnClient
+
+REJECTED_STATE = proton.Delivery.REJECTED
+MAX_OPERATIONS = 100  # Azure Service Bus's quotas for one transaction
+TIMEOUT_SECONDS = 120
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[InProcessServer]:
+    srv = InProcessServer(AmqpLimits(), []).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def client(server: InProcessServer) -> Iterator[TxnClient]:
+    c = TxnClient(server.port)
+    yield c
+    c.close()
+
+
+def ns(server: InProcessServer) -> Namespace:
+    assert server.namespace is not None
+    return server.namespace
+
+
+def queue(server: InProcessServer, **properties: Any) -> str:
+    name = f"q{next(_names)}"
+
+    async def create() -> None:
+        await ns(server).create_queue(name, **properties)
+
+    server.run(create)
+    return name
+
+
+def count(server: InProcessServer, name: str) -> int:
+    async def active() -> int:
+        return ns(server).stats(name).active_message_count
+
+    return int(server.run(active))
+
+
+def bodies(server: InProcessServer, name: str) -> list[Any]:
+    async def peek() -> list[Any]:
+        return [bytes(m.body).decode() for m in ns(server).peek_messages(name, 250)]
+
+    return list(server.run(peek))
+
+
+def msg(body: str, message_id: str | None = None) -> proton.Message:
+    return proton.Message(body=body, id=message_id if message_id is not None else body)
+
+
+def test_a_commit_makes_every_send_visible_at_once(server: InProcessServer, client: TxnClient) -> None:
+    name = queue(server)
+    txn = client.declare()
+    for body in ("one", "two", "three"):
+        answer = client.send(name, msg(body), txn)
+        assert answer.state == TRANSACTIONAL_STATE and bytes(answer.data[0]) == txn, answer
+    assert count(server, name) == 0  # held by the transaction: not stored, not receivable
+    assert client.discharge(txn).state == proton.Delivery.ACCEPTED
+    assert bodies(server, name) == ["one", "two", "three"]
+
+
+def test_a_rollback_stores_nothing_and_keeps_no_dedup_key(server: InProcessServer, client: TxnClient) -> None:
+    name = queue(server, requires_duplicate_detection=True)
+    txn = client.declare()
+    client.send(name, msg("first", "same-id"), txn)
+    assert client.discharge(txn, fail=True).state == proton.Delivery.ACCEPTED
+    assert count(server, name) == 0
+    answer = client.send(name, msg("again", "same-id"))  # not a duplicate: the rolled-back send left no key
+    assert answer.state == proton.Delivery.ACCEPTED
+    assert bodies(server, name) == ["again"]
+
+
+def test_complete_in_a_rolled_back_transaction_leaves_the_message_locked(
+    server: InProcessServer, client: TxnClient
+) -> None:
+    name = queue(server, lock_duration="PT30S")
+    client.send(name, msg("kept"))
+    _, delivery = client.receive(name)
+    txn = client.declare()
+    answer = client.settle(delivery, txn)
+    assert answer.state == TRANSACTIONAL_STATE, answer
+    assert client.discharge(txn, fail=True).state == proton.Delivery.ACCEPTED
+    assert count(server, name) == 1  # still there, still locked by its receiver
+
+    other = TxnClient(server.port)
+    try:
+        with pytest.raises(Exception, match="timed out"):
+            other.receive(name, timeout=0.5)  # locked: nothing to receive until the lock expires
+        server.run(_advance(ns(server), 31))
+        again, _ = other.receive(name)
+        assert again.body == "kept" and again.delivery_count == 1
+    finally:
+        other.close()
+
+
+def test_complete_in_a_committed_transaction_removes_the_message(server: InProcessServer, client: TxnClient) -> None:
+    name = queue(server)
+    client.send(name, msg("done"))
+    client.send(name, msg("back"))
+    _, first = client.receive(name)
+    _, second = client.receive(name)
+    txn = client.declare()
+    assert client.settle(first, txn).state == TRANSACTIONAL_STATE
+    assert client.settle(second, txn, RELEASED).state == TRANSACTIONAL_STATE  # abandon, in the transaction
+    assert count(server, name) == 2
+    assert client.discharge(txn).state == proton.Delivery.ACCEPTED
+    assert bodies(server, name) == ["back"]  # completed one gone, abandoned one available again
+    again, _ = client.receive(name)
+    assert again.body == "back"
+
+
+def test_a_duplicate_inside_a_transaction_is_judged_when_it_commits(server: InProcessServer, client: TxnClient) -> None:
+    name = queue(server, requires_duplicate_detection=True)
+    client.send(name, msg("stored", "old"))
+    txn = client.declare()
+    client.send(name, msg("first", "new"), txn)
+    client.send(name, msg("second", "new"), txn)  # a duplicate of the first, in the same transaction
+    client.send(name, msg("resend", "old"), txn)  # a duplicate of what is stored already
+    assert client.discharge(txn).state == proton.Delivery.ACCEPTED
+    assert bodies(server, name) == ["stored", "first"]
+
+
+def test_a_transaction_holds_at_most_100_messages(server: InProcessServer, client: TxnClient) -> None:
+    name = queue(server)
+    txn = client.declare()
+    for n in range(MAX_OPERATIONS):
+        assert client.send(name, msg(f"m{n}"), txn).state == TRANSACTIONAL_STATE
+    over = client.send(name, msg("one too many"), txn)
+    assert over.state == REJECTED_STATE and over.condition == "amqp:resource-limit-exceeded", over
+    assert "100 messages per transaction" in (over.description or "")
+    assert client.discharge(txn).state == proton.Delivery.ACCEPTED
+    assert count(server, name) == MAX_OPERATIONS
+
+
+def _advance(namespace: Namespace, seconds: float) -> Any:
+    async def advance() -> None:
+        namespace.clock.advance(seconds)  # type: ignore[attr-defined]  # the in-process server's ManualClock
+
+    return advance
+
+
+def test_a_transaction_times_out_after_two_minutes(server: InProcessServer, client: TxnClient) -> None:
+    name = queue(server)
+    txn = client.declare()
+    client.send(name, msg("late"), txn)
+    server.run(_advance(ns(server), TIMEOUT_SECONDS + 1))
+    late = client.send(name, msg("later"), txn)
+    assert late.state == REJECTED_STATE and late.condition == "amqp:transaction:timeout", late
+    answer = client.discharge(txn)
+    assert answer.state == REJECTED_STATE and answer.condition == "amqp:transaction:timeout", answer
+    assert count(server, name) == 0
+
+
+def test_an_unknown_txn_id_is_refused(server: InProcessServer, client: TxnClient) -> None:
+    name = queue(server)
+    answer = client.discharge(b"never-declared")
+    assert answer.state == REJECTED_STATE and answer.condition == "amqp:transaction:unknown-id", answer
+    sent = client.send(name, msg("orphan"), b"never-declared")
+    assert sent.state == REJECTED_STATE and sent.condition == "amqp:transaction:unknown-id", sent
+    txn = client.declare()
+    assert client.discharge(txn).state == proton.Delivery.ACCEPTED
+    again = client.discharge(txn)  # discharged already
+    assert again.condition == "amqp:transaction:unknown-id", again
+    assert count(server, name) == 0
+
+
+def test_a_transaction_is_on_one_entity(server: InProcessServer, client: TxnClient) -> None:
+    first, second = queue(server), queue(server)
+    txn = client.declare()
+    client.send(first, msg("here"), txn)
+    other = client.send(second, msg("there"), txn)
+    assert other.state == REJECTED_STATE and other.condition == "amqp:not-allowed", other
+    assert "send-via" in (other.description or "")
+    assert client.discharge(txn).state == proton.Delivery.ACCEPTED
+    assert (count(server, first), count(server, second)) == (1, 0)
+
+
+def test_send_via_sends_to_the_destination_through_the_via_entity(server: InProcessServer, client: TxnClient) -> None:
+    via, destination = queue(server), queue(server)
+    client.send(via, msg("input"))
+    _, delivery = client.receive(via)
+    txn = client.declare()
+    assert client.settle(delivery, txn).state == TRANSACTIONAL_STATE  # receive from via ...
+    assert client.send(via, msg("output"), txn, via=destination).state == TRANSACTIONAL_STATE  # ... send on
+    assert (count(server, via), count(server, destination)) == (1, 0)
+    assert client.discharge(txn).state == proton.Delivery.ACCEPTED
+    assert bodies(server, via) == []
+    assert bodies(server, destination) == ["output"]
+    plain = client.send(via, msg("not in a transaction"), via=destination)  # stored in the destination too
+    assert plain.state == proton.Delivery.ACCEPTED
+    assert bodies(server, via) == [] and bodies(server, destination) == ["output", "not in a transaction"]
+
+
+def test_send_via_to_a_missing_destination_is_refused(server: InProcessServer, client: TxnClient) -> None:
+    via = queue(server)
+    with pytest.raises(Exception, match=r"not-found|no-such|does not exist|not found"):
+        client.send(via, msg("lost"), via="no-such-queue")
+    assert count(server, via) == 0
+
+
+def test_closing_the_connection_rolls_the_transaction_back(server: InProcessServer) -> None:
+    name = queue(server)
+    client = TxnClient(server.port)
+    txn = client.declare()
+    client.send(name, msg("gone"), txn)
+    client.close()
+
+    async def none_open() -> int:
+        return len(ns(server).transactions.open)
+
+    assert server.run(none_open) == 0
+    assert count(server, name) == 0
+
+
+def test_a_lock_lost_before_the_commit_rolls_it_all_back(server: InProcessServer, client: TxnClient) -> None:
+    name, out = queue(server, lock_duration="PT5S"), queue(server)
+    client.send(name, msg("in"))
+    _, delivery = client.receive(name)
+    txn = client.declare()
+    client.settle(delivery, txn)
+    client.send(name, msg("out"), txn, via=out)
+    server.run(_advance(ns(server), 6))  # the lock expires before the discharge
+    answer = client.discharge(txn)
+    assert answer.state == REJECTED_STATE and answer.condition == "amqp:transaction:rollback", answer
+    assert "lock" in (answer.description or "")
+    assert count(server, out) == 0 and count(server, name) == 1
+
+
+def test_declared_carries_a_binary_txn_id(client: TxnClient) -> None:
+    txn = client.declare()
+    assert isinstance(txn, bytes) and len(txn) > 0
+    assert DECLARED == 0x33 and ACCEPTED == 0x24

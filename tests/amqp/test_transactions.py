@@ -251,3 +251,32 @@ def test_declared_carries_a_binary_txn_id(client: TxnClient) -> None:
     txn = client.declare()
     assert isinstance(txn, bytes) and len(txn) > 0
     assert DECLARED == 0x33 and ACCEPTED == 0x24
+
+
+def test_a_commit_past_the_entity_quota_stores_nothing_and_the_broker_keeps_serving(
+    server: InProcessServer, client: TxnClient
+) -> None:
+    name = queue(server, max_size_in_megabytes=1)
+    txn = client.declare()
+    for n in range(5):  # 5 x 240 KB: each fits on its own, together they pass the queue's 1 MB
+        assert client.send(name, proton.Message(body=b"x" * 240_000, id=f"big{n}"), txn).state == TRANSACTIONAL_STATE
+    answer = client.discharge(txn)
+    assert answer.state == REJECTED_STATE and answer.condition == "amqp:transaction:rollback", answer
+    assert "maximum entity size" in (answer.description or "")
+    assert count(server, name) == 0
+    assert client.send(name, msg("after")).state == proton.Delivery.ACCEPTED  # no reload, no refusal
+    assert bodies(server, name) == ["after"]
+
+
+def test_dead_lettering_a_dead_letter_in_a_transaction_is_refused_when_it_arrives(
+    server: InProcessServer, client: TxnClient
+) -> None:
+    name = queue(server)
+    client.send(name, msg("poison"))
+    _, delivery = client.receive(name)
+    client.settle(delivery, None, REJECTED_STATE)  # dead-lettered, not in a transaction
+    _, dead = client.receive(f"{name}/$deadletterqueue")
+    txn = client.declare()
+    answer = client.settle(dead, txn, REJECTED_STATE)
+    assert answer.state == REJECTED_STATE and "dead-lettered again" in (answer.description or ""), answer
+    assert client.discharge(txn).state == proton.Delivery.ACCEPTED

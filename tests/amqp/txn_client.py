@@ -159,7 +159,10 @@ class TxnClient:
         delivery.settle()
         return result
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Close the connection (``timeout``: at most that long, e.g. when the broker was killed)."""
+        if timeout is not None:
+            self.conn.timeout = timeout
         try:
             self.conn.close()
         except Exception:

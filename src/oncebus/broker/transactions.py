@@ -28,7 +28,7 @@ from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path
 from oncebus.broker.receivable import Entry, Receivable
 from oncebus.broker.registry import Entity, EntityKind
-from oncebus.broker.sending import SendOutcome
+from oncebus.broker.sending import Sender, SendOutcome
 from oncebus.core.errors import InvalidArgumentError, OncebusError, QuotaExceededError
 from oncebus.core.messages import Message
 from oncebus.core.sending import validate_send
@@ -95,6 +95,7 @@ class Host(Protocol):
     clock: Clock
     quotas: TierQuotas
     _journal: Journal
+    _sender: Sender
 
     def _check_alive(self) -> None: ...
     def _entity(self, name: str, kind: EntityKind | None = None) -> Entity: ...
@@ -109,6 +110,13 @@ class Host(Protocol):
     async def dead_letter(
         self, path: str, lock_token: uuid.UUID | str, reason: str | None = None, error_description: str | None = None
     ) -> None: ...
+
+
+def _check_settlement(namespace: Host, settlement: PendingSettlement) -> None:
+    """What would refuse the settlement if it were applied now (its lock lost, a dead letter dead-lettered)."""
+    receivable, _ = namespace._locked(settlement.path, settlement.lock_token)
+    if settlement.outcome == "dead_letter" and receivable.is_dead_letter:
+        raise InvalidArgumentError("a message in a dead-letter queue cannot be dead-lettered again")
 
 
 def _run_now(work: Coroutine[Any, Any, Any]) -> None:
@@ -133,6 +141,11 @@ class Transactions:
 
     # ------------------------------------------------------------------------------ lifecycle
     def declare(self, owner: object) -> bytes:
+        now = self.namespace.clock.now_us()
+        for txn in list(self.open.values()):  # oldest first: those past their timeout are rolled back
+            if now - txn.declared_us <= TIMEOUT_US:
+                break
+            self._time_out(txn)
         txn_id = uuid.uuid4().bytes
         self.open[txn_id] = Transaction(txn_id, owner, self.namespace.clock.now_us())
         return txn_id
@@ -151,12 +164,15 @@ class Transactions:
                 "it was discharged already)"
             )
         if self.namespace.clock.now_us() - txn.declared_us > TIMEOUT_US:
-            self._drop(txn)
-            self.timed_out[txn.txn_id] = None
-            while len(self.timed_out) > MAX_TIMED_OUT_KEPT:
-                del self.timed_out[next(iter(self.timed_out))]
+            self._time_out(txn)
             return self.get(txn_id, owner)
         return txn
+
+    def _time_out(self, txn: Transaction) -> None:
+        self._drop(txn)
+        self.timed_out[txn.txn_id] = None
+        while len(self.timed_out) > MAX_TIMED_OUT_KEPT:
+            del self.timed_out[next(iter(self.timed_out))]
 
     def _drop(self, txn: Transaction) -> None:
         self.open.pop(txn.txn_id, None)
@@ -205,7 +221,7 @@ class Transactions:
         """Hold a settlement until the commit: its lock must be held now (and at the commit)."""
         namespace = self.namespace
         txn = self.get(txn_id, owner)
-        namespace._locked(settlement.path, settlement.lock_token)
+        _check_settlement(namespace, settlement)
         if settlement.lock_token in txn.tokens:
             raise InvalidArgumentError(
                 f"the message with lock token {settlement.lock_token} was settled in {txn.describe()} already"
@@ -226,15 +242,20 @@ class Transactions:
         namespace = self.namespace
         try:
             namespace._check_alive()
-            for op in txn.operations:  # every lock still held, every destination still there
+            needed: dict[str, tuple[Entity, int, int]] = {}  # each destination's bytes and messages
+            for op in txn.operations:  # every lock still held, every destination still there and with room
                 if isinstance(op, PendingSettlement):
-                    namespace._locked(op.path, op.lock_token)
+                    _check_settlement(namespace, op)
                 else:
                     entity = namespace._entity(parse_path(op.destination).entity)
                     namespace._check_status(op.destination, "send")
-                    validate_send(
+                    checked = validate_send(
                         entity.properties, entity.detector, op.messages, scheduled=False, quotas=namespace.quotas
                     )
+                    _, total, count = needed.get(entity.path, (entity, 0, 0))
+                    needed[entity.path] = (entity, total + checked.total_bytes, count + len(op.messages))
+            for entity, total, count in needed.values():
+                namespace._sender._check_quota(entity, total, count)
         except OncebusError as exc:
             self.rolled_back += 1
             raise TransactionRollbackError(f"{txn.describe()} was rolled back, nothing of it stored: {exc}") from exc

@@ -84,10 +84,7 @@ def test_a_crash_after_the_commit_keeps_all_of_the_transaction(serve: ServerProc
 
 def test_a_crash_while_the_discharge_is_in_flight_keeps_all_or_nothing(serve: ServerProcess) -> None:
     client, txn = prepare(serve)
-    client.coordinator.link.send(
-        proton.Message(body=proton.Described(proton.symbol("amqp:discharge:list"), [txn, False]))
-    )
-    client.conn.container.process()  # the discharge is on the wire; its commit may or may not have happened
+    client.discharge_unanswered(txn, pump_seconds=0.005)  # on the wire; its commit may or may not have happened
     kill_and_restart(serve)
     client.close(timeout=0.1)  # the broker it spoke to is gone
     done, work = ids(serve, "done"), ids(serve, "work")

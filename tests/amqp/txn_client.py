@@ -159,6 +159,16 @@ class TxnClient:
         delivery.settle()
         return result
 
+    def discharge_unanswered(self, txn_id: bytes, pump_seconds: float = 0.05) -> proton.Delivery:
+        """Send a commit and run the connection for ``pump_seconds`` (it is written out) without waiting for the
+        answer (the broker may be about to be killed)."""
+        delivery = self.coordinator.link.send(proton.Message(body=proton.Described(DISCHARGE, [txn_id, False])))
+        try:
+            self.conn.wait(lambda: delivery.remote_state != 0, timeout=pump_seconds, msg="pumping")
+        except proton.Timeout:
+            pass
+        return delivery
+
     def close(self, timeout: float | None = None) -> None:
         """Close the connection (``timeout``: at most that long, e.g. when the broker was killed)."""
         if timeout is not None:

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import proton
 
+from oncebus.amqp import faulting
 from oncebus.amqp.errors import TRACKING_ID, condition_of
 from oncebus.amqp.links import read_payload, too_large
 from oncebus.core.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from oncebus.amqp.connection import AmqpConnection
-    from oncebus.broker import Messaging
+    from oncebus.broker import Namespace
 
 _LOG = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ def reject(delivery: proton.Delivery, error: BaseException) -> None:
 class CoordinatorLink:
     """The client's link to the coordinator: declares and discharges transactions on this connection."""
 
-    def __init__(self, conn: AmqpConnection, link: proton.Receiver, namespace: Messaging) -> None:
+    def __init__(self, conn: AmqpConnection, link: proton.Receiver, namespace: Namespace) -> None:
         self.conn = conn
         self.link = link
         self.namespace = namespace
@@ -112,7 +113,11 @@ class CoordinatorLink:
         try:
             if not isinstance(txn_id, (bytes, bytearray, memoryview)):
                 raise InvalidArgumentError(f"a discharge names the transaction's txn-id (binary), not {txn_id!r}")
-            await self.namespace.transactions.discharge(bytes(txn_id), self.conn, fail)
+            entity = await self.namespace.transactions.discharge(bytes(txn_id), self.conn, fail)
+            # a committed discharge is acknowledged as a send is: the lost-ack and slow-ack faults apply
+            if entity is not None and self.namespace.faults.armed:
+                if await faulting.after_send(self.conn, self.link, self.namespace, entity):
+                    return  # the acknowledgement is lost (the transaction is stored)
         except Exception as exc:
             error = exc
         if self.conn.closed:

@@ -232,13 +232,14 @@ class Transactions:
         txn.messages += 1
 
     # ------------------------------------------------------------------------------ discharge
-    async def discharge(self, txn_id: bytes, owner: object, fail: bool) -> None:
-        """Roll back (``fail``) or commit: all of the transaction is stored, durably, in one unit, or none of it."""
+    async def discharge(self, txn_id: bytes, owner: object, fail: bool) -> str | None:
+        """Roll back (``fail``) or commit: all of the transaction is stored, durably, in one unit, or none of it.
+        Returns the entity a committed transaction was on (None: rolled back, or it did nothing)."""
         txn = self.get(txn_id, owner)
         self.open.pop(txn.txn_id, None)
         if fail:
             self.rolled_back += 1
-            return
+            return None
         namespace = self.namespace
         try:
             namespace._check_alive()
@@ -270,6 +271,7 @@ class Transactions:
             raise TransactionRollbackError(f"{txn.describe()} was rolled back, nothing of it stored: {exc}") from exc
         await journal.end_batch()
         self.committed += 1
+        return txn.entity
 
     async def _apply(self, op: PendingSend | PendingSettlement) -> None:
         namespace = self.namespace

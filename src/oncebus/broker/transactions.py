@@ -29,7 +29,7 @@ from oncebus.broker.paths import parse_path
 from oncebus.broker.receivable import Entry, Receivable
 from oncebus.broker.registry import Entity, EntityKind
 from oncebus.broker.sending import Sender, SendOutcome
-from oncebus.core.errors import InvalidArgumentError, OncebusError, QuotaExceededError
+from oncebus.core.errors import InvalidArgumentError, OncebusError, QuotaExceededError, ServerBusyError
 from oncebus.core.messages import Message
 from oncebus.core.sending import validate_send
 from oncebus.core.tiers import TierQuotas
@@ -39,6 +39,10 @@ MAX_OPERATIONS = 100
 TIMEOUT_US = 120_000_000
 """A transaction not discharged within this time of its declare is rolled back (Azure: 2 minutes)."""
 MAX_TIMED_OUT_KEPT = 10_000  # ids of timed-out transactions remembered, so a late use says "timeout"
+MAX_OPEN_PER_CONNECTION = 1000
+"""oncebus's bound (Azure documents none): open transactions of one connection at a time."""
+MAX_HELD_BYTES = 256 * 1024 * 1024
+"""oncebus's bound (Azure documents none): bytes of messages all open transactions hold in memory together."""
 
 Outcome = Literal["complete", "abandon", "defer", "dead_letter"]
 
@@ -83,6 +87,7 @@ class Transaction:
     entity: str | None = None  # the entity its operations are on (the via entity of a send-via)
     operations: list[PendingSend | PendingSettlement] = field(default_factory=list)
     messages: int = 0
+    held_bytes: int = 0
     tokens: set[uuid.UUID] = field(default_factory=set)
 
     def describe(self) -> str:
@@ -138,6 +143,9 @@ class Transactions:
         self.timed_out: dict[bytes, None] = {}
         self.committed = 0
         self.rolled_back = 0
+        self.held_bytes = 0  # what the open transactions' sends hold, together
+        self.max_held_bytes = MAX_HELD_BYTES  # the bounds (a test proves them with small figures)
+        self.max_open_per_connection = MAX_OPEN_PER_CONNECTION
 
     # ------------------------------------------------------------------------------ lifecycle
     def declare(self, owner: object) -> bytes:
@@ -146,6 +154,11 @@ class Transactions:
             if now - txn.declared_us <= TIMEOUT_US:
                 break
             self._time_out(txn)
+        if sum(1 for t in self.open.values() if t.owner is owner) >= self.max_open_per_connection:
+            raise QuotaExceededError(
+                f"this connection has {self.max_open_per_connection} open transactions, oncebus's limit; discharge one "
+                "before declaring another"
+            )
         txn_id = uuid.uuid4().bytes
         self.open[txn_id] = Transaction(txn_id, owner, self.namespace.clock.now_us())
         return txn_id
@@ -175,8 +188,12 @@ class Transactions:
             del self.timed_out[next(iter(self.timed_out))]
 
     def _drop(self, txn: Transaction) -> None:
-        self.open.pop(txn.txn_id, None)
+        self._close(txn)
         self.rolled_back += 1
+
+    def _close(self, txn: Transaction) -> None:
+        if self.open.pop(txn.txn_id, None) is not None:
+            self.held_bytes -= txn.held_bytes
 
     def release(self, owner: object) -> None:
         """``owner``'s connection (or coordinator link) is gone: its open transactions are rolled back."""
@@ -212,10 +229,18 @@ class Transactions:
             )
         entity = namespace._entity(where.entity)
         namespace._check_status(destination, "send")
-        validate_send(entity.properties, entity.detector, messages, scheduled=False, quotas=namespace.quotas)
+        checked = validate_send(entity.properties, entity.detector, messages, scheduled=False, quotas=namespace.quotas)
         self._admit(txn, via, len(messages))
+        if self.held_bytes + checked.total_bytes > self.max_held_bytes:
+            raise ServerBusyError(
+                f"the open transactions hold {self.held_bytes} bytes of messages in memory; this send's "
+                f"{checked.total_bytes} more would pass oncebus's bound of {self.max_held_bytes} bytes (discharge "
+                "transactions, then send again)"
+            )
         txn.operations.append(PendingSend(destination, list(messages)))
         txn.messages += len(messages)
+        txn.held_bytes += checked.total_bytes
+        self.held_bytes += checked.total_bytes
 
     def settle(self, txn_id: bytes, owner: object, settlement: PendingSettlement) -> None:
         """Hold a settlement until the commit: its lock must be held now (and at the commit)."""
@@ -236,7 +261,7 @@ class Transactions:
         """Roll back (``fail``) or commit: all of the transaction is stored, durably, in one unit, or none of it.
         Returns the entity a committed transaction was on (None: rolled back, or it did nothing)."""
         txn = self.get(txn_id, owner)
-        self.open.pop(txn.txn_id, None)
+        self._close(txn)
         if fail:
             self.rolled_back += 1
             return None

@@ -219,6 +219,18 @@ def test_send_via_to_a_missing_destination_is_refused(server: InProcessServer, c
     assert count(server, via) == 0
 
 
+def test_send_via_needs_a_token_that_covers_the_destination_too(server: InProcessServer) -> None:
+    via, destination = queue(server), queue(server)
+    scoped = TxnClient(server.port, scope=via)  # a token for the via entity only
+    try:
+        assert scoped.send(via, msg("mine")).state == proton.Delivery.ACCEPTED
+        with pytest.raises(Exception, match="unauthorized"):
+            scoped.send(via, msg("theirs"), via=destination)
+    finally:
+        scoped.close()
+    assert (count(server, via), count(server, destination)) == (1, 0)
+
+
 def test_closing_the_connection_rolls_the_transaction_back(server: InProcessServer) -> None:
     name = queue(server)
     client = TxnClient(server.port)

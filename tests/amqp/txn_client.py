@@ -62,8 +62,10 @@ class Outcome:
 class TxnClient:
     """One AMQP connection with a coordinator link; every call blocks until the broker answered."""
 
-    def __init__(self, port: int, host: str = "localhost", timeout: float = 10.0) -> None:
+    def __init__(self, port: int, host: str = "localhost", timeout: float = 10.0, scope: str = "") -> None:
+        """``scope``: the entity the connection's token covers (all of the namespace by default)."""
         self.host = host
+        self.scope = scope
         self.conn = BlockingConnection(
             f"amqp://127.0.0.1:{port}",
             timeout=timeout,
@@ -80,7 +82,7 @@ class TxnClient:
         reply = "cbs-reply-" + uuid.uuid4().hex
         requests = self.conn.create_sender("$cbs")
         responses = self.conn.create_receiver("$cbs", options=_Target(reply))
-        audience = f"sb://{self.host}/"
+        audience = f"sb://{self.host}/{self.scope}"
         token = make_token(audience, DEFAULT_KEY_NAME, DEFAULT_KEY, int(time.time()) + 3600)
         request = proton.Message(
             body=token,

@@ -5,13 +5,17 @@ discharge; all of a transaction or nothing of it."""
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import proton
 import pytest
+from proton.handlers import MessagingHandler, TransactionHandler
+from proton.reactor import Container, LinkOption
 
 from oncebus.amqp.limits import AmqpLimits
+from oncebus.amqp.sas import DEFAULT_KEY, DEFAULT_KEY_NAME, make_token
 from oncebus.broker import Namespace
 from tests.amqp.inprocess import InProcessServer
 from tests.amqp.txn_client import ACCEPTED, DECLARED, RELEASED, TRANSACTIONAL_STATE, TxnClient
@@ -292,3 +296,88 @@ def test_dead_lettering_a_dead_letter_in_a_transaction_is_refused_when_it_arrive
     answer = client.settle(dead, txn, REJECTED_STATE)
     assert answer.state == REJECTED_STATE and "dead-lettered again" in (answer.description or ""), answer
     assert client.discharge(txn).state == proton.Delivery.ACCEPTED
+
+
+class _ReplyTo(LinkOption):  # type: ignore[misc]
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def apply(self, link: proton.Link) -> None:
+        link.target.address = self.address
+
+
+class _ProtonTransactions(MessagingHandler, TransactionHandler):  # type: ignore[misc]
+    """python-qpid-proton's own transaction API (``Container.declare_transaction``): put a token on $cbs, declare,
+    send three messages in the transaction, commit."""
+
+    def __init__(self, port: int, address: str) -> None:
+        super().__init__(auto_settle=False)
+        self.port = port
+        self.address = address
+        self.sent = 0
+        self.settled = 0
+        self.committed = False
+        self.txn: Any = None
+        self.sender: Any = None
+
+    def on_start(self, event: Any) -> None:
+        self.container = event.container
+        self.deadline = event.container.schedule(10, self)  # whatever happens, the run ends
+        self.conn = event.container.connect(
+            f"amqp://127.0.0.1:{self.port}", sasl_enabled=True, allowed_mechs="ANONYMOUS", virtual_host="localhost"
+        )
+        self.cbs = event.container.create_sender(self.conn, "$cbs")
+        self.cbs_replies = event.container.create_receiver(
+            self.conn, "$cbs", name="cbs-replies", options=_ReplyTo("cbs-replies")
+        )
+
+    def on_link_opened(self, event: Any) -> None:
+        if event.link.name == "cbs-replies":  # where the answer goes is open: ask
+            audience = "sb://localhost/"
+            token = make_token(audience, DEFAULT_KEY_NAME, DEFAULT_KEY, int(time.time()) + 3600)
+            properties = {"operation": "put-token", "type": "servicebus.windows.net:sastoken", "name": audience}
+            self.cbs.send(proton.Message(body=token, id="put", reply_to="cbs-replies", properties=properties))
+
+    def on_message(self, event: Any) -> None:
+        event.delivery.settle()
+        if event.link.name == "cbs-replies" and self.txn is None:  # the token is on: attach, declare
+            self.sender = self.container.create_sender(self.conn, self.address)
+            self.txn = self.container.declare_transaction(self.conn, handler=self)
+
+    def on_transaction_declared(self, event: Any) -> None:
+        for n in range(3):
+            self.txn.send(self.sender, proton.Message(body=f"proton{n}", id=f"proton{n}"))
+            self.sent += 1
+
+    def on_settled(self, event: Any) -> None:
+        if self.sender is not None and event.link.name == self.sender.name:
+            self.settled += 1
+            if self.settled == self.sent:
+                self.txn.commit()
+
+    def on_timer_task(self, event: Any) -> None:
+        self.conn.close()
+
+    def on_link_error(self, event: Any) -> None:
+        self.conn.close()
+
+    def on_transaction_committed(self, event: Any) -> None:
+        self.committed = True
+        self.deadline.cancel()
+        event.connection.close()
+
+    def on_transaction_declare_failed(self, event: Any) -> None:
+        self.conn.close()
+
+    def on_transaction_commit_failed(self, event: Any) -> None:
+        self.conn.close()
+
+
+def test_python_qpid_protons_own_transaction_api_commits(server: InProcessServer) -> None:
+    name = queue(server)
+    handler = _ProtonTransactions(server.port, name)
+    container = Container(handler)
+    container.timeout = 10
+    container.run()
+    assert handler.committed
+    assert bodies(server, name) == ["proton0", "proton1", "proton2"]

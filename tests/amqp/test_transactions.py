@@ -381,3 +381,31 @@ def test_python_qpid_protons_own_transaction_api_commits(server: InProcessServer
     container.run()
     assert handler.committed
     assert bodies(server, name) == ["proton0", "proton1", "proton2"]
+
+
+def test_dead_letter_and_defer_in_a_transaction_as_outside_one(server: InProcessServer, client: TxnClient) -> None:
+    name = queue(server)
+    client.send(name, msg("poison"))
+    client.send(name, msg("later"))
+    _, poison = client.receive(name)
+    _, later = client.receive(name)
+    txn = client.declare()
+    error = proton.Described(
+        proton.symbol("amqp:error:list"),
+        [
+            proton.symbol("com.microsoft:dead-letter"),
+            None,
+            {"DeadLetterReason": "bad", "DeadLetterErrorDescription": "why"},
+        ],
+    )
+    assert client.settle(poison, txn, REJECTED_STATE, [error]).state == TRANSACTIONAL_STATE
+    assert client.settle(later, txn, proton.Delivery.MODIFIED, [True, True, None]).state == TRANSACTIONAL_STATE
+    assert client.discharge(txn).state == proton.Delivery.ACCEPTED
+
+    async def states() -> tuple[Any, ...]:
+        namespace = ns(server)
+        (dead,) = namespace.peek_messages(f"{name}/$deadletterqueue")
+        stats = namespace.stats(name)
+        return dead.dead_letter_reason, dead.dead_letter_error_description, stats.deferred_message_count
+
+    assert server.run(states) == ("bad", "why", 1)

@@ -135,9 +135,9 @@ class Router:
                     f"cannot send to {address!r}: send to a queue or a topic, not a subscription or dead-letter queue"
                 )
             destination = where.entity
-            via = (link.remote_properties or {}).get(TRANSFER_DESTINATION)
-            if via is not None:  # send-via: to ``via`` through this entity (both must be covered)
-                destination = self._send_via(conn, link, text(via, errors="strict") or "")
+            transfer_to = (link.remote_properties or {}).get(TRANSFER_DESTINATION)
+            if transfer_to is not None:  # send-via: to ``transfer_to`` through this entity (both must be covered)
+                destination = self._send_via(conn, link, text(transfer_to, errors="strict") or "")
             size = self._max_message_size(destination)
         except Exception as exc:
             refuse(link, condition_of(exc))
@@ -154,7 +154,8 @@ class Router:
         where = parse_path(destination)
         if not destination or where.subscription is not None or where.dead_letter:
             raise InvalidArgumentError(
-                f"cannot send via to {address!r}: the transfer destination must be a queue or a topic"
+                f"cannot send through this link to {address!r} (its com.microsoft:transfer-destination-address): "
+                "the transfer destination must be a queue or a topic"
             )
         self._check_access(conn, link, destination, SEND)
         self._properties(where.entity)  # it exists

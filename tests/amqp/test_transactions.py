@@ -409,3 +409,24 @@ def test_dead_letter_and_defer_in_a_transaction_as_outside_one(server: InProcess
         return dead.dead_letter_reason, dead.dead_letter_error_description, stats.deferred_message_count
 
     assert server.run(states) == ("bad", "why", 1)
+
+
+def test_a_declare_past_the_connections_open_transactions_is_refused(server: InProcessServer) -> None:
+    async def bound(limit: int) -> None:
+        ns(server).transactions.max_open_per_connection = limit
+
+    server.run(lambda: bound(2))
+    client = TxnClient(server.port)
+    try:
+        client.declare()
+        client.declare()
+        delivery = client.coordinator.link.send(
+            proton.Message(body=proton.Described(proton.symbol("amqp:declare:list"), [None]))
+        )
+        client.conn.wait(lambda: delivery.remote_state != 0, timeout=5)
+        refused = delivery.remote.condition
+        assert delivery.remote_state == REJECTED_STATE and refused is not None
+        assert refused.name == "amqp:resource-limit-exceeded" and "2 open transactions" in refused.description
+    finally:
+        server.run(lambda: bound(1000))
+        client.close()

@@ -9,7 +9,6 @@ The client sends ``declare`` (answered ``declared`` with a transaction id) and `
 
 from __future__ import annotations
 
-import logging
 import uuid
 from typing import TYPE_CHECKING, Any, cast
 
@@ -23,8 +22,6 @@ from oncebus.core.errors import InvalidArgumentError
 if TYPE_CHECKING:
     from oncebus.amqp.connection import AmqpConnection
     from oncebus.broker import Namespace
-
-_LOG = logging.getLogger(__name__)
 
 DECLARE = (proton.symbol("amqp:declare:list"), 0x31)
 DISCHARGE = (proton.symbol("amqp:discharge:list"), 0x32)
@@ -93,7 +90,11 @@ class CoordinatorLink:
             reject(delivery, exc if isinstance(exc, InvalidArgumentError) else InvalidArgumentError(str(exc)))
             return
         if descriptor in DECLARE:
-            declared = self.namespace.transactions.declare(self.conn)
+            try:
+                declared = self.namespace.transactions.declare(self.conn)
+            except Exception as exc:  # too many open on this connection
+                reject(delivery, exc)
+                return
             delivery.local.data = cast(Any, [declared])
             delivery.update(DECLARED)
             delivery.settle()

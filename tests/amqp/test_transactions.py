@@ -430,3 +430,41 @@ def test_a_declare_past_the_connections_open_transactions_is_refused(server: InP
     finally:
         server.run(lambda: bound(1000))
         client.close()
+
+
+def test_numeric_descriptors_as_the_dotnet_client_sends_them(server: InProcessServer, client: TxnClient) -> None:
+    name = queue(server)
+    declare = client.coordinator.link.send(proton.Message(body=proton.Described(proton.ulong(0x31), [None])))
+    client.conn.wait(lambda: declare.remote_state != 0, timeout=5)
+    assert declare.remote_state == DECLARED
+    txn = bytes(declare.remote.data[0])
+    assert client.send(name, msg("numeric"), txn).state == TRANSACTIONAL_STATE
+    client.send(name, msg("numeric"))
+    _, delivery = client.receive(name)
+    delivery.local.data = [txn, proton.Described(proton.symbol("amqp:accepted:list"), [])]  # a symbolic outcome
+    delivery.update(TRANSACTIONAL_STATE)
+    client.conn.wait(lambda: delivery.remote_state != 0, timeout=5)
+    assert delivery.remote_state == TRANSACTIONAL_STATE
+    discharge = client.coordinator.link.send(proton.Message(body=proton.Described(proton.ulong(0x32), [txn, False])))
+    client.conn.wait(lambda: discharge.remote_state != 0, timeout=5)
+    assert discharge.remote_state == proton.Delivery.ACCEPTED, discharge.remote.condition
+    assert bodies(server, name) == ["numeric"]  # the plain one completed, the transactional one stored
+
+
+def test_abandon_with_binary_properties_to_modify_in_a_transaction(server: InProcessServer, client: TxnClient) -> None:
+    name = queue(server)
+    client.send(name, msg("modify me"))
+    _, delivery = client.receive(name)
+    txn = client.declare()
+    annotations = {proton.symbol("note"): b"\x01\x02\x03" * 20}
+    outcome = client.settle(delivery, txn, proton.Delivery.MODIFIED, [True, False, annotations])
+    assert outcome.state == TRANSACTIONAL_STATE
+    for _ in range(3):  # the disposition's buffers are reused meanwhile
+        client.send(name, msg("noise"))
+    assert client.discharge(txn).state == proton.Delivery.ACCEPTED
+
+    async def note() -> Any:
+        (message, *_) = ns(server).peek_messages(name, 1)
+        return message.application_properties
+
+    assert server.run(note) == {"note": b"\x01\x02\x03" * 20}

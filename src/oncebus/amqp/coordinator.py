@@ -101,6 +101,8 @@ class CoordinatorLink:
             return
         if descriptor in DISCHARGE:
             txn_id = fields[0] if fields else None
+            if isinstance(txn_id, (bytearray, memoryview)):  # a view into the decoded request's buffer: copy it now
+                txn_id = bytes(txn_id)
             fail = bool(fields[1]) if len(fields) > 1 else False
             self.conn.spawn(self._discharge(delivery, txn_id, fail))
             return

@@ -574,7 +574,8 @@ def _transactional_settlement(path: str, token: uuid.UUID, code: int | None, fie
         return PendingSettlement(path, token, "defer")
     if code in (0x26, 0x27):
         annotations = fields[2] if code == 0x27 and len(fields) > 2 and isinstance(fields[2], dict) else {}
-        return PendingSettlement(path, token, "abandon", {str(k): v for k, v in annotations.items()} or None)
+        modify = {str(k): codec.copy_value(v) for k, v in annotations.items()}  # held past this disposition
+        return PendingSettlement(path, token, "abandon", modify or None)
     raise InvalidArgumentError(
         "a transactional disposition carries an outcome: accepted (complete), rejected (dead-letter), released or "
         f"modified (abandon; modified with undeliverable-here: defer), not {code!r}"

@@ -50,7 +50,8 @@ class Outcome:
 
     def __init__(self, delivery: proton.Delivery) -> None:
         self.state = delivery.remote_state
-        self.data = delivery.remote.data
+        data = delivery.remote.data  # views into proton's buffers, freed with the delivery: copied now
+        self.data = None if data is None else [bytes(v) if isinstance(v, memoryview) else v for v in data]
         condition = delivery.remote.condition
         self.condition = None if condition is None else condition.name
         self.description = None if condition is None else condition.description

@@ -7,7 +7,13 @@ from collections.abc import Iterator
 import pytest
 
 from tests.amqp.conftest import ServerProcess, topology
-from tests.fuzz.sessions import JS_SESSIONS, Recording, record_js_sessions, record_sessions
+from tests.fuzz.sessions import (
+    JS_SESSIONS,
+    Recording,
+    record_js_sessions,
+    record_sessions,
+    record_transaction_session,
+)
 from tests.js.test_js_sdk import node_ready
 
 QUEUES = {
@@ -15,6 +21,7 @@ QUEUES = {
     "fuzzsessions": {"RequiresSession": True},
     "ledger": {"RequiresDuplicateDetection": True},
     "probe": {},
+    "fuzztxn": {"RequiresDuplicateDetection": True},  # the transactional session's send-via destination
     # the JavaScript SDK's recorded scenarios (tests/js/scenario.js)
     "js-plain": {},
     "js-dedup": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT10M"},
@@ -35,9 +42,10 @@ def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 @pytest.fixture(scope="module")
 def recordings(fuzz_server: ServerProcess) -> list[Recording]:
     """One recording per SDK connection: the Python SDK's send, receive and settle, sessions, topic (see
-    sessions.SESSIONS) and the JavaScript SDK's (sessions.JS_SESSIONS)."""
+    sessions.SESSIONS), python-qpid-proton's transactions and the JavaScript SDK's (sessions.JS_SESSIONS)."""
     found = record_sessions(fuzz_server.connection_string, fuzz_server.port)
+    found += record_transaction_session(fuzz_server.port)
     found += record_js_sessions(fuzz_server.connection_string, fuzz_server.port, node_ready())
-    wanted = {"send", "receive", "sessions", "topic", *("js-" + name for name in JS_SESSIONS)}
+    wanted = {"send", "receive", "sessions", "topic", "transaction", *("js-" + name for name in JS_SESSIONS)}
     assert {r.name for r in found} >= wanted, [r.name for r in found]
     return found

@@ -181,6 +181,39 @@ def record_sessions(connection_string: str, port: int) -> list[Recording]:
     return [r for r in recorder.recordings if r.chunks]
 
 
+def record_transaction_session(port: int) -> list[Recording]:
+    """python-qpid-proton's client through a recording proxy: a coordinator link, a committed transaction (sends,
+    a send-via to ``fuzztxn`` through ``fuzz``, a completion), a rolled-back one, and a discharge of an unknown id."""
+    import proton
+
+    from tests.amqp.txn_client import RELEASED, TxnClient
+
+    recorder = Recorder(port)
+    recorder.current = "transaction"
+    try:
+        client = TxnClient(recorder.port)
+        try:
+            client.send("fuzz", proton.Message(body="txn-input", id="txn-input"))
+            _, delivery = client.receive("fuzz")
+            txn = client.declare()
+            client.settle(delivery, txn)
+            client.send("fuzz", proton.Message(body="txn-out", id="txn-out"), txn, via="fuzztxn")
+            client.send("fuzz", proton.Message(body="txn-direct", id="txn-direct"), txn)
+            client.discharge(txn)
+            _, delivery = client.receive("fuzz")
+            rolled_back = client.declare()
+            client.settle(delivery, rolled_back, RELEASED)
+            client.send("fuzz", proton.Message(body="txn-never", id="txn-never"), rolled_back)
+            client.discharge(rolled_back, fail=True)
+            client.discharge(b"unknown")
+        finally:
+            client.close()
+        time.sleep(0.2)
+    finally:
+        recorder.close()
+    return [r for r in recorder.recordings if r.chunks]
+
+
 JS_SESSIONS = ("send-receive", "dedup", "schedule-peek")
 """Scenarios of tests/js/scenario.js recorded too: the JavaScript SDK speaks AMQP through rhea, another stack."""
 

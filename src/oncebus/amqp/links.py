@@ -18,6 +18,7 @@ import proton
 from oncebus.amqp import codec, faulting, outgoing
 from oncebus.amqp.errors import TRACKING_ID, condition_of
 from oncebus.auth import SEND
+from oncebus.broker import PendingSettlement
 from oncebus.core.errors import (
     InvalidArgumentError,
     MessageSizeExceededError,
@@ -36,6 +37,8 @@ SESSION_FILTER = proton.symbol("com.microsoft:session-filter")
 LOCKED_UNTIL_UTC = proton.symbol("com.microsoft:locked-until-utc")
 OPERATION_TIMEOUT = proton.symbol("com.microsoft:timeout")
 MAX_BATCH_SIZE = proton.symbol("com.microsoft:max-message-batch-size")
+TRANSFER_DESTINATION = proton.symbol("com.microsoft:transfer-destination-address")  # send-via
+TRANSACTIONAL_STATE = 0x34  # AMQP 1.0 section 4.5.5 (see oncebus.amqp.coordinator)
 DOTNET_EPOCH_TICKS = 621_355_968_000_000_000
 DEFAULT_SESSION_WAIT_SECONDS = 65.0
 SEND_CREDIT = 64
@@ -114,6 +117,7 @@ class SendLink:
         self.link = link
         self.namespace = namespace
         self.entity = entity
+        self.destination = entity  # where its messages go: another entity for a send-via link
         self.max_message_size = max_message_size
         self.max_batch_size = max_message_size  # what the link advertises for a batch (the tier's: see routing)
         self.queue: collections.deque[tuple[proton.Delivery, list[Message] | BaseException]] = collections.deque()
@@ -163,15 +167,18 @@ class SendLink:
                     f"the transfer is {len(payload)} bytes, over the link's max-message-size of "
                     f"{self.max_message_size} bytes"
                 )
-            denied = self.conn.access_denied(self.entity, SEND)
-            if denied is not None:
-                raise UnauthorizedError(denied)
+            for path in dict.fromkeys((self.entity, self.destination)):
+                denied = self.conn.access_denied(path, SEND)
+                if denied is not None:
+                    raise UnauthorizedError(denied)
             item = codec.decode_transfer(payload, facts.message_format, self.conn.limits.max_value_depth)
         except (OncebusError, ValueError) as exc:
             item = exc if isinstance(exc, OncebusError) else InvalidArgumentError(str(exc))
         except Exception as exc:  # a message the codec did not foresee: refuse it, keep the connection
             _LOG.exception("cannot decode a message sent to %r", self.entity)
             item = InvalidArgumentError(f"the message cannot be decoded: {type(exc).__name__}: {exc}")
+        if delivery.remote_state == TRANSACTIONAL_STATE:
+            delivery.oncebus_txn = _txn_id(delivery)  # held by the transaction until its discharge
         self.queue.append((delivery, item))
         if self.worker is None or self.worker.done():
             self.worker = self.conn.spawn(self._work())
@@ -181,14 +188,26 @@ class SendLink:
         while self.queue:
             delivery, item = self.queue.popleft()
             outcome: BaseException | None = item if isinstance(item, BaseException) else None
-            if outcome is None:
+            txn_id: bytes | None = getattr(delivery, "oncebus_txn", None)
+            if outcome is None and txn_id is not None:
+                assert not isinstance(item, BaseException)
+                try:
+                    namespace.transactions.send(txn_id, self.conn, self.entity, self.destination, item)
+                except Exception as exc:
+                    outcome = exc
+                else:
+                    self._answer_transactional(delivery, txn_id)
+                    self._top_up()
+                    self.conn.pump()
+                    continue
+            elif outcome is None:
                 assert not isinstance(item, BaseException)
                 faults = namespace.faults.armed
                 try:
                     if faults and faulting.before_send(self.conn, self.link, namespace, self.entity):
                         self.queue.clear()  # the link or connection is gone: nothing more of it is read
                         return
-                    await namespace.send(self.entity, item)
+                    await namespace.send(self.destination, item)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -215,6 +234,17 @@ class SendLink:
         else:
             delivery.local.condition = condition_of(error)
             delivery.update(proton.Delivery.REJECTED)
+        delivery.settle()
+
+    def _answer_transactional(self, delivery: proton.Delivery, txn_id: bytes) -> None:
+        """Held by the transaction: ``transactional-state{txn-id, accepted}`` (stored only if it commits)."""
+        if self.closed:
+            return
+        if delivery.settled:  # the client settled first: nothing to answer
+            delivery.settle()
+            return
+        delivery.local.data = cast(Any, [txn_id, proton.Described(proton.ulong(0x24), [])])
+        delivery.update(TRANSACTIONAL_STATE)
         delivery.settle()
 
     def _top_up(self) -> None:
@@ -380,6 +410,9 @@ class ReceiveLink:
         if not state and not delivery.settled:
             return
         delivery.oncebus_settling = True
+        if state == TRANSACTIONAL_STATE:
+            self._settle_in_transaction(delivery, token)
+            return
         if self.namespace.faults.armed and (busy := faulting.settle_refused(self.namespace, self.path)) is not None:
             self._settled(delivery, state, busy)
             return
@@ -431,6 +464,30 @@ class ReceiveLink:
         modify = {str(k): v for k, v in annotations.items()} or None
         return lambda: namespace.abandon(path, token, modify)
 
+    def _settle_in_transaction(self, delivery: proton.Delivery, token: uuid.UUID) -> None:
+        """A settlement under a transaction: held (the message stays locked) until the transaction commits."""
+        txn_id = _txn_id(delivery)
+        data = delivery.remote.data or []
+        outcome = data[1] if len(data) > 1 else None
+        code, fields = _outcome(outcome)
+        error: BaseException | None = None
+        try:
+            settlement = _transactional_settlement(self.path, token, code, fields)
+            self.namespace.transactions.settle(txn_id, self.conn, settlement)
+        except Exception as exc:
+            error = exc
+        if getattr(delivery, "oncebus_done", False) or self.closed:
+            return
+        delivery.oncebus_done = True
+        if error is not None:
+            delivery.local.condition = condition_of(error)
+            delivery.update(proton.Delivery.REJECTED)
+        else:
+            delivery.local.data = cast(Any, [txn_id, outcome])
+            delivery.update(TRANSACTIONAL_STATE)
+        delivery.settle()
+        self.conn.pump()
+
     async def _settle(self, delivery: proton.Delivery, settle: Callable[[], Awaitable[None]], state: int) -> None:
         error: BaseException | None = None
         try:
@@ -468,6 +525,61 @@ class ReceiveLink:
             self.conn.sessions.pop((self.session.path, self.session.session_id), None)
             session = self.session
             self.conn.spawn(self.namespace.close_session(session))
+
+
+# ---------------------------------------------------------------------------------------- transactions
+_OUTCOMES = {
+    "amqp:accepted:list": 0x24,
+    "amqp:rejected:list": 0x25,
+    "amqp:released:list": 0x26,
+    "amqp:modified:list": 0x27,
+}
+
+
+def _txn_id(delivery: proton.Delivery) -> bytes:
+    data = delivery.remote.data or []
+    value = data[0] if data else None
+    return bytes(value) if isinstance(value, (bytes, bytearray, memoryview)) else b""  # none: refused as an unknown id
+
+
+def _outcome(outcome: Any) -> tuple[int | None, list[Any]]:
+    """The descriptor code and fields of a transactional state's outcome (``None``: it has none)."""
+    if not isinstance(outcome, proton.Described):
+        return None, []
+    descriptor = outcome.descriptor
+    code = int(descriptor) if isinstance(descriptor, int) else _OUTCOMES.get(str(descriptor))
+    return code, list(outcome.value) if isinstance(outcome.value, list) else []
+
+
+def _transactional_settlement(path: str, token: uuid.UUID, code: int | None, fields: list[Any]) -> PendingSettlement:
+    """A transactional disposition's outcome as a settlement, mapped as a plain disposition is (see
+    ``ReceiveLink._settlement``): accepted completes, rejected dead-letters, modified with undeliverable-here
+    defers, released or modified abandons."""
+    if code == 0x24:
+        return PendingSettlement(path, token, "complete")
+    if code == 0x25:
+        error = fields[0] if fields else None
+        info: dict[str, Any] = {}
+        if isinstance(error, proton.Described) and isinstance(error.value, list) and len(error.value) > 2:
+            info = {str(k): v for k, v in dict(cast(Any, error.value[2]) or {}).items()}
+        reason, description = info.get("DeadLetterReason"), info.get("DeadLetterErrorDescription")
+        return PendingSettlement(
+            path,
+            token,
+            "dead_letter",
+            reason=None if reason is None else str(reason),
+            error_description=None if description is None else str(description),
+        )
+    if code == 0x27 and len(fields) > 1 and fields[1]:
+        return PendingSettlement(path, token, "defer")
+    if code in (0x26, 0x27):
+        annotations = fields[2] if code == 0x27 and len(fields) > 2 and isinstance(fields[2], dict) else {}
+        modify = {str(k): codec.copy_value(v) for k, v in annotations.items()}  # held past this disposition
+        return PendingSettlement(path, token, "abandon", modify or None)
+    raise InvalidArgumentError(
+        "a transactional disposition carries an outcome: accepted (complete), rejected (dead-letter), released or "
+        f"modified (abandon; modified with undeliverable-here: defer), not {code!r}"
+    )
 
 
 # ---------------------------------------------------------------------------------------- nodes

@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any, cast
 import proton
 
 from oncebus.amqp import cbs, management
+from oncebus.amqp.coordinator import CoordinatorLink
 from oncebus.amqp.errors import condition_of
 from oncebus.amqp.links import (
     DEFAULT_SESSION_WAIT_SECONDS,
     OPERATION_TIMEOUT,
     SESSION_FILTER,
+    TRANSFER_DESTINATION,
     ReceiveLink,
     RequestLink,
     ResponseLink,
@@ -48,6 +50,9 @@ class Router:
         self.host = host
 
     def attach(self, conn: AmqpConnection, link: proton.Link) -> None:
+        if link.is_receiver and link.remote_target.type == proton.Terminus.COORDINATOR:
+            CoordinatorLink(conn, cast(proton.Receiver, link), self.host.namespace).open()  # transactions
+            return
         if link.is_receiver:
             address = address_path(link.remote_target.address)
         else:
@@ -129,14 +134,32 @@ class Router:
                 raise InvalidArgumentError(
                     f"cannot send to {address!r}: send to a queue or a topic, not a subscription or dead-letter queue"
                 )
-            size = self._max_message_size(where.entity)
+            destination = where.entity
+            transfer_to = (link.remote_properties or {}).get(TRANSFER_DESTINATION)
+            if transfer_to is not None:  # send-via: to ``transfer_to`` through this entity (both must be covered)
+                destination = self._send_via(conn, link, text(transfer_to, errors="strict") or "")
+            size = self._max_message_size(destination)
         except Exception as exc:
             refuse(link, condition_of(exc))
             return
         sending = SendLink(conn, cast(proton.Receiver, link), self.host.namespace, where.entity, size)
+        sending.destination = destination
         # the SDK sizes a batch by com.microsoft:max-message-batch-size: the tier's (256 KB Standard, 1 MB Premium)
-        sending.max_batch_size = self._batch_size(where.entity)
+        sending.max_batch_size = self._batch_size(destination)
         sending.open()
+
+    def _send_via(self, conn: AmqpConnection, link: proton.Link, address: str) -> str:
+        """The destination of a send-via link (``com.microsoft:transfer-destination-address``): a queue or topic."""
+        destination = address_path(address)
+        where = parse_path(destination)
+        if not destination or where.subscription is not None or where.dead_letter:
+            raise InvalidArgumentError(
+                f"cannot send through this link to {address!r} (its com.microsoft:transfer-destination-address): "
+                "the transfer destination must be a queue or a topic"
+            )
+        self._check_access(conn, link, destination, SEND)
+        self._properties(where.entity)  # it exists
+        return where.entity
 
     async def _receiver(self, conn: AmqpConnection, link: proton.Link, address: str) -> None:
         namespace = self.host.namespace

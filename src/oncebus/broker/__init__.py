@@ -32,12 +32,24 @@ from oncebus.broker.runtime_properties import (
 )
 from oncebus.broker.sending import SendOutcome
 from oncebus.broker.stats import EntityStats
+from oncebus.broker.transactions import (
+    MAX_OPERATIONS,
+    TIMEOUT_US,
+    PendingSettlement,
+    TransactionRollbackError,
+    Transactions,
+    TransactionSpanError,
+    TransactionTimeoutError,
+    UnknownTransactionError,
+)
 from oncebus.core.messages import Message, MessageState, ReceivedMessage, ServiceBusReceiveMode
 
 __all__ = [
     "FAULT_KINDS",
     "HISTORY_KEPT_US",
     "HISTORY_SAMPLE_US",
+    "MAX_OPERATIONS",
+    "TIMEOUT_US",
     "UNKNOWN_TIME",
     "Administration",
     "ArmedFault",
@@ -57,6 +69,7 @@ __all__ = [
     "Namespace",
     "NamespaceObserver",
     "Observation",
+    "PendingSettlement",
     "ReceivableView",
     "ReceivedMessage",
     "RuntimeProperties",
@@ -65,6 +78,11 @@ __all__ = [
     "SessionLock",
     "StoreCounters",
     "SystemClock",
+    "TransactionRollbackError",
+    "TransactionSpanError",
+    "TransactionTimeoutError",
+    "Transactions",
+    "UnknownTransactionError",
     "address_path",
     "parse_path",
     "queue_runtime_properties",

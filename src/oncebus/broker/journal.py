@@ -44,7 +44,8 @@ class Journal:
     def start_batch(self) -> None:
         """From now on ``write`` only gathers its units (memory has moved already) until ``end_batch`` writes them
         all as one unit, one store transaction: all of it is stored or none. Only for work nothing else writes
-        beside (``oncebus serve`` applies its ``--config`` before any door opens)."""
+        beside (``oncebus serve`` applies its ``--config`` before any door opens; a transaction's commit gathers
+        its unit without yielding the loop, see ``broker.transactions``)."""
         if self._batch is not None:
             raise RuntimeError("a batch is already open")
         self._batch = []
@@ -61,6 +62,12 @@ class Journal:
 
         if ops or callbacks:
             await self.write(ops, committed)
+
+    def abort_batch(self, why: str) -> None:
+        """Drop what the batch gathered (none of it is stored): memory moved ahead of the store for it, so
+        the namespace reloads what the store holds, as after a failed write, and refuses work until then."""
+        self._batch = None
+        self._store_failed(StoreWriteError(f"{why}; nothing of it was stored"))
 
     def check_alive(self) -> None:
         if self.failure is not None:
@@ -130,6 +137,9 @@ class Journal:
         """Background writes (expiry, lock-expiry dead-lettering): nobody waits; a failure starts the recovery."""
         if not ops or self.failure is not None:
             return  # while failed, memory is reloaded from the store anyway
+        if self._batch is not None:  # part of the batch's unit (a transaction's dead letter forwarded on)
+            self._batch.append((ops, on_commit))
+            return
         loop = asyncio.get_running_loop()
 
         def done(f: Future[None]) -> None:

@@ -42,6 +42,7 @@ from oncebus.broker.rulebook import Rules
 from oncebus.broker.sending import Sender, SendLog, SendOutcome
 from oncebus.broker.signals import ChangeSignal, wait_any, wait_until
 from oncebus.broker.stats import EntityStats, entity_stats
+from oncebus.broker.transactions import Transactions
 from oncebus.broker.upkeep import Activity, delete_idle, pump_forwarding, release_scheduled
 from oncebus.core.durations import to_micros
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
@@ -109,6 +110,7 @@ class Namespace(Delivery):
         self._backlog_error: BaseException | None = None
         self._checkpoints = DedupCheckpoints(store, self._registry)  # dedup images while serving (recovery)
         self.faults = FaultBook(self.clock.now_us)  # failures armed by a test (oncebus.broker.faults)
+        self.transactions = Transactions(self)  # open AMQP transactions (oncebus.broker.transactions)
 
     # ------------------------------------------------------------------------------ lifecycle
     @classmethod

@@ -27,6 +27,7 @@ from oncebus.broker.receivable import SessionLock
 from oncebus.broker.registry import EntityKind
 from oncebus.broker.sending import SendOutcome
 from oncebus.broker.stats import EntityStats
+from oncebus.broker.transactions import Transactions
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.messages import Message, ReceivedMessage, ServiceBusReceiveMode
 from oncebus.core.rules import RuleProperties
@@ -34,6 +35,9 @@ from oncebus.core.rules import RuleProperties
 
 class Messaging(Protocol):
     """Sending, receiving, settling and sessions: what the AMQP door (and ``oncebus.testing``) does with messages."""
+
+    transactions: Transactions
+    """Open transactions: sends and settlements held until a discharge stores them as one unit, or drops them."""
 
     async def send(self, entity_name: str, messages: Message | Sequence[Message]) -> list[SendOutcome]:
         """Send one message or an atomic batch to a queue or topic."""

@@ -1,0 +1,314 @@
+"""Transactions: sends and settlements held until the transaction is discharged, then stored as one unit.
+
+A client declares a transaction (AMQP's coordinator), does its work under the transaction's id
+and discharges it. Until the discharge nothing of the work is visible, stored or judged: a send is
+checked when it arrives (the entity exists, the message is valid, the transaction has room) and
+held in memory; a settlement checks that its lock is held and is held in memory too (the message
+stays locked by its receiver). A commit checks every lock again and then applies every operation
+in order, without yielding the loop, into one journal unit (``Journal.start_batch``): one store
+transaction, durable before the discharge is answered. A duplicate is judged then, by the
+destination's window at the commit (the second of two sends with one id in one transaction is a
+duplicate). A discharge with ``fail``, the timeout, the owner's connection closing or a crash
+before the commit leave nothing of the transaction.
+
+Azure's limits: at most ``MAX_OPERATIONS`` messages per transaction, ``TIMEOUT_US`` from the
+declare (then the transaction is rolled back and using its id says it timed out), and every
+operation of one transaction on one entity, except the sends that go through it (send-via).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from oncebus.broker.clock import Clock
+from oncebus.broker.journal import Journal
+from oncebus.broker.paths import parse_path
+from oncebus.broker.receivable import Entry, Receivable
+from oncebus.broker.registry import Entity, EntityKind
+from oncebus.broker.sending import Sender, SendOutcome
+from oncebus.core.errors import InvalidArgumentError, OncebusError, QuotaExceededError, ServerBusyError
+from oncebus.core.messages import Message
+from oncebus.core.sending import validate_send
+from oncebus.core.tiers import TierQuotas
+
+MAX_OPERATIONS = 100
+"""The most messages one transaction sends and settles together (Azure Service Bus's quota)."""
+TIMEOUT_US = 120_000_000
+"""A transaction not discharged within this time of its declare is rolled back (Azure: 2 minutes)."""
+MAX_TIMED_OUT_KEPT = 10_000  # ids of timed-out transactions remembered, so a late use says "timeout"
+MAX_OPEN_PER_CONNECTION = 1000
+"""oncebus's bound (Azure documents none): open transactions of one connection at a time."""
+MAX_HELD_BYTES = 256 * 1024 * 1024
+"""oncebus's bound (Azure documents none): bytes of messages all open transactions hold in memory together."""
+
+Outcome = Literal["complete", "abandon", "defer", "dead_letter"]
+
+
+class UnknownTransactionError(OncebusError, LookupError):
+    condition = "amqp:transaction:unknown-id"
+
+
+class TransactionRollbackError(OncebusError):
+    condition = "amqp:transaction:rollback"
+
+
+class TransactionTimeoutError(OncebusError):
+    condition = "amqp:transaction:timeout"
+
+
+class TransactionSpanError(OncebusError):
+    condition = "amqp:not-allowed"
+
+
+@dataclass
+class PendingSend:
+    destination: str
+    messages: list[Message]
+
+
+@dataclass
+class PendingSettlement:
+    path: str
+    lock_token: uuid.UUID
+    outcome: Outcome
+    properties_to_modify: dict[str, Any] | None = None
+    reason: str | None = None
+    error_description: str | None = None
+
+
+@dataclass
+class Transaction:
+    txn_id: bytes
+    owner: object  # the connection that declared it: nobody else may use it
+    declared_us: int
+    entity: str | None = None  # the entity its operations are on (the via entity of a send-via)
+    operations: list[PendingSend | PendingSettlement] = field(default_factory=list)
+    messages: int = 0
+    held_bytes: int = 0
+    tokens: set[uuid.UUID] = field(default_factory=set)
+
+    def describe(self) -> str:
+        return f"transaction {self.txn_id.hex()}"
+
+
+class Host(Protocol):
+    """What a transaction uses of its namespace (``Namespace`` is one; this module cannot import it)."""
+
+    clock: Clock
+    quotas: TierQuotas
+    _journal: Journal
+    _sender: Sender
+
+    def _check_alive(self) -> None: ...
+    def _entity(self, name: str, kind: EntityKind | None = None) -> Entity: ...
+    def _check_status(self, path: str, operation: str) -> None: ...
+    def _locked(self, path: str, lock_token: uuid.UUID | str) -> tuple[Receivable, Entry]: ...
+    async def send(self, entity_name: str, messages: Message | list[Message]) -> list[SendOutcome]: ...
+    async def complete(self, path: str, lock_token: uuid.UUID | str) -> None: ...
+    async def abandon(
+        self, path: str, lock_token: uuid.UUID | str, properties_to_modify: dict[str, Any] | None = None
+    ) -> None: ...
+    async def defer(self, path: str, lock_token: uuid.UUID | str) -> None: ...
+    async def dead_letter(
+        self, path: str, lock_token: uuid.UUID | str, reason: str | None = None, error_description: str | None = None
+    ) -> None: ...
+
+
+def _check_settlement(namespace: Host, settlement: PendingSettlement) -> None:
+    """What would refuse the settlement if it were applied now (its lock lost, a dead letter dead-lettered)."""
+    receivable, _ = namespace._locked(settlement.path, settlement.lock_token)
+    if settlement.outcome == "dead_letter" and receivable.is_dead_letter:
+        raise InvalidArgumentError("a message in a dead-letter queue cannot be dead-lettered again")
+
+
+def _run_now(work: Coroutine[Any, Any, Any]) -> None:
+    """Run ``work`` to its end without yielding the loop (nothing else may change the namespace meanwhile)."""
+    try:
+        work.send(None)
+    except StopIteration:
+        return
+    work.close()
+    raise RuntimeError("an operation of a transaction waited during its commit")
+
+
+class Transactions:
+    """The namespace's open transactions (memory only: a restart forgets them, as a rollback would)."""
+
+    def __init__(self, namespace: Host) -> None:
+        self.namespace = namespace
+        self.open: dict[bytes, Transaction] = {}
+        self.timed_out: dict[bytes, None] = {}
+        self.committed = 0
+        self.rolled_back = 0
+        self.held_bytes = 0  # what the open transactions' sends hold, together
+        self.max_held_bytes = MAX_HELD_BYTES  # the bounds (a test proves them with small figures)
+        self.max_open_per_connection = MAX_OPEN_PER_CONNECTION
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def declare(self, owner: object) -> bytes:
+        now = self.namespace.clock.now_us()
+        for txn in list(self.open.values()):  # oldest first: those past their timeout are rolled back
+            if now - txn.declared_us <= TIMEOUT_US:
+                break
+            self._time_out(txn)
+        if sum(1 for t in self.open.values() if t.owner is owner) >= self.max_open_per_connection:
+            raise QuotaExceededError(
+                f"this connection has {self.max_open_per_connection} open transactions, oncebus's limit; discharge one "
+                "before declaring another"
+            )
+        txn_id = uuid.uuid4().bytes
+        self.open[txn_id] = Transaction(txn_id, owner, self.namespace.clock.now_us())
+        return txn_id
+
+    def get(self, txn_id: bytes, owner: object) -> Transaction:
+        """The open transaction ``txn_id`` of ``owner``; one past its timeout is rolled back now."""
+        txn = self.open.get(bytes(txn_id))
+        if txn is None or txn.owner is not owner:
+            if bytes(txn_id) in self.timed_out:
+                raise TransactionTimeoutError(
+                    f"transaction {bytes(txn_id).hex()} timed out ({TIMEOUT_US // 1_000_000} s after its declare) "
+                    "and was rolled back: nothing of it was stored; declare a new one"
+                )
+            raise UnknownTransactionError(
+                f"no open transaction {bytes(txn_id).hex()} on this connection (it was never declared here, or "
+                "it was discharged already)"
+            )
+        if self.namespace.clock.now_us() - txn.declared_us > TIMEOUT_US:
+            self._time_out(txn)
+            return self.get(txn_id, owner)
+        return txn
+
+    def _time_out(self, txn: Transaction) -> None:
+        self._drop(txn)
+        self.timed_out[txn.txn_id] = None
+        while len(self.timed_out) > MAX_TIMED_OUT_KEPT:
+            del self.timed_out[next(iter(self.timed_out))]
+
+    def _drop(self, txn: Transaction) -> None:
+        self._close(txn)
+        self.rolled_back += 1
+
+    def _close(self, txn: Transaction) -> None:
+        if self.open.pop(txn.txn_id, None) is not None:
+            self.held_bytes -= txn.held_bytes
+
+    def release(self, owner: object) -> None:
+        """``owner``'s connection (or coordinator link) is gone: its open transactions are rolled back."""
+        for txn in [t for t in self.open.values() if t.owner is owner]:
+            self._drop(txn)
+
+    # ------------------------------------------------------------------------------ work under a transaction
+    def _admit(self, txn: Transaction, entity: str, count: int) -> None:
+        top = parse_path(entity).entity
+        if txn.entity is not None and txn.entity != top:
+            raise TransactionSpanError(
+                f"{txn.describe()} is on entity {txn.entity!r}; an operation on {top!r} cannot join it: the "
+                "operations of one transaction must be on one entity (send to another through it with send-via, "
+                "the com.microsoft:transfer-destination-address of the sender link)"
+            )
+        if txn.messages + count > MAX_OPERATIONS:
+            raise QuotaExceededError(
+                f"{txn.describe()} holds {txn.messages} messages; {count} more would pass the limit of "
+                f"{MAX_OPERATIONS} messages per transaction (this operation was refused; the transaction is open)"
+            )
+        txn.entity = top
+
+    def send(self, txn_id: bytes, owner: object, via: str, destination: str, messages: list[Message]) -> None:
+        """Hold a send of ``messages`` to ``destination`` (through ``via``) until the commit; checked now."""
+        namespace = self.namespace
+        txn = self.get(txn_id, owner)
+        namespace._check_alive()
+        where = parse_path(destination)
+        if where.subscription is not None or where.dead_letter:
+            raise InvalidArgumentError(
+                f"cannot send to {destination!r}: send to a queue or a topic, not to a subscription or a dead-letter "
+                "queue"
+            )
+        entity = namespace._entity(where.entity)
+        namespace._check_status(destination, "send")
+        checked = validate_send(entity.properties, entity.detector, messages, scheduled=False, quotas=namespace.quotas)
+        self._admit(txn, via, len(messages))
+        if self.held_bytes + checked.total_bytes > self.max_held_bytes:
+            raise ServerBusyError(
+                f"the open transactions hold {self.held_bytes} bytes of messages in memory; this send's "
+                f"{checked.total_bytes} more would pass oncebus's bound of {self.max_held_bytes} bytes (discharge "
+                "transactions, then send again)"
+            )
+        txn.operations.append(PendingSend(destination, list(messages)))
+        txn.messages += len(messages)
+        txn.held_bytes += checked.total_bytes
+        self.held_bytes += checked.total_bytes
+
+    def settle(self, txn_id: bytes, owner: object, settlement: PendingSettlement) -> None:
+        """Hold a settlement until the commit: its lock must be held now (and at the commit)."""
+        namespace = self.namespace
+        txn = self.get(txn_id, owner)
+        _check_settlement(namespace, settlement)
+        if settlement.lock_token in txn.tokens:
+            raise InvalidArgumentError(
+                f"the message with lock token {settlement.lock_token} was settled in {txn.describe()} already"
+            )
+        self._admit(txn, settlement.path, 1)
+        txn.operations.append(settlement)
+        txn.tokens.add(settlement.lock_token)
+        txn.messages += 1
+
+    # ------------------------------------------------------------------------------ discharge
+    async def discharge(self, txn_id: bytes, owner: object, fail: bool) -> str | None:
+        """Roll back (``fail``) or commit: all of the transaction is stored, durably, in one unit, or none of it.
+        Returns the entity a committed transaction was on (None: rolled back, or it did nothing)."""
+        txn = self.get(txn_id, owner)
+        self._close(txn)
+        if fail:
+            self.rolled_back += 1
+            return None
+        namespace = self.namespace
+        try:
+            namespace._check_alive()
+            needed: dict[str, tuple[Entity, int, int]] = {}  # each destination's bytes and messages
+            for op in txn.operations:  # every lock still held, every destination still there and with room
+                if isinstance(op, PendingSettlement):
+                    _check_settlement(namespace, op)
+                else:
+                    entity = namespace._entity(parse_path(op.destination).entity)
+                    namespace._check_status(op.destination, "send")
+                    checked = validate_send(
+                        entity.properties, entity.detector, op.messages, scheduled=False, quotas=namespace.quotas
+                    )
+                    _, total, count = needed.get(entity.path, (entity, 0, 0))
+                    needed[entity.path] = (entity, total + checked.total_bytes, count + len(op.messages))
+            for entity, total, count in needed.values():
+                namespace._sender._check_quota(entity, total, count)
+        except OncebusError as exc:
+            self.rolled_back += 1
+            raise TransactionRollbackError(f"{txn.describe()} was rolled back, nothing of it stored: {exc}") from exc
+        journal = namespace._journal
+        journal.start_batch()
+        try:
+            for op in txn.operations:
+                _run_now(self._apply(op))
+        except BaseException as exc:
+            journal.abort_batch(f"an operation of {txn.describe()} failed at its commit: {exc}")
+            self.rolled_back += 1
+            raise TransactionRollbackError(f"{txn.describe()} was rolled back, nothing of it stored: {exc}") from exc
+        await journal.end_batch()
+        self.committed += 1
+        return txn.entity
+
+    async def _apply(self, op: PendingSend | PendingSettlement) -> None:
+        namespace = self.namespace
+        if isinstance(op, PendingSend):
+            await namespace.send(op.destination, op.messages)
+        elif op.outcome == "complete":
+            await namespace.complete(op.path, op.lock_token)
+        elif op.outcome == "abandon":
+            await namespace.abandon(op.path, op.lock_token, op.properties_to_modify)
+        elif op.outcome == "defer":
+            await namespace.defer(op.path, op.lock_token)
+        else:
+            await namespace.dead_letter(
+                op.path, op.lock_token, reason=op.reason, error_description=op.error_description
+            )

@@ -69,9 +69,10 @@ def test_advancing_one_namespace_clock_does_not_expire_the_other_keys(broker: On
     for ns in (a, b):
         ns.create_queue("orders", requires_duplicate_detection=True, duplicate_detection_history_time_window=WINDOW)
         send(ns.connection_string, "orders", "k1")
-    before_b = b.now()
+    before_b, before_default = b.now(), broker.now()
     a.advance(WINDOW * 2)  # past a's window only
     assert b.now() - before_b < WINDOW
+    assert broker.now() - before_default < WINDOW  # nor did the default namespace's time move
     for ns in (a, b):
         send(ns.connection_string, "orders", "k1")
     assert a.stats("orders")["accepted"] == 2  # a's key expired: the resend is a new message
@@ -124,3 +125,16 @@ def test_the_default_namespace_is_untouched_by_created_ones(broker: OncebusServe
     send(broker.connection_string, "shared", "d1")
     assert broker.stats("shared")["duplicates_dropped"] == 1  # its own key survived a's deletion
     broker.delete_queue("shared")
+
+
+def test_a_fault_armed_in_one_namespace_fires_there_only(broker: OncebusServer) -> None:
+    a, b = broker.create_namespace(), broker.create_namespace()
+    for ns in (a, b):
+        ns.create_queue("orders")
+    a.arm_fault("server-busy", "orders", count=1)
+    send(b.connection_string, "orders", "b1")  # b's send meets no fault
+    assert len(a.control("fault.list")) == 1 and b.control("fault.list") == []
+    assert broker.faults() == []  # nor is it armed on the default namespace
+    send(a.connection_string, "orders", "a1")  # refused once as busy, retried by the SDK, stored
+    assert a.control("fault.list") == []
+    assert a.stats("orders")["accepted"] == 1 and b.stats("orders")["accepted"] == 1

@@ -138,3 +138,24 @@ def test_the_cap_on_namespaces() -> None:
         await registry.close()
 
     asyncio.run(run())
+
+
+def test_the_rest_data_plane_and_the_faults_door_resolve_the_key_name(broker: OncebusServer) -> None:
+    ns = broker.create_namespace()
+    ns.create_queue("rest")
+    base = f"http://127.0.0.1:{broker.http_port}"
+    key_name = f"RootManageSharedAccessKey@{ns.name}"
+    sent = requests.post(f"{base}/rest/messages", data=b"hello", headers=_auth(broker, key_name), timeout=10)
+    assert sent.status_code == 201, sent.text
+    assert ns.stats("rest")["accepted"] == 1
+    assert "rest" not in broker.stats()  # the default namespace has no such queue
+    refused = requests.post(f"{base}/rest/messages", data=b"x", headers=_auth(broker), timeout=10)
+    assert refused.status_code in (404, 410)  # the default namespace's answer: no queue 'rest' there
+    armed = requests.post(
+        f"{base}/$faults", json={"kind": "server-busy", "entity": "rest"}, auth=(key_name, DEFAULT_KEY), timeout=10
+    )
+    assert armed.status_code == 201, armed.text
+    assert [f["kind"] for f in ns.control("fault.list")] == ["server-busy"]
+    assert broker.faults() == []
+    assert requests.delete(f"{base}/$faults", auth=(key_name, DEFAULT_KEY), timeout=10).ok
+    ns.delete()

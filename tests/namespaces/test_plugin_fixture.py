@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["pytester"]
-
 
 def test_each_test_gets_its_own_namespace(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(

@@ -53,6 +53,7 @@ DEFAULT_KEYS: Mapping[str, str] = {DEFAULT_KEY_NAME: DEFAULT_KEY}
 KEYS_ENV = "ONCEBUS_SAS_KEYS"
 
 TOKEN_PREFIX = "SharedAccessSignature "
+NAMESPACE_SEPARATOR = "@"  # key name "<key>@<namespace>": a namespace created at run time (server/namespaces.py)
 
 SEND, LISTEN, MANAGE = "Send", "Listen", "Manage"
 RIGHTS = (MANAGE, SEND, LISTEN)
@@ -97,7 +98,10 @@ class KeyRing(Mapping[str, str]):
     """The namespace's keys: a mapping of key name to key (as everything that verifies tokens reads them) that
     also knows each key's rights. A plain ``{name: key}`` mapping means all rights for every key."""
 
-    def __init__(self, keys: Iterable[SasKey]) -> None:
+    def __init__(self, keys: Iterable[SasKey], *, namespace: str | None = None) -> None:
+        # the namespace these keys serve (None: the default one); a created one's keys answer to ``name@namespace``
+        self.namespace = namespace
+        self._suffix = None if namespace is None else NAMESPACE_SEPARATOR + namespace
         self._keys: dict[str, SasKey] = {}
         for key in keys:
             if key.name in self._keys:
@@ -110,8 +114,13 @@ class KeyRing(Mapping[str, str]):
             return keys
         return cls(SasKey(name, key) for name, key in keys.items())
 
+    def _base(self, name: str) -> str:
+        if self._suffix is not None and name.endswith(self._suffix):
+            return name[: -len(self._suffix)]
+        return name
+
     def __getitem__(self, name: str) -> str:
-        return self._keys[name].key
+        return self._keys[self._base(name)].key
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)
@@ -120,7 +129,7 @@ class KeyRing(Mapping[str, str]):
         return len(self._keys)
 
     def rights(self, name: str) -> frozenset[str]:
-        key = self._keys.get(name)
+        key = self._keys.get(self._base(name))
         return key.rights if key is not None else frozenset()
 
     def entries(self) -> list[SasKey]:
@@ -129,6 +138,10 @@ class KeyRing(Mapping[str, str]):
     def with_right(self, right: str) -> SasKey | None:
         """The first key that has ``right``."""
         return next((key for key in self._keys.values() if right in key.rights), None)
+
+    def for_namespace(self, namespace: str) -> KeyRing:
+        """The same keys for the created namespace ``namespace`` (key names ``name@namespace``), no entity rules."""
+        return KeyRing(self._keys.values(), namespace=namespace)
 
     def printed(self) -> SasKey:
         """The key the printed connection string carries: the first with Manage, else the first."""
@@ -311,8 +324,59 @@ def make_token(resource_uri: str, key_name: str, key: str, expiry: int) -> str:
     return TOKEN_PREFIX + urlencode({"sr": resource_uri, "sig": signature, "se": str(expiry), "skn": key_name})
 
 
-def verify_token(token: str, keys: Mapping[str, str], now: float | None = None) -> Grant:
-    """Check a SAS token's form, key, signature and expiry; raise :class:`UnauthorizedError` if any fails."""
+def split_key_name(skn: str, keys: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+    """A token's ``skn`` field (as it appears in the token) -> (key name, namespace): ``RootManageSharedAccessKey@t1``
+    names the key ``RootManageSharedAccessKey`` of the namespace ``t1`` (see ``oncebus.server.namespaces``); no
+    ``@``: the default namespace (None). The Python SDK quotes the key name before url-encoding the token, so its
+    ``@`` arrives as ``%2540``: the name is decoded until it no longer changes before it is split. A key of the
+    default namespace whose name holds ``@`` itself (``keys``) keeps meaning that key."""
+    once = unquote_plus(skn)
+    if keys is not None and getattr(keys, "namespace", None) is None and once in keys:
+        return once, None
+    name = once
+    for _ in range(4):  # %2540 -> %40 -> @ (a few rounds at most)
+        decoded = unquote(name)
+        if decoded == name:
+            break
+        name = decoded
+    if NAMESPACE_SEPARATOR not in name:
+        return once, None
+    base, _, namespace = name.rpartition(NAMESPACE_SEPARATOR)
+    return base, namespace
+
+
+def token_namespace(token: object, keys: Mapping[str, str] | None = None) -> str | None:
+    """The namespace a SAS token's key name selects (None: the default one, or no readable ``skn``)."""
+    if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX):
+        return None
+    for part in token[len(TOKEN_PREFIX) :].split("&"):
+        name, sep, value = part.partition("=")
+        if name == "skn" and sep:
+            return split_key_name(value, keys)[1]
+    return None
+
+
+def header_namespace(header: str | None, keys: Mapping[str, str] | None = None) -> str | None:
+    """The namespace an HTTP ``Authorization`` header selects: a SAS token's key name, or HTTP Basic's user
+    (``key@namespace``); None: the default namespace."""
+    if header is None:
+        return None
+    if header[:6].lower() == "basic ":
+        try:
+            user = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8").partition(":")[0]
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if (keys is not None and getattr(keys, "namespace", None) is None and user in keys) or (
+            NAMESPACE_SEPARATOR not in user
+        ):
+            return None
+        return user.rpartition(NAMESPACE_SEPARATOR)[2]
+    return token_namespace(header, keys)
+
+
+def verify_token(token: str, keys: Mapping[str, str], now: float | None = None, namespace: str | None = None) -> Grant:
+    """Check a SAS token's form, key, signature and expiry; raise :class:`UnauthorizedError` if any fails.
+    ``namespace``: the namespace ``keys`` belong to (None: the default one); a token naming another is refused."""
     if now is None:
         now = time.time()
     if not isinstance(token, str) or not token.startswith(TOKEN_PREFIX):
@@ -326,7 +390,14 @@ def verify_token(token: str, keys: Mapping[str, str], now: float | None = None) 
     missing = [name for name in ("sr", "sig", "se", "skn") if not fields.get(name)]
     if missing:
         raise UnauthorizedError(f"the shared access signature lacks {', '.join(missing)}")
-    key_name = unquote_plus(fields["skn"])
+    key_name, named = split_key_name(fields["skn"], keys)
+    if namespace is None:
+        namespace = getattr(keys, "namespace", None)
+    if named != namespace:
+        raise UnauthorizedError(
+            f"the token's key name names namespace {named or '(the default one)'!r}, but it was presented to "
+            f"namespace {namespace or '(the default one)'!r}: one connection serves one namespace"
+        )
     resource = unquote_plus(fields["sr"])
     if isinstance(keys, KeyRing):
         candidates = keys.candidates(key_name, resource_path(resource))
@@ -360,9 +431,11 @@ def verify_token(token: str, keys: Mapping[str, str], now: float | None = None) 
     return Grant(resource_path(resource), float(expiry), key_name, rights, resource_host(resource))
 
 
-def authorize(token: str, audience: str, keys: Mapping[str, str], now: float | None = None) -> Grant:
+def authorize(
+    token: str, audience: str, keys: Mapping[str, str], now: float | None = None, namespace: str | None = None
+) -> Grant:
     """Verify ``token`` and check that it covers ``audience`` (the CBS request's ``name``)."""
-    grant = verify_token(token, keys, now)
+    grant = verify_token(token, keys, now, namespace)
     wanted = resource_path(audience)
     if not path_covers(grant.resource_path, wanted):
         raise UnauthorizedError(f"the token for {grant.resource_path or '/'!r} does not cover {wanted or '/'!r}")
@@ -381,13 +454,14 @@ def authorize_request(
     now: float,
     shown: str | None = None,
     missing: str = "sign it with a SharedAccessSignature made with one of the namespace's keys",
+    namespace: str | None = None,
 ) -> Grant:
     """An HTTP request's ``Authorization`` header checked as Azure checks it: a valid token that covers ``path``
     (the URL used), made for ``host`` (when both name one), with ``right``. ``shown`` names the resource in the
     missing-right text (default: ``path``); ``missing`` says what to do when the header is absent."""
     if header is None:
         raise UnauthorizedError(f"the request has no Authorization header: {missing}")
-    grant = verify_token(header, keys, now)
+    grant = verify_token(header, keys, now, namespace)
     wanted = normalize_path(path)
     if not grant.covers(wanted, now):
         raise UnauthorizedError(

@@ -24,10 +24,12 @@ acknowledged AMQP send is still there.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import time
+import urllib.request
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -475,10 +477,11 @@ REST_EXAMPLES = max(EXAMPLES // 8, 10)
 
 
 def rest_requests(port: int, queue: str) -> list[Request]:
-    """The REST data plane's requests (send, batch, peek-lock, receive-and-delete, unlock, complete, renew) and the
-    faults door's (arm, list, clear)."""
+    """The REST data plane's requests (send, batch, peek-lock, receive-and-delete, unlock, complete, renew), the
+    namespaces door's (create, list, use, delete) and the faults door's (arm, list, clear)."""
     token = make_token(f"http://127.0.0.1:{port}/", "RootManageSharedAccessKey", "SAS_KEY_VALUE", 2**31)
     common = f"Host: 127.0.0.1:{port}\r\nAuthorization: {token}\r\n"
+    named = make_token(f"http://127.0.0.1:{port}/", "RootManageSharedAccessKey@fuzz-ns", "SAS_KEY_VALUE", 2**31)
 
     def request(line: str, headers: str = "", body: bytes = b"") -> Request:
         head = f"{line} HTTP/1.1\r\n{common}{headers}Content-Length: {len(body)}\r\n\r\n".encode()
@@ -498,6 +501,16 @@ def rest_requests(port: int, queue: str) -> list[Request]:
         request(f"PUT {lock}"),
         request(f"DELETE {lock}"),
         request(f"POST {lock}"),
+        # the namespaces door (Manage of the default namespace): create, list, use with "<key>@<name>", delete
+        request("PUT /$namespaces/fuzz-ns"),
+        request("GET /$namespaces"),
+        request("GET /$namespaces/fuzz-ns"),
+        Request(
+            f"GET /$Resources/Queues HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: {named}\r\n"
+            "Content-Length: 0\r\n\r\n".encode(),
+            b"",
+        ),
+        request("DELETE /$namespaces/fuzz-ns"),
         # the faults door (Manage): arm on an entity nothing else uses, list, clear (cleared again after the run)
         request("POST /$faults", "Content-Type: application/json\r\n", b'{"kind": "server-busy", "entity": "no-one"}'),
         request("GET /$faults"),
@@ -527,4 +540,20 @@ def test_mutated_rest_messaging_requests_never_hurt_the_server(http_server: Serv
         example()
     finally:  # a mutated arming may have armed a fault for every entity: none outlives this test
         check_response(exchange(http_server.http_port, found[-1].raw))
+        _delete_created_namespaces(http_server.http_port, found[0])  # nor a namespace a mutated PUT made
     health(http_server.http_port)
+
+
+def _delete_created_namespaces(port: int, signed: Request) -> None:
+    """Delete every namespace created at run time (``signed``: a request carrying a Manage token)."""
+    header = next(line for line in signed.head.split(b"\r\n") if line.lower().startswith(b"authorization:"))
+    token = header.split(b":", 1)[1].strip().decode()
+    with urllib.request.urlopen(
+        urllib.request.Request(f"http://127.0.0.1:{port}/$namespaces", headers={"Authorization": token}), timeout=10
+    ) as listed:
+        names = [entry["name"] for entry in json.loads(listed.read())]
+    for name in names:
+        doomed = urllib.request.Request(
+            f"http://127.0.0.1:{port}/$namespaces/{name}", method="DELETE", headers={"Authorization": token}
+        )
+        urllib.request.urlopen(doomed, timeout=10).close()

@@ -14,7 +14,7 @@ from typing import Any
 
 from oncebus.amqp.sas import Grant, authorize
 from oncebus.amqp.values import string_or_binary as _text
-from oncebus.auth import check_host
+from oncebus.auth import check_host, token_namespace
 from oncebus.core.errors import UnauthorizedError
 
 CBS_NODE = "$cbs"
@@ -33,6 +33,7 @@ def put_token(
     keys: Mapping[str, str],
     now: float,
     host: str | None = None,
+    namespace: str | None = None,
 ) -> PutTokenResult:
     """Judge one CBS request; a granted token comes back as ``grant`` (status 202, as Service Bus answers).
 
@@ -49,8 +50,13 @@ def put_token(
     if token is None:
         return PutTokenResult(400, "put-token needs the token as a string body", None)
     try:
-        grant = authorize(token, audience, keys, now)
+        grant = authorize(token, audience, keys, now, namespace)
         check_host(grant, host)
     except UnauthorizedError as exc:
         return PutTokenResult(401, f"Unauthorized: {exc}", None)
     return PutTokenResult(202, "Accepted", grant)
+
+
+def request_namespace(body: Any, keys: Mapping[str, str] | None = None) -> str | None:
+    """The namespace a put-token request's token names by its key name (``key@name``); None: the default one."""
+    return token_namespace(_text(body), keys)

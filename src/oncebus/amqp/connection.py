@@ -55,6 +55,11 @@ class AmqpHost(Protocol):
         """SAS key name -> key: what every CBS token is verified with."""
         ...
 
+    def namespace_named(self, name: str | None) -> tuple[Namespace, Mapping[str, str]]:
+        """The namespace a token's key name selects (``key@name``; None: the default one) and its keys; raises
+        :class:`~oncebus.core.errors.OncebusError` naming an unknown one."""
+        ...
+
     @property
     def limits(self) -> AmqpLimits:
         """What a client may make the server do (frame sizes, handshake timeouts, buffers)."""
@@ -121,6 +126,11 @@ def session_key(link: proton.Link) -> int:
 class AmqpConnection(asyncio.Protocol):
     def __init__(self, host: AmqpHost) -> None:
         self.host = host
+        # the namespace this connection serves: the default one until its first CBS token names one (key@name)
+        self.namespace: Namespace = host.namespace
+        self.namespace_name: str | None = None
+        self.namespace_bound = False
+        self.bound_keys: Mapping[str, str] = host.keys  # what its CBS tokens are verified with
         self.limits = host.limits
         self.loop = asyncio.get_running_loop()
         self.scanner = FrameScanner(self.limits)

@@ -39,11 +39,15 @@ def reject(delivery: proton.Delivery, error: BaseException) -> None:
 class CoordinatorLink:
     """The client's link to the coordinator: declares and discharges transactions on this connection."""
 
-    def __init__(self, conn: AmqpConnection, link: proton.Receiver, namespace: Namespace) -> None:
+    def __init__(self, conn: AmqpConnection, link: proton.Receiver) -> None:
         self.conn = conn
         self.link = link
-        self.namespace = namespace
         self.closed = False
+
+    @property
+    def namespace(self) -> Namespace:
+        """The connection's namespace (bound by its first CBS token, whenever that came)."""
+        return self.conn.namespace
 
     def open(self) -> None:
         link = self.link

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -29,12 +28,13 @@ from oncebus.amqp.links import (
 from oncebus.amqp.values import text
 from oncebus.auth import LISTEN, SEND
 from oncebus.broker import address_path, parse_path
-from oncebus.core.errors import EntityNotFoundError, InvalidArgumentError, UnauthorizedError
+from oncebus.core.errors import EntityNotFoundError, InvalidArgumentError, OncebusError, UnauthorizedError
 from oncebus.core.messages import ServiceBusReceiveMode
 
 if TYPE_CHECKING:
     from oncebus.amqp.connection import AmqpConnection
     from oncebus.amqp.host import AmqpHost
+    from oncebus.broker import Namespace
 
 __all__ = ["MIN_LINK_MESSAGE_SIZE", "Router"]
 
@@ -51,7 +51,7 @@ class Router:
 
     def attach(self, conn: AmqpConnection, link: proton.Link) -> None:
         if link.is_receiver and link.remote_target.type == proton.Terminus.COORDINATOR:
-            CoordinatorLink(conn, cast(proton.Receiver, link), self.host.namespace).open()  # transactions
+            CoordinatorLink(conn, cast(proton.Receiver, link)).open()  # transactions
             return
         if link.is_receiver:
             address = address_path(link.remote_target.address)
@@ -60,7 +60,7 @@ class Router:
         if address.lower() == cbs.CBS_NODE:
             self._node(conn, link, cbs.CBS_NODE, self._put_token)
         elif address.lower().endswith(management.MANAGEMENT_SUFFIX):
-            self._node(conn, link, address, functools.partial(management.handle_request, self.host.namespace))
+            self._node(conn, link, address, _management)
         elif link.is_receiver:
             self._sender(conn, link, address)
         else:
@@ -79,7 +79,7 @@ class Router:
         entity = management.entity_of_node(node)
         size = limits.management_message_size
         with contextlib.suppress(Exception):  # an unknown entity is reported per request
-            size = max(size, self._max_message_size(parse_path(entity).entity))
+            size = max(size, self._max_message_size(parse_path(entity).entity, conn.namespace))
         RequestLink(
             conn,
             cast(proton.Receiver, link),
@@ -90,27 +90,32 @@ class Router:
             covered=address_path(node),
         ).open()
 
-    def _properties(self, entity: str) -> Any:
-        namespace = self.host.namespace
+    def _properties(self, entity: str, namespace: Namespace) -> Any:
         try:
             return namespace.get_queue(entity)
         except EntityNotFoundError:
             return namespace.get_topic(entity)
 
-    def _max_message_size(self, entity: str) -> int:
-        props = self._properties(entity)
-        return max(self.host.namespace.quotas.message_limit_kb(props) * 1024, MIN_LINK_MESSAGE_SIZE)  # the tier's cap
+    def _max_message_size(self, entity: str, namespace: Namespace) -> int:
+        props = self._properties(entity, namespace)
+        return max(namespace.quotas.message_limit_kb(props) * 1024, MIN_LINK_MESSAGE_SIZE)  # the tier's cap
 
-    def _batch_size(self, entity: str) -> int:
-        return max(self.host.namespace.quotas.batch_limit_bytes(self._properties(entity)), MIN_LINK_MESSAGE_SIZE)
+    def _batch_size(self, entity: str, namespace: Namespace) -> int:
+        return max(namespace.quotas.batch_limit_bytes(self._properties(entity, namespace)), MIN_LINK_MESSAGE_SIZE)
 
     async def _put_token(self, conn: AmqpConnection, link: proton.Link, request: proton.Message) -> proton.Message:
         now = self.host.wall_time()
-        result = cbs.put_token(request.properties, request.body, self.host.keys, now, conn.client_hostname)
+        result = _bind_namespace(conn, cbs.request_namespace(request.body, self.host.keys))
+        if result is None:
+            result = cbs.put_token(
+                request.properties, request.body, conn.bound_keys, now, conn.client_hostname, conn.namespace_name
+            )
         if result.grant is not None:
             refused = conn.add_grant(result.grant, now)
             if refused is not None:
                 result = cbs.PutTokenResult(403, f"Forbidden: {refused}", None)
+            else:
+                conn.namespace_bound = True
         if result.grant is None:
             _LOG.info("CBS put-token refused: %s", result.status_description)
         return proton.Message(
@@ -138,14 +143,14 @@ class Router:
             transfer_to = (link.remote_properties or {}).get(TRANSFER_DESTINATION)
             if transfer_to is not None:  # send-via: to ``transfer_to`` through this entity (both must be covered)
                 destination = self._send_via(conn, link, text(transfer_to, errors="strict") or "")
-            size = self._max_message_size(destination)
+            size = self._max_message_size(destination, conn.namespace)
         except Exception as exc:
             refuse(link, condition_of(exc))
             return
-        sending = SendLink(conn, cast(proton.Receiver, link), self.host.namespace, where.entity, size)
+        sending = SendLink(conn, cast(proton.Receiver, link), conn.namespace, where.entity, size)
         sending.destination = destination
         # the SDK sizes a batch by com.microsoft:max-message-batch-size: the tier's (256 KB Standard, 1 MB Premium)
-        sending.max_batch_size = self._batch_size(destination)
+        sending.max_batch_size = self._batch_size(destination, conn.namespace)
         sending.open()
 
     def _send_via(self, conn: AmqpConnection, link: proton.Link, address: str) -> str:
@@ -158,11 +163,11 @@ class Router:
                 "the transfer destination must be a queue or a topic"
             )
         self._check_access(conn, link, destination, SEND)
-        self._properties(where.entity)  # it exists
+        self._properties(where.entity, conn.namespace)  # it exists
         return where.entity
 
     async def _receiver(self, conn: AmqpConnection, link: proton.Link, address: str) -> None:
-        namespace = self.host.namespace
+        namespace = conn.namespace
         release: Callable[[], None] | None = None
         try:
             self._check_access(conn, link, address, LISTEN)
@@ -199,3 +204,29 @@ class Router:
         receiving = ReceiveLink(conn, cast(proton.Sender, link), namespace, address, mode, session)
         receiving.release = release  # counted until the link closes
         receiving.open()
+
+
+def _management(conn: AmqpConnection, link: proton.Link, request: proton.Message) -> Any:
+    """A ``$management`` request runs on the namespace the connection is bound to (at its first CBS token)."""
+    return management.handle_request(conn.namespace, conn, link, request)
+
+
+def _bind_namespace(conn: AmqpConnection, name: str | None) -> cbs.PutTokenResult | None:
+    """Point ``conn`` at the namespace its token's key name selects (bound for good once a token is accepted);
+    a refusal when that namespace is unknown, or another than the one the connection is bound to."""
+    if conn.namespace_bound:
+        if name == conn.namespace_name:
+            return None
+        bound = conn.namespace_name or "(the default one)"
+        return cbs.PutTokenResult(
+            403,
+            f"Forbidden: this connection is bound to namespace {bound!r} (by its first token); a token for namespace "
+            f"{name or '(the default one)'!r} needs a connection of its own",
+            None,
+        )
+    try:
+        namespace, keys = conn.host.namespace_named(name)
+    except OncebusError as exc:
+        return cbs.PutTokenResult(401, f"Unauthorized: {exc}", None)
+    conn.namespace, conn.bound_keys, conn.namespace_name = namespace, keys, name
+    return None

@@ -9,13 +9,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from oncebus.amqp.connection import AmqpConnection
+from oncebus.amqp.connection import CONNECTION_FORCED, AmqpConnection
 from oncebus.amqp.frames import RESOURCE_LIMIT
 from oncebus.amqp.limits import AmqpLimits, OldestFirst
 from oncebus.amqp.routing import Router
 from oncebus.amqp.sas import DEFAULT_KEYS, KeyRing, connection_string
+from oncebus.core.errors import EntityNotFoundError
 
 if TYPE_CHECKING:
     import proton
@@ -23,6 +24,12 @@ if TYPE_CHECKING:
     from oncebus.broker import Namespace
 
 _LOG = logging.getLogger(__name__)
+
+
+class NamespaceResolver(Protocol):
+    def resolve(self, name: str | None) -> tuple[Namespace, KeyRing]:
+        """The namespace ``name`` (None: the default one) and its keys; an error naming an unknown one."""
+        ...
 
 
 class AmqpServer:
@@ -47,6 +54,24 @@ class AmqpServer:
         self.port = 0
         self._server: asyncio.Server | None = None
         self._token_checks: asyncio.Task[None] | None = None
+        # the namespaces created at run time (oncebus.server.namespaces): None serves the default one alone
+        self.namespaces: NamespaceResolver | None = None
+
+    def namespace_named(self, name: str | None) -> tuple[Namespace, Mapping[str, str]]:
+        if name is None:
+            return self.namespace, self.keys
+        if self.namespaces is None:
+            raise EntityNotFoundError(
+                f"the key name names namespace {name!r}, but this server serves only its default namespace "
+                "(use the key name without '@')"
+            )
+        return self.namespaces.resolve(name)
+
+    def namespace_deleted(self, name: str) -> None:
+        """The created namespace ``name`` is gone: close the connections bound to it."""
+        for conn in list(self.connections):
+            if conn.namespace_bound and conn.namespace_name == name and not conn.closed:
+                conn.protocol_error(CONNECTION_FORCED, f"the namespace {name!r} was deleted")
 
     @property
     def connection_string(self) -> str:

@@ -20,17 +20,20 @@ import hmac
 import json
 import time
 from collections.abc import Mapping
+from typing import Any, Protocol, cast
 
 from oncebus import __version__
-from oncebus.auth import MANAGE, KeyRing, missing_right_text, verify_token
+from oncebus.auth import MANAGE, KeyRing, header_namespace, missing_right_text, verify_token
 from oncebus.broker import Namespace
-from oncebus.core.errors import UnauthorizedError
+from oncebus.core.errors import OncebusError, UnauthorizedError
 from oncebus.http.admin import AdminApi
+from oncebus.http.errors import status_of
 from oncebus.http.faults import FaultsApi, is_faults_path
 from oncebus.http.messages import RestMessaging, match_route
 from oncebus.http.rules import RuleBook
 from oncebus.http.server import ASGIApp, Receive, Scope, Send
 
+NAMESPACES_PATH = "/$namespaces"
 MOUNTED_EXACT = ("/", "/metrics")
 MOUNTED_PREFIXES = ("/dashboard", "/api/dashboard")
 
@@ -49,6 +52,16 @@ async def _text(send: Send, status: int, text: str, extra: list[tuple[bytes, byt
     await send({"type": "http.response.body", "body": body})
 
 
+class NamespaceRegistry(Protocol):
+    """What the HTTP doors need of ``oncebus.server.namespaces.Namespaces``."""
+
+    def get(self, name: str) -> Any: ...
+    def names(self) -> list[str]: ...
+    def describe(self, entry: Any) -> dict[str, Any]: ...
+    async def create(self, name: str) -> Any: ...
+    async def delete(self, name: str) -> None: ...
+
+
 def is_mounted_path(path: str) -> bool:
     return path in MOUNTED_EXACT or any(path == p or path.startswith(p + "/") for p in MOUNTED_PREFIXES)
 
@@ -63,9 +76,11 @@ class HttpApp:
         rules: RuleBook | None = None,
         namespace_name: str = "oncebus",
         observe_needs_key: bool = False,
+        namespaces: NamespaceRegistry | None = None,
     ) -> None:
         self.namespace = namespace
         self.keys = KeyRing.of(keys)
+        self.namespaces = namespaces  # created namespaces (oncebus.server.namespaces): key name "<key>@<name>"
         self.admin = AdminApi(namespace, self.keys, rules=rules, namespace_name=namespace_name)
         self.mounted = mounted
         self.faults = FaultsApi(namespace, self.keys)  # /$faults (oncebus.http.faults)
@@ -83,6 +98,10 @@ class HttpApp:
             await _text(send, 501, WEBSOCKET_TEXT)
         elif path == "/health" and scope["method"] in ("GET", "HEAD"):
             await self._health(scope, send)
+        elif self.namespaces is not None and (path == NAMESPACES_PATH or path.startswith(NAMESPACES_PATH + "/")):
+            await self._namespaces(scope, receive, send)
+        elif self.namespaces is not None and (named := self._named_app(scope)) is not None:
+            await named(scope, receive, send)
         elif is_faults_path(path):
             await self.faults(scope, receive, send)
         elif match_route(str(scope["method"]).upper(), path) is not None:
@@ -125,6 +144,70 @@ class HttpApp:
         if MANAGE not in rights:
             return missing_right_text(MANAGE, str(scope["path"]))
         return None
+
+    def _named_app(self, scope: Scope) -> ASGIApp | None:
+        """The app of the created namespace the request's key name selects (``key@name``); None: the default one."""
+        assert self.namespaces is not None
+        header = next((bytes(v) for k, v in scope["headers"] if bytes(k).lower() == b"authorization"), None)
+        name = header_namespace(None if header is None else header.decode("latin-1"), self.keys)
+        if name is None:
+            return None
+        try:
+            entry = self.namespaces.get(name)
+        except OncebusError as exc:
+            text = f"Unauthorized: {exc}\n"
+
+            async def refused(scope: Scope, receive: Receive, send: Send) -> None:
+                await _text(send, 401, text)
+
+            return refused
+        app = entry.extras.get("http")
+        if app is None:
+            app = entry.extras["http"] = HttpApp(entry.namespace, entry.keys)
+        return cast(ASGIApp, app)
+
+    async def _namespaces(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``GET /$namespaces`` (list), ``PUT``/``GET``/``DELETE /$namespaces/<name>``: a Manage key of the default
+        namespace, for its root (a SAS token or HTTP Basic); JSON answers."""
+        assert self.namespaces is not None
+        while (await receive()).get("more_body", False):  # a body is not needed: read and drop it
+            pass
+        path, method = str(scope["path"]), str(scope["method"]).upper()
+        name = path[len(NAMESPACES_PATH) + 1 :] or None
+        answer: Any
+        try:
+            refused = self._manage_refused(scope)
+            if refused is not None:
+                status, answer = 401, {"error": refused}
+            elif name is None and method == "GET":
+                registry = self.namespaces
+                status, answer = 200, [registry.describe(registry.get(n)) for n in registry.names()]
+            elif name is not None and method == "PUT":
+                status, answer = 201, self.namespaces.describe(await self.namespaces.create(name))
+            elif name is not None and method == "GET":
+                status, answer = 200, self.namespaces.describe(self.namespaces.get(name))
+            elif name is not None and method == "DELETE":
+                await self.namespaces.delete(name)
+                status, answer = 200, {"deleted": name}
+            else:
+                allowed = "GET" if name is None else "PUT, GET, DELETE"
+                status, answer = 405, {"error": f"method {method} is not allowed on {path}; allowed: {allowed}"}
+        except OncebusError as exc:
+            status, answer = status_of(exc), {"error": str(exc)}
+        body = json.dumps(answer).encode() + b"\n"
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    def _manage_refused(self, scope: Scope) -> str | None:
+        """None when the request carries a Manage key of the default namespace for its root."""
+        refused = self._observe_refused(scope)
+        if refused is not None and refused.startswith("Unauthorized: this server listens"):
+            return (
+                "Unauthorized: creating, listing or deleting namespaces needs a key with the Manage right of the "
+                "default namespace: Authorization: SharedAccessSignature ... (for the namespace root) or HTTP Basic"
+            )
+        return refused
 
     async def _health(self, scope: Scope, send: Send) -> None:
         body = json.dumps({"status": "ok", "version": __version__}).encode() + b"\n"

@@ -26,6 +26,7 @@ from oncebus.core.errors import ArgumentOutOfRangeError, InvalidArgumentError, O
 from oncebus.core.messages import Message, ServiceBusReceiveMode
 from oncebus.core.rules import RuleProperties
 from oncebus.core.timeutil import datetime_to_us, us_to_datetime
+from oncebus.server.namespaces import Namespaces
 
 LATEST_US = datetime_to_us(datetime.max.replace(tzinfo=UTC))
 """The latest time a datetime holds (end of year 9999), in microseconds since the epoch."""
@@ -257,6 +258,36 @@ async def _reset(ns: Namespace, args: dict[str, Any]) -> Any:
     return {"now_us": ns.clock.now_us()}
 
 
+# ---------------------------------------------------------------------------------- created namespaces
+async def _ns_create(registry: Namespaces, args: dict[str, Any]) -> Any:
+    return registry.describe(await registry.create(args["name"]))
+
+
+async def _ns_delete(registry: Namespaces, args: dict[str, Any]) -> Any:
+    await registry.delete(args["name"])
+    return {"deleted": args["name"]}
+
+
+async def _ns_list(registry: Namespaces, args: dict[str, Any]) -> Any:
+    return [registry.describe(registry.get(name)) for name in registry.names()]
+
+
+async def _ns_advance(registry: Namespaces, args: dict[str, Any]) -> Any:
+    """Move a created namespace's clock ``us`` microseconds forward (its own: no other namespace's time moves)."""
+    us = args.get("us")
+    if not isinstance(us, int) or isinstance(us, bool):
+        raise InvalidArgumentError(f"'us' is a whole number of microseconds, not {us!r}")
+    return {"now_us": registry.advance(args["name"], us)}
+
+
+_NAMESPACE_OPS: dict[str, Callable[[Namespaces, dict[str, Any]], Awaitable[Any]]] = {
+    "namespaces.create": _ns_create,
+    "namespaces.delete": _ns_delete,
+    "namespaces.list": _ns_list,
+    "namespaces.advance": _ns_advance,
+}
+
+
 @operation("fault.arm")
 async def _fault_arm(ns: Namespace, args: dict[str, Any]) -> Any:
     """Arm a fault (``oncebus.broker.faults``): ``fault`` is its JSON spec (kind, entity, count or duration, ...)."""
@@ -401,8 +432,10 @@ class ControlServer:
         token_line: int = TOKEN_LINE,
         max_connections: int = MAX_CONTROL_CONNECTIONS,
         idle_timeout: float = 10.0,
+        namespaces: Namespaces | None = None,
     ) -> None:
         self.namespace = namespace
+        self.namespaces = namespaces  # created at run time: any operation with "namespace": "<name>" runs there
         self.token = token or secrets.token_urlsafe(24)
         self.max_line = max_line
         self.token_line = token_line
@@ -511,7 +544,7 @@ class ControlServer:
                 }
             if conn is not None:
                 conn.trusted = True
-            return {"ok": True, "result": await dispatch(self.namespace, op, args)}
+            return {"ok": True, "result": await self._dispatch(op, args)}
         except OncebusError as exc:
             return error_to_json(exc)
         except _BAD_INPUT as exc:
@@ -519,6 +552,20 @@ class ControlServer:
         except Exception as exc:  # a bug: answer it, log it once, keep serving
             _log.exception("control operation failed")
             return {"ok": False, "error": "OncebusError", "message": f"internal error: {_one_line(exc)}"}
+
+    async def _dispatch(self, op: str, args: dict[str, Any]) -> Any:
+        """``namespaces.*`` on the registry; any other operation on the default namespace, or on the created one
+        named by ``args["namespace"]``."""
+        if op in _NAMESPACE_OPS or "namespace" in args:
+            if self.namespaces is None:
+                raise InvalidArgumentError("this control server has no namespaces created at run time")
+            registry = self.namespaces
+            if op in _NAMESPACE_OPS:
+                return await _NAMESPACE_OPS[op](registry, args)
+            name = args.pop("namespace")
+            if name is not None:
+                return await dispatch(registry.get(str(name)).namespace, op, args)
+        return await dispatch(self.namespace, op, args)
 
     async def close(self) -> None:
         if self._server is not None:

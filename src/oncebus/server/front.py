@@ -27,6 +27,7 @@ from oncebus.http.observe import AmqpTransportGauges, make_observe_app
 from oncebus.http.server import AllowedHosts, ASGIApp, HttpLimits, HttpProtocol, host_name
 from oncebus.server.certs import Certificates
 from oncebus.server.listener import ALL_KINDS, HTTP, TLS, Doors, Listener
+from oncebus.server.namespaces import Namespaces
 
 
 @dataclass
@@ -125,6 +126,7 @@ async def open_front(
     keys: Mapping[str, str],
     certificates: Certificates,
     mount: ASGIApp | None = None,
+    namespaces: Namespaces | None = None,
 ) -> Front:
     """Bind every listener (all or none: a port in use fails the start) and start accepting."""
     if not keys:
@@ -133,7 +135,12 @@ async def open_front(
     amqp = AmqpServer(namespace, keys)
     if mount is None:  # /metrics and the dashboard (oncebus.http.observe)
         mount = make_observe_app(namespace, transport=AmqpTransportGauges(amqp))
-    app = HttpApp(namespace, keys, mounted=mount, observe_needs_key=not is_loopback(host))  # beyond loopback: a key
+    app = HttpApp(  # beyond loopback: /metrics and the dashboard need a key
+        namespace, keys, mounted=mount, observe_needs_key=not is_loopback(host), namespaces=namespaces
+    )
+    if namespaces is not None:  # key name "<key>@<name>": a namespace created at run time
+        amqp.namespaces = namespaces
+        namespaces.on_delete(amqp.namespace_deleted)
     context = certificates.server_context()
     connections: set[HttpProtocol] = set()
     limits = from_env(HttpLimits(), "ONCEBUS_HTTP_")
@@ -160,4 +167,7 @@ async def open_front(
     amqp.host, amqp.port = host, main.port
     for listener in opened:
         listener.start()
-    return Front(amqp, app, main, tls, plain, certificates, host, connections)
+    front = Front(amqp, app, main, tls, plain, certificates, host, connections)
+    if namespaces is not None:
+        namespaces.connection_string = front.connection_string
+    return front

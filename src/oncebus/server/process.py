@@ -27,6 +27,7 @@ from oncebus.server.certs import ensure_certificates
 from oncebus.server.control import ControlServer
 from oncebus.server.datadir import DataDir
 from oncebus.server.front import Front, open_front
+from oncebus.server.namespaces import Namespaces, max_namespaces_from_env
 from oncebus.server.runtime import freeze_again, tune_gc
 from oncebus.store.postgres_url import open_store
 from oncebus.store.sendlog import SendLogWriter
@@ -97,6 +98,7 @@ async def run(
         )
     try:
         quotas = TierQuotas.from_env(tier=options.tier)
+        cap = max_namespaces_from_env(os.environ)  # namespaces created at run time (server/namespaces.py)
     except InvalidArgumentError as exc:
         raise ServeError(str(exc)) from exc
     topology = None
@@ -153,7 +155,8 @@ async def run(
         )
     if options.tune_gc:
         tune_gc()
-    control = ControlServer(namespace)
+    namespaces = Namespaces(namespace, keys, quotas=quotas, max_namespaces=cap)  # created at run time
+    control = ControlServer(namespace, namespaces=namespaces)
     await control.start()
     info: dict[str, Any] = {
         "pid": os.getpid(),
@@ -178,6 +181,7 @@ async def run(
                 keys=keys,
                 certificates=certificates,
                 mount=options.mount,
+                namespaces=namespaces,
             )
         except OSError as exc:
             raise ServeError(f"cannot listen: {exc}") from exc
@@ -222,6 +226,7 @@ async def run(
         if front is not None:
             await front.close()
         await control.close()
+        await namespaces.close()
         with contextlib.suppress(OncebusError):
             await namespace.close()
         store.close()

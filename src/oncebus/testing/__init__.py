@@ -11,6 +11,8 @@
         server.advance(timedelta(minutes=11))   # past the 10-minute window, without sleeping
         server.arm_fault("lost-ack", "orders")   # the next send is stored, its acknowledgement lost
         server.crash()                           # SIGKILL, then serve again on the same data and port
+        ns = server.create_namespace()           # isolated: its own entities, dedup keys and clock
+        ns.connection_string                     # the broker's, SharedAccessKeyName=RootManageSharedAccessKey@<ns>
 
 ``serve()`` starts ``oncebus serve --port 0`` on a temporary data directory, in a
 subprocess (default) or in a thread of this process (``mode="thread"``), and stops
@@ -22,6 +24,7 @@ worker); see :mod:`oncebus.testing.plugin`.
 from __future__ import annotations
 
 from oncebus.testing._client import BrokerGoneError
+from oncebus.testing._namespaces import IsolatedNamespace
 from oncebus.testing._server import MODES, BrokerStartError, Mode, OncebusServer, serve
 
-__all__ = ["MODES", "BrokerGoneError", "BrokerStartError", "Mode", "OncebusServer", "serve"]
+__all__ = ["MODES", "BrokerGoneError", "BrokerStartError", "IsolatedNamespace", "Mode", "OncebusServer", "serve"]

@@ -13,13 +13,14 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from oncebus.auth import KEYS_ENV
 from oncebus.core.errors import OncebusError
@@ -36,6 +37,9 @@ from oncebus.testing._entities import (
     merged,
     normalized_properties,
 )
+
+if TYPE_CHECKING:
+    from oncebus.testing._namespaces import IsolatedNamespace
 
 Mode = Literal["subprocess", "thread"]
 MODES: tuple[Mode, ...] = ("subprocess", "thread")
@@ -319,6 +323,20 @@ class OncebusServer:
     def peek(self, path: str, max_message_count: int = 10) -> list[dict[str, Any]]:
         """Messages waiting on a queue or ``topic/Subscriptions/sub`` (``…/$DeadLetterQueue`` too), left in place."""
         return list(self.control("peek", path=path, max_message_count=max_message_count))
+
+    # ------------------------------------------------------------------------------ namespaces of their own
+    def create_namespace(self, name: str | None = None) -> IsolatedNamespace:
+        """A new namespace on this broker (in memory), isolated from the others: its own entities, messages, dedup
+        history, faults and clock; ``name``: lower-case letters, digits and '-' (default: a fresh unique one).
+        Its ``connection_string`` is this broker's with ``@<name>`` appended to ``SharedAccessKeyName``."""
+        from oncebus.testing._namespaces import IsolatedNamespace
+
+        chosen = name if name is not None else f"t-{uuid.uuid4().hex[:16]}"
+        return IsolatedNamespace(self, dict(self.control("namespaces.create", name=chosen)))
+
+    def namespaces(self) -> list[dict[str, Any]]:
+        """The namespaces created on this broker (name, connection string, time, entity count)."""
+        return list(self.control("namespaces.list"))
 
     # ------------------------------------------------------------------------------ a fresh namespace
     def reset(self) -> None:

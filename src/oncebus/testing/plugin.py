@@ -7,6 +7,10 @@ Fixtures:
 - ``oncebus_namespace`` (function): the same server on a fresh namespace: every
   entity, message and dedup key of the previous test deleted and the test clock
   back to the real time, then the declared entities created. No new process.
+- ``oncebus_isolated_namespace`` (function): a namespace of the test's own, created on the session's broker
+  (:class:`oncebus.testing.IsolatedNamespace`: its ``connection_string``, entity helpers, ``advance()``), with the
+  declared entities, deleted after the test. Tests running at once (threads, asyncio, other languages' suites
+  driving the same broker) do not see each other's entities, messages, dedup keys or clock.
 - ``oncebus_config`` (session): entities every fresh namespace starts with; ``None``
   unless the ``oncebus_config`` ini option names an emulator-format config.json.
   Override it in a conftest.py to return a config dict.
@@ -30,7 +34,7 @@ import pytest
 
 if TYPE_CHECKING:
     from oncebus.server.topology import Topology
-    from oncebus.testing import OncebusServer
+    from oncebus.testing import IsolatedNamespace, OncebusServer
 
 MARKER = "oncebus_entities"
 
@@ -96,6 +100,25 @@ def oncebus_namespace(
     oncebus_server.reset()
     oncebus_server.create_topology(merged(*topologies))
     return oncebus_server
+
+
+@pytest.fixture
+def oncebus_isolated_namespace(
+    request: pytest.FixtureRequest, oncebus_server: OncebusServer, oncebus_config: Any
+) -> Iterator[IsolatedNamespace]:
+    """A namespace of this test's own on the session's broker (no reset of anyone else's), with the entities
+    ``oncebus_config`` and the ``oncebus_entities`` markers declare; deleted after the test."""
+    from oncebus.testing._entities import config_topology, merged
+
+    topologies = [] if oncebus_config is None else [config_topology(oncebus_config)]
+    topologies += [_marker_topology(m) for m in reversed(list(request.node.iter_markers(MARKER)))]
+    namespace = oncebus_server.create_namespace()
+    try:
+        namespace.create_topology(merged(*topologies))
+        yield namespace
+    finally:
+        if oncebus_server.alive:
+            namespace.delete()
 
 
 def _marker_topology(marker: pytest.Mark) -> Topology:

@@ -470,7 +470,7 @@ class DuplicateDetector:
 
     @property
     def window(self) -> timedelta:
-        return self.index.window
+        return self._index.window  # not the keys: no wait for them (an image does not hold the window)
 
     def set_window(self, value: timedelta, now_us: int) -> None:
         self.index.set_window(value, now_us)

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import sqlite3
 import threading
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -545,6 +546,8 @@ def test_serve_opens_while_the_image_loads_and_a_send_waits_for_its_keys(
         ns = await Namespace.open(store, clock, backlog_in_background=True)
         assert started.wait(10)  # open returned while the loader holds the image unread
         assert ns.stats("off").keys_held == 0  # an entity without detection is not waited for
+        # nor is reading a window (serve's topology does before it is ready): an image does not hold it
+        assert ns._registry.entities["q"].detector.window == timedelta(hours=1)
         threading.Timer(0.2, release.set).start()
         assert await _duplicates(ns, "q", ["k0", "k4999", "since-the-image", "new"]) == [True, True, True, False]
         assert ns.stats("q").keys_held == KEYS + 2

@@ -548,6 +548,7 @@ def test_serve_opens_while_the_image_loads_and_a_send_waits_for_its_keys(
         assert ns.stats("off").keys_held == 0  # an entity without detection is not waited for
         # nor is reading a window (serve's topology does before it is ready): an image does not hold it
         assert ns._registry.entities["q"].detector.window == timedelta(hours=1)
+        await ns.update_queue("q", duplicate_detection_history_time_window="PT1H", lock_duration="PT1M")  # as it was
         threading.Timer(0.2, release.set).start()
         assert await _duplicates(ns, "q", ["k0", "k4999", "since-the-image", "new"]) == [True, True, True, False]
         assert ns.stats("q").keys_held == KEYS + 2

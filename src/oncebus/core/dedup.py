@@ -473,6 +473,8 @@ class DuplicateDetector:
         return self._index.window  # not the keys: no wait for them (an image does not hold the window)
 
     def set_window(self, value: timedelta, now_us: int) -> None:
+        if to_micros(value) == self._index.window_us:  # unchanged (an entity updated, serve's topology applied):
+            return  # nothing to apply to the keys, so no wait for them while they load
         self.index.set_window(value, now_us)
 
     def key_of(self, message_id: MessageId, partition_key: str | None = None, session_id: str | None = None) -> str:

@@ -82,9 +82,12 @@ def wait_for_port(port: int, process: subprocess.Popen[Any], what: str) -> None:
     raise SystemExit(f"{what} did not start")
 
 
-def start_oncebus(workdir: Path, receive_window: str | None = None) -> tuple[subprocess.Popen[str], str]:
-    """``oncebus serve`` on a free port with the bench's queues ('receive' with ``receive_window`` if given)."""
-    receive: dict[str, object] = {"RequiresDuplicateDetection": True}
+def start_oncebus(
+    workdir: Path, receive_window: str | None = None, receive_properties: dict[str, object] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """``oncebus serve`` on a free port with the bench's queues ('receive' with ``receive_window`` and
+    ``receive_properties`` if given)."""
+    receive: dict[str, object] = {"RequiresDuplicateDetection": True, **(receive_properties or {})}
     if receive_window is not None:
         receive["DuplicateDetectionHistoryTimeWindow"] = receive_window
     config = {

@@ -17,6 +17,9 @@
 
     python bench/backlog.py                                       # 200,000 messages (a few minutes)
     python bench/backlog.py --messages 1000000 --keys 10000000    # the issue's sizes
+
+``--workdir DIR`` keeps the data there (not deleted at the end); run again with the same ``DIR`` and the store
+already there, it skips steps 1 and 2 and times ``--restarts`` clean restarts of it.
 """
 
 from __future__ import annotations
@@ -60,8 +63,9 @@ def rss_mb(pid: int) -> float:
 
 
 def start_oncebus(workdir: Path) -> tuple[subprocess.Popen[str], str]:
-    """``amqp_send.start_oncebus`` with a window of an hour on 'receive' (the keys added stay held)."""
-    return amqp_send.start_oncebus(workdir, receive_window="PT1H")
+    """``amqp_send.start_oncebus`` with a window of an hour on 'receive' (the keys added stay held) and room for
+    a million messages of 1 KiB (5 GB: a queue holds 1 GB by default, and each message counts 256 bytes more)."""
+    return amqp_send.start_oncebus(workdir, receive_window="PT1H", receive_properties={"MaxSizeInMegabytes": 5120})
 
 
 def add_keys(db_path: Path, count: int) -> float:
@@ -176,6 +180,28 @@ def stop(process: subprocess.Popen[str]) -> None:
         process.kill()
 
 
+def held(db_path: Path) -> tuple[int, int]:
+    """(messages, dedup key rows) in the store."""
+    db = sqlite3.connect(db_path)
+    try:
+        return (
+            int(db.execute("SELECT count(*) FROM message").fetchone()[0]),
+            int(db.execute("SELECT count(*) FROM dedup_key").fetchone()[0]),
+        )
+    finally:
+        db.close()
+
+
+def restarts_only(workdir: Path, args: argparse.Namespace) -> None:
+    """Clean restarts of the store kept in ``workdir`` (each stopped cleanly again: its image written anew)."""
+    messages, keys = held(workdir / "data" / "oncebus.db")
+    for number in range(args.restarts):
+        process, _ = restart(workdir, f"clean restart {number + 1}", messages, keys)
+        stop(process)
+    one, five, _ = os.getloadavg()
+    print(f"load average {one:.2f} (1 min), {five:.2f} (5 min)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200_000, help="backlog size (default 200000)")
@@ -184,8 +210,14 @@ def main() -> None:
     parser.add_argument("--receivers", type=int, default=4, help="receiver processes (default 4)")
     parser.add_argument("--keys", type=int, default=0, help="dedup keys added to the store before restarting")
     parser.add_argument("--after", type=int, default=20_000, help="messages sent after the checkpoint (--keys)")
+    parser.add_argument("--workdir", help="keep the data here; a store already there is restarted, not filled")
+    parser.add_argument("--restarts", type=int, default=1, help="clean restarts timed (default 1)")
     args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="oncebus-backlog-"))
+    if args.workdir and (Path(args.workdir) / "data" / "oncebus.db").exists():
+        restarts_only(Path(args.workdir), args)
+        return
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="oncebus-backlog-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     print(f"{args.messages:,} messages of 1 KiB into queue 'receive' (dedup on); data in {workdir}")
     process, connection_string = start_oncebus(workdir)
     try:
@@ -229,15 +261,17 @@ def main() -> None:
     process, connection_string = restart(workdir, "clean restart", messages, keys)
     try:
         count = min(args.receive, messages)
-        per = (count + args.receivers - 1) // args.receivers
-        received = run_workers(sdk_receiver, [(connection_string, "receive", per)] * args.receivers, process.pid)
-        print(
-            f"receive + complete {count:,} from the backlog (PEEK_LOCK, prefetch {BATCH * 2}, {args.receivers} "
-            f"processes): {describe(received)}; server RSS {rss_mb(process.pid):.0f} MB"
-        )
+        if count:
+            per = (count + args.receivers - 1) // args.receivers
+            received = run_workers(sdk_receiver, [(connection_string, "receive", per)] * args.receivers, process.pid)
+            print(
+                f"receive + complete {count:,} from the backlog (PEEK_LOCK, prefetch {BATCH * 2}, {args.receivers} "
+                f"processes): {describe(received)}; server RSS {rss_mb(process.pid):.0f} MB"
+            )
     finally:
         stop(process)
-        shutil.rmtree(workdir, ignore_errors=True)
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
     one, five, _ = os.getloadavg()
     print(f"load average {one:.2f} (1 min), {five:.2f} (5 min)")
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import threading
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from oncebus.broker import ManualClock, Message, Namespace
+from oncebus.broker import ManualClock, Message, Namespace, recovery
 from oncebus.store.sqlite import SqliteStore
 from oncebus.store.sqlite_layout import SCHEMA_VERSION
 
@@ -501,6 +504,81 @@ def test_a_checkpoint_whose_child_fails_is_dropped_and_the_previous_one_stays(
         store, ns = await _open(path, clock)
         assert store.keys_read == 1
         assert await _duplicates(ns, "q", ["after", "k0", "new"]) == [True, True, False]
+        await _stop(store, ns)
+
+    asyncio.run(go())
+
+
+def _held_loader(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Hold the loader thread before it reads its first image: (started, release)."""
+    started, release = threading.Event(), threading.Event()
+    load = recovery._load_image
+
+    def held(*args: Any) -> int:
+        started.set()
+        assert release.wait(30)
+        return load(*args)
+
+    monkeypatch.setattr(recovery, "_load_image", held)
+    return started, release
+
+
+def test_serve_opens_while_the_image_loads_and_a_send_waits_for_its_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve`` (a namespace opened with its backlog in the background) is ready before the images are read: they
+    load on a thread, and a send judged meanwhile waits for them, so it is judged against every held key."""
+    path = tmp_path / "oncebus.db"
+    clock = ManualClock(T0)
+
+    async def go() -> None:
+        store, ns = await _open(path, clock)
+        await _fill(ns, clock)
+        await ns.send("q", [Message(b"x", message_id="since-the-image")])
+        await _stop(store, ns)
+        db = sqlite3.connect(path)  # a key accepted after the image's mark: read from the rows, applied after it
+        db.execute("UPDATE dedup_checkpoint SET since_us = since_us - 1")
+        db.commit()
+        db.close()
+
+        started, release = _held_loader(monkeypatch)
+        store = SqliteStore(path)
+        ns = await Namespace.open(store, clock, backlog_in_background=True)
+        assert started.wait(10)  # open returned while the loader holds the image unread
+        assert ns.stats("off").keys_held == 0  # an entity without detection is not waited for
+        # nor is reading a window (serve's topology does before it is ready): an image does not hold it
+        assert ns._registry.entities["q"].detector.window == timedelta(hours=1)
+        await ns.update_queue("q", duplicate_detection_history_time_window="PT1H", lock_duration="PT1M")  # as it was
+        threading.Timer(0.2, release.set).start()
+        assert await _duplicates(ns, "q", ["k0", "k4999", "since-the-image", "new"]) == [True, True, True, False]
+        assert ns.stats("q").keys_held == KEYS + 2
+        await ns.backlog_restored()
+        assert await _duplicates(ns, "q", ["new"]) == [True]
+        await _stop(store, ns)
+
+    asyncio.run(go())
+
+
+def test_an_image_that_fails_on_the_loader_thread_is_rebuilt_from_its_rows_there(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    clock = ManualClock(T0)
+
+    async def go() -> None:
+        store, ns = await _open(path, clock)
+        await _fill(ns, clock)
+        await _stop(store, ns)
+        [image] = store.checkpoint_files()
+        with open(image, "r+b") as file:  # one byte of the index changed: its CRC-32 fails
+            file.seek(-100, 2)
+            byte = file.read(1)
+            file.seek(-100, 2)
+            file.write(bytes([byte[0] ^ 0xFF]))
+
+        store = SqliteStore(path)
+        ns = await Namespace.open(store, clock, backlog_in_background=True)
+        assert await _duplicates(ns, "q", ["k0", "k4999", "new"]) == [True, True, False]
+        assert store.keys_read == KEYS  # rebuilt from its rows
+        await ns.backlog_restored()
         await _stop(store, ns)
 
     asyncio.run(go())

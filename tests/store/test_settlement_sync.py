@@ -17,7 +17,7 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 
 from oncebus.core.messages import MessageState, StoredMessage
-from oncebus.store import sqlite as sqlite_module
+from oncebus.store import writer as writer_module
 from oncebus.store.base import SETTLEMENT_SYNC_SECONDS, DeleteMessage, MoveMessage, PutDedupKey, PutMessage
 from oncebus.store.sqlite import SqliteStore
 from tests.store.test_files_deleted_under_serve import Serve, cli
@@ -66,7 +66,7 @@ def _fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         synced.append(os.readlink(f"/proc/self/fd/{fd}"))
         real(fd)
 
-    monkeypatch.setattr(sqlite_module.os, "fsync", fsync)
+    monkeypatch.setattr(os, "fsync", fsync)
     return synced
 
 
@@ -107,7 +107,7 @@ def test_a_settlement_commits_without_fsync_and_the_wal_is_synced_soon_after(
 
 
 def test_a_durable_commit_carries_the_settlements_before_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sqlite_module, "SETTLEMENT_SYNC_SECONDS", 60.0)  # no sync of the writer's own meanwhile
+    monkeypatch.setattr(writer_module, "SETTLEMENT_SYNC_SECONDS", 60.0)  # no sync of the writer's own meanwhile
     store = SqliteStore(tmp_path / "oncebus.db")
     try:
         store.submit([PutMessage(_message(1))]).result()

@@ -35,7 +35,13 @@ from oncebus.broker.journal import Journal
 from oncebus.broker.observation import NamespaceObserver, view_entities
 from oncebus.broker.paths import parse_path, subscription_path
 from oncebus.broker.receivable import Receivable
-from oncebus.broker.recovery import DedupCheckpoints, newest_time_us, restore, restore_messages_in_steps
+from oncebus.broker.recovery import (
+    DedupCheckpoints,
+    KeyLoader,
+    newest_time_us,
+    restore,
+    restore_messages_in_steps,
+)
 from oncebus.broker.registry import Entity, EntityKind, Registry
 from oncebus.broker.routing import Router
 from oncebus.broker.rulebook import Rules
@@ -138,8 +144,8 @@ class Namespace(Delivery):
         self._entities.clear()
         self._contents.clear()
         self._floor_us = max(self._floor_us, newest_time_us(snapshot))
-        replayed = restore(self._registry, snapshot, self._now(), messages=not background)
-        self._checkpoints.loaded(replayed)
+        keys = restore(self._registry, snapshot, self._now(), messages=not background)
+        self._checkpoints.loaded(keys.read, keys)
         self._activity.since_us = self._now()
         forget = self._activity.restore(self._registry, self._now())
         if forget:  # the first write: every later one (each acknowledged send) commits with it or after it
@@ -147,12 +153,13 @@ class Namespace(Delivery):
         self._backlog_error = None
         if background:
             self._backlog_loaded.clear()
-            self._backlog = asyncio.get_running_loop().create_task(self._restore_backlog(snapshot.messages))
+            self._backlog = asyncio.get_running_loop().create_task(self._restore_backlog(snapshot.messages, keys))
         else:
             self._backlog_loaded.set()
 
-    async def _restore_backlog(self, rows: Iterable[MessageRow]) -> None:
+    async def _restore_backlog(self, rows: Iterable[MessageRow], keys: KeyLoader) -> None:
         try:
+            await keys.loaded()  # the dedup images load on a thread first: one GIL, so not both at once
             for _ in restore_messages_in_steps(self._registry, rows, self._now):
                 await asyncio.sleep(0)
         except asyncio.CancelledError:

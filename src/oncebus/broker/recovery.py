@@ -10,10 +10,12 @@ accepted since the last one (see ``store/dedup_images.py``), so a restart after 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import operator
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
@@ -21,7 +23,7 @@ from typing import Protocol
 from oncebus.broker.registry import Registry
 from oncebus.core.dedup import DuplicateDetector, ImageError
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
-from oncebus.core.errors import InvalidArgumentError
+from oncebus.core.errors import InvalidArgumentError, StoreError
 from oncebus.core.rules import RuleProperties
 from oncebus.store.base import MessageRow, PutDedupKey, Snapshot
 from oncebus.store.dedup_images import DedupImage, Dumpable
@@ -41,10 +43,79 @@ def newest_time_us(snapshot: Snapshot) -> int:
     return snapshot.newest_key_us
 
 
-def restore(registry: Registry, snapshot: Snapshot, now_us: int, *, messages: bool = True) -> int:
+class KeyLoader:
+    """The dedup index images of a start, loaded on a thread of their own while the broker opens its doors.
+
+    Reading and checking an image is bulk work (``readinto`` and CRC-32, which let go of the GIL: 0.5 s for 380 MB
+    here), so ``serve`` says ready while it runs; until it is done, any use of one of those indexes on another
+    thread (a send judged, a window changed, a checkpoint) waits for it (``DuplicateDetector.index``): every send
+    is still judged against every held key. Each image is followed by its entity's rows since the image's mark
+    (read before ready, applied after the image); an image that does not check out is rebuilt from all its rows,
+    on the thread."""
+
+    def __init__(self) -> None:
+        self.read = 0  # key rows read before ready
+        self.read_later = 0  # key rows the thread read (an image that did not check out), once done
+        self._jobs: list[tuple[DuplicateDetector, DedupImage, str, list[PutDedupKey]]] = []
+        self._done = threading.Event()
+        self._done.set()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, detector: DuplicateDetector, image: DedupImage, path: str) -> list[PutDedupKey]:
+        """Load ``image`` into ``detector`` on the thread; returns the list for its rows since the mark."""
+        rows: list[PutDedupKey] = []
+        self._jobs.append((detector, image, path, rows))
+        return rows
+
+    def start(self, keys_of: Callable[[str], Iterable[PutDedupKey]], now_us: int) -> None:
+        if not self._jobs:
+            return
+        self._done.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(keys_of, now_us), name="oncebus-dedup-images", daemon=True
+        )
+        for detector, *_ in self._jobs:
+            detector.load_later(self)
+        self._thread.start()
+
+    def _run(self, keys_of: Callable[[str], Iterable[PutDedupKey]], now_us: int) -> None:
+        try:
+            for detector, image, path, rows in self._jobs:
+                self.read_later += _load_image(detector, image, keys_of, path, now_us)
+                for key in rows:  # on top of the image: the keys accepted since its mark
+                    detector.restore(key.key, key.first_accepted_us, now_us)
+            for detector, *_ in self._jobs:
+                detector.load_later(None)
+        except BaseException as exc:  # every use of these indexes says so (their keys are not all there)
+            self._error = exc
+            _LOG.error("the dedup keys could not be loaded: %s", exc)
+        finally:
+            self._jobs = []
+            self._done.set()
+
+    def wait_for_keys(self) -> None:
+        if threading.current_thread() is self._thread:
+            return
+        self._done.wait()
+        if self._error is not None:
+            raise StoreError(f"the duplicate detection keys could not be loaded ({self._error}); restart oncebus")
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    async def loaded(self) -> None:
+        """Wait (on the loop, without holding it) until the thread is done."""
+        while not self._done.is_set():
+            await asyncio.sleep(0.005)
+
+
+def restore(registry: Registry, snapshot: Snapshot, now_us: int, *, messages: bool = True) -> KeyLoader:
     """Fill an empty registry from ``snapshot``: entities, counters, dedup keys still in their window (images,
-    then the rows since their marks), messages (unless ``messages`` is false: then ``restore_messages_in_steps``
-    does it) and session states. Returns how many dedup key rows were read."""
+    then the rows since their marks), messages and session states. With ``messages`` false (``serve``), the
+    messages are left to ``restore_messages_in_steps`` and the images to a ``KeyLoader`` thread (returned; the
+    rows are read here). Its ``read``: how many dedup key rows were read."""
     subscriptions = []
     for record in snapshot.entities:
         if record.kind == "queue":
@@ -65,12 +136,21 @@ def restore(registry: Registry, snapshot: Snapshot, now_us: int, *, messages: bo
             entity.next_sequence_number = counters.next_sequence_number
             entity.counters.update(counters.counters)
     read = 0
+    loader = KeyLoader()
+    later: dict[str, list[PutDedupKey]] = {}
     for path, image in snapshot.dedup_images.items():
         entity = registry.entities.get(path)
         if entity is not None and entity.detector.enabled:
-            read += _load_image(entity.detector, image, snapshot.keys_of, path, now_us)
+            if messages:
+                read += _load_image(entity.detector, image, snapshot.keys_of, path, now_us)
+            else:
+                later[path] = loader.add(entity.detector, image, path)
     for key in snapshot.dedup_keys:  # on top of an image, the keys since its mark (read again: no change)
         read += 1
+        rows = later.get(key.entity)
+        if rows is not None:
+            rows.append(key)  # applied after its image, on the loader's thread
+            continue
         entity = registry.entities.get(key.entity)
         if entity is not None:
             entity.detector.restore(key.key, key.first_accepted_us, now_us)
@@ -81,7 +161,9 @@ def restore(registry: Registry, snapshot: Snapshot, now_us: int, *, messages: bo
         if receivable is not None and state.state is not None:
             receivable.session_states[state.session_id] = state.state
             receivable.session_state_times[state.session_id] = now_us  # not stored: set at the latest by now
-    return read
+    loader.read = read
+    loader.start(snapshot.keys_of, now_us)
+    return loader
 
 
 def _load_image(
@@ -169,12 +251,15 @@ class DedupCheckpoints:
         self.min_seconds = _setting("ONCEBUS_CHECKPOINT_SECONDS", CHECKPOINT_MIN_SECONDS, float, "seconds, 0 or more")
         self._accepted_then: int | None = None  # keys accepted (committed) at the last checkpoint or load
         self._replayed = 0  # rows read at the last load, not in any image
+        self._later: KeyLoader | None = None  # the load's images, if loaded on a thread (rows it read count too)
         self._last = time.monotonic()
 
-    def loaded(self, replayed: int) -> None:
-        """The namespace was (re)loaded, reading ``replayed`` key rows that no image holds."""
+    def loaded(self, replayed: int, later: KeyLoader | None = None) -> None:
+        """The namespace was (re)loaded, reading ``replayed`` key rows that no image holds (and those ``later``
+        reads)."""
         self._accepted_then = None
         self._replayed = replayed
+        self._later = later
         self._last = time.monotonic()
 
     def _accepted(self) -> int:
@@ -187,7 +272,8 @@ class DedupCheckpoints:
         accepted = self._accepted()
         if self._accepted_then is None:
             self._accepted_then = accepted
-        new = accepted - self._accepted_then + self._replayed
+        replayed = self._replayed + (self._later.read_later if self._later is not None else 0)
+        new = accepted - self._accepted_then + replayed
         elapsed = time.monotonic() - self._last
         if new < self.keys or elapsed < self.min_seconds:
             return False
@@ -199,9 +285,12 @@ class DedupCheckpoints:
             return False
         entities = self._registry.entities
         indexes = [(path, e.detector) for path, e in entities.items() if e.detector.enabled]
+        if self._later is not None and not self._later.done:  # a forked child must not wait for the loader
+            self._later.wait_for_keys()
         if not self._start(indexes, now_us):
             return False
         self._accepted_then = self._accepted() if accepted is None else accepted
         self._replayed = 0
+        self._later = None
         self._last = time.monotonic()
         return True

@@ -23,7 +23,7 @@ from array import array
 from collections.abc import Callable
 from datetime import timedelta
 from io import BufferedIOBase
-from typing import BinaryIO, NamedTuple, cast
+from typing import BinaryIO, NamedTuple, Protocol, cast
 
 from oncebus.core.durations import to_micros
 from oncebus.core.keys import (
@@ -426,6 +426,14 @@ class DedupIndex:
         self._next_expiry_us = 0
 
 
+class KeysLoading(Protocol):
+    """Keys being loaded into detectors on a thread of their own (``broker/recovery.KeyLoader``)."""
+
+    def wait_for_keys(self) -> None:
+        """Return once the keys are loaded (at once on the loading thread itself); raise if they cannot be."""
+        ...
+
+
 class DuplicateDetector:
     """The rule for one entity: its settings, its keys and its index.
 
@@ -444,13 +452,29 @@ class DuplicateDetector:
     ) -> None:
         self.enabled = requires_duplicate_detection
         self.partitioned = partitioned
-        self.index = DedupIndex(window, recently_expired_capacity=recently_expired_capacity)
+        self._index = DedupIndex(window, recently_expired_capacity=recently_expired_capacity)
+        self._loading: KeysLoading | None = None
+
+    @property
+    def index(self) -> DedupIndex:
+        """The index; while its keys load on another thread (``load_later``), every other thread's use waits
+        for them, so nothing is judged against part of the keys."""
+        loading = self._loading
+        if loading is not None:
+            loading.wait_for_keys()
+        return self._index
+
+    def load_later(self, loading: KeysLoading | None) -> None:
+        """Its keys are being loaded by ``loading`` (None: they are loaded)."""
+        self._loading = loading
 
     @property
     def window(self) -> timedelta:
-        return self.index.window
+        return self._index.window  # not the keys: no wait for them (an image does not hold the window)
 
     def set_window(self, value: timedelta, now_us: int) -> None:
+        if to_micros(value) == self._index.window_us:  # unchanged (an entity updated, serve's topology applied):
+            return  # nothing to apply to the keys, so no wait for them while they load
         self.index.set_window(value, now_us)
 
     def key_of(self, message_id: MessageId, partition_key: str | None = None, session_id: str | None = None) -> str:

@@ -22,7 +22,7 @@ the broker's loop (copying the page tables: measured 7 ms at 90 MB of memory, 30
 sees the memory as it was at the fork, copy-on-write, as Redis's BGSAVE does), the child writes and fsyncs the
 file and exits. The
 store commits the checkpoint's rows only once every unit submitted before the fork is committed, and only if
-no write failed meanwhile (see ``SqliteStore.checkpoint_dedup``).
+no write failed meanwhile (see ``GroupCommitWriter.checkpoint_dedup`` in ``store/writer.py``).
 
 File layout (little-endian): magic ``ONCEDDUP``, format version (u32), token (16 bytes), entity count
 (u32); per entity: path length (u32), path (UTF-8), image length (u64), image CRC-32 (u32), image.

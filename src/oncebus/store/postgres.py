@@ -1,8 +1,9 @@
 """A store on PostgreSQL for one node (``oncebus serve --store postgresql://...``), with group commit.
 
 The same contract as the SQLite store (``oncebus.store.sqlite``): units submitted by the broker queue up for
-one writer thread, which commits everything queued so far in one transaction, sent in one pipeline (a round
-trip or two per group, not per statement). A unit is never split across transactions, so a send's messages
+one writer thread (the group-commit writer both stores share: ``oncebus.store.writer``), which commits
+everything queued so far in one transaction, sent in one pipeline (a round trip or two per group, not per
+statement). A unit is never split across transactions, so a send's messages
 and their dedup keys land together or not at all; its future resolves once the commit is durable
 (``synchronous_commit`` at least ``local``: the server has flushed its WAL; a session whose setting is ``off``
 is set to ``on``).
@@ -35,16 +36,11 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
-import queue
-import secrets
-import signal
 import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -59,24 +55,18 @@ from oncebus.core.messages import StoredMessage
 from oncebus.store import dedup_images
 from oncebus.store import postgres_layout as layout
 from oncebus.store.base import (
-    SETTLEMENT_SYNC_SECONDS,
     AddCounters,
-    DeleteMessage,
     MessageRow,
-    MoveMessage,
     Op,
     PutDedupKey,
     PutEntity,
     PutSessionState,
     Snapshot,
-    UpdateMessage,
 )
-from oncebus.store.dedup_images import DedupImage, Dumpable
+from oncebus.store.dedup_images import DedupImage
+from oncebus.store.writer import Checkpoint, GroupCommitWriter, Indexes
 
 _LOG = logging.getLogger("oncebus.store")
-_STOP = object()
-_MAX_UNITS_PER_COMMIT = 512
-_SETTLEMENT_OPS = (DeleteMessage, UpdateMessage, MoveMessage, AddCounters)  # what may commit before its flush
 CONNECT_TIMEOUT_SECONDS = 10
 # a server that stops answering (a cut network) fails the call in flight within about 10 s (unacknowledged data)
 # or 25 s (an idle connection: keepalives), rather than TCP's minutes; the URL may set these itself
@@ -92,8 +82,6 @@ _CONNECTION_SETTINGS: dict[str, Any] = {
 NODE_LOCK_WAIT_SECONDS = 3.0  # a node killed a moment ago: its session (and lock) ends when the server notices
 MAX_IMAGE_BYTES = 512 * 2**20  # a larger dedup index image is not stored (the entity is rebuilt from its rows)
 SCHEMA_VERSION = layout.SCHEMA_VERSION
-
-_Unit = tuple[list[Op], Future[None] | None]
 
 
 def display_url(url: str) -> str:
@@ -127,30 +115,16 @@ def _reason(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
-class PostgresStore:
+class PostgresStore(GroupCommitWriter):
+    """The PostgreSQL store: its database's part of the shared group-commit writer (``store/writer.py``)."""
+
     def __init__(self, url: str) -> None:
+        self._init_writer()
         self.url = url
         self.display = display_url(url)
-        self.commits = 0
-        self.units = 0
-        self.failures = 0
+        self.where = self.display
         self.reconnects = 0
-        self.relaxed_commits = 0  # transactions committed without waiting for their flush (settlements only)
-        self.syncs = 0  # small synchronous commits the writer made to flush them (when no durable commit came)
         self.keys_read = 0  # dedup key rows read by load() and keys_of (what a start replayed)
-        self._keep_images: Callable[[], Iterable[tuple[str, Dumpable]]] | None = None
-        self._keep_since_us = 0
-        self._failures_at_load = 0  # a write failed since the broker last loaded: its memory may hold more
-        self._loads = 0  # load() calls so far: a checkpoint forked before a reload holds memory from before it
-        self._checkpointing: _Checkpoint | None = None  # the checkpoint being written, until stored or dropped
-        self._closing = False
-        self._submit_lock = threading.Lock()
-        self._submitted = 0  # units queued so far (under _submit_lock)
-        self._finished = 0  # units of those the writer has committed or failed
-        self._deleted_at: dict[str, int] = {}  # entity -> the number of the last unit that deleted it (writer)
-        self.checkpoints = 0  # dedup checkpoints stored while serving
-        self.checkpoints_dropped = 0  # written but not stored (a write failed, a reload, the child failed)
-        self._unsynced_since: float | None = None  # monotonic time of the first commit not flushed yet
         try:
             self._db: Connection[Any] | None = self._connect()
         except psycopg.Error as exc:
@@ -168,14 +142,9 @@ class PostgresStore:
         self._backend = self._db.info.backend_pid  # the writer connection's server process
         self._old_backend: int | None = None  # the server process of a writer connection that failed
         self._connection_failed = False  # the last transaction failed with its connection
-        self._lock = threading.Lock()  # the writer connection: the writer's transactions, load(), close()
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._reader: Connection[Any] | None = None  # read_messages, on the caller's thread
         self._reader_lock = threading.Lock()
-        # called on the writer thread after each commit with (seconds, units): metrics, see broker/counters.py
-        self.commit_observer: Callable[[float, int], None] | None = None
-        self._writer = threading.Thread(target=self._write_loop, name="oncebus-postgres-writer", daemon=True)
-        self._writer.start()
+        self._start_writer("oncebus-postgres-writer")
 
     # ------------------------------------------------------------------ connections and schema
     def _connect(self, *, autocommit: bool = True) -> Connection[Any]:
@@ -320,8 +289,7 @@ class PostgresStore:
     # ------------------------------------------------------------------ reading
     def load(self) -> Snapshot:
         with self._lock:
-            self._failures_at_load = self.failures
-            self._loads += 1
+            self._note_load()
             try:
                 return self._load()
             except psycopg.Error as exc:
@@ -365,129 +333,6 @@ class PostgresStore:
             where = Path(f"{self.display}#oncebus_dedup_image/{entity}")  # named in the broker's warnings
             found[entity] = _DatabaseImage(where, 0, len(data), crc, since, data)
         return found
-
-    def keep_dedup_images(self, indexes: Callable[[], Iterable[tuple[str, Dumpable]]], since_us: int) -> None:
-        """At ``close``, once every unit is committed, store images of ``indexes()`` (holding every key first
-        accepted before ``since_us``) in ``oncebus_dedup_image``, in place of the previous ones, for the next
-        start to read in bulk; unless a write failed since the last ``load`` (memory may then hold a key the
-        store does not: the previous images stay). As the SQLite store's, at a clean stop only: a start after a
-        crash reads the images of the last clean stop and the keys accepted since."""
-        self._keep_images = indexes
-        self._keep_since_us = since_us
-
-    def _save_images(self) -> None:
-        keep, self._keep_images = self._keep_images, None
-        if keep is None or self.failures != self._failures_at_load or not self._queue.empty():
-            return
-        rows = []
-        for entity, index in keep():
-            buffer = io.BytesIO()
-            index.dump(buffer)
-            data = buffer.getvalue()
-            if len(data) <= MAX_IMAGE_BYTES:  # larger: rebuilt from its rows (a bytea holds at most 1 GB)
-                rows.append((entity, data, zlib.crc32(data), self._keep_since_us))
-        try:
-            db = self._writer_connection()
-            with db.transaction():
-                db.execute("DELETE FROM oncebus_dedup_image")
-                db.cursor().executemany(
-                    "INSERT INTO oncebus_dedup_image (entity, image, crc, since_us) VALUES (%s, %s, %s, %s)", rows
-                )
-        except (psycopg.Error, StoreWriteError) as exc:  # the rows stay the truth; the next start reads them
-            _LOG.warning("could not store the dedup index images in %s: %s", self.display, _reason(exc))
-
-    def checkpoint_dedup(self, indexes: Iterable[tuple[str, Dumpable]], since_us: int) -> bool:
-        """Start a checkpoint of the dedup ``indexes`` as they are now, marked ``since_us`` (see
-        ``SqliteStore.checkpoint_dedup``: call it on the thread that judges and submits, between two steps).
-
-        A forked child writes the images to a temporary file (the fork is the caller's only pause); once it has,
-        the checkpoint goes through the writer's queue, behind every unit submitted before the fork, and the
-        writer stores the images in ``oncebus_dedup_image`` in place of the previous ones, only if none of those
-        units failed and the store was not reloaded meanwhile (else they are dropped and the previous images
-        stay). An entity deleted by a unit submitted after the fork is left out. Returns False (nothing started)
-        while one is being written, while closing, or where processes cannot fork."""
-        if self._checkpointing is not None or self._closing or not hasattr(os, "fork"):
-            return False
-        entries = list(indexes)
-        if not entries:
-            return False
-        with self._submit_lock:
-            submitted = self._submitted
-        path = dedup_images.new_image_path(Path(tempfile.gettempdir()) / "oncebus-postgres")
-        token = secrets.token_bytes(16)
-        try:
-            pid = dedup_images.fork_write(path, token, entries)
-        except OSError as exc:  # out of memory or processes: the next one tries again
-            _LOG.warning("could not start a dedup checkpoint: %s", exc)
-            return False
-        checkpoint = _Checkpoint(path, token, {name: since_us for name, _ in entries}, submitted, self._loads, pid)
-        checkpoint.waiter = threading.Thread(
-            target=self._await_checkpoint, args=(checkpoint,), name="oncebus-dedup-checkpoint", daemon=True
-        )
-        self._checkpointing = checkpoint
-        checkpoint.waiter.start()
-        return True
-
-    def wait_checkpoint(self, timeout: float | None = None) -> bool:
-        """Wait until no checkpoint is being written (stored or dropped); False if one still is."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._checkpointing is not None:
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
-        return True
-
-    def _await_checkpoint(self, checkpoint: _Checkpoint) -> None:
-        """On a thread of its own: wait for the child, then queue the checkpoint behind the units before it."""
-        try:
-            _, status = os.waitpid(checkpoint.pid, 0)
-        except ChildProcessError:  # reaped by someone else: unknown
-            status = -1
-        if status == 0 and not checkpoint.cancelled:
-            self._queue.put(checkpoint)
-            return
-        if not checkpoint.cancelled:
-            _LOG.warning("the dedup checkpoint's child process failed (status %s); the next one tries again", status)
-        self._drop_checkpoint(checkpoint)
-
-    def _drop_checkpoint(self, checkpoint: _Checkpoint) -> None:
-        dedup_images.discard(checkpoint.path)
-        dedup_images.discard(checkpoint.path.with_name(checkpoint.path.name + dedup_images.TMP_SUFFIX))
-        self.checkpoints_dropped += 1
-        self._checkpointing = None
-
-    def _commit_checkpoint(self, checkpoint: _Checkpoint) -> None:
-        """On the writer, under the lock; every unit submitted before the fork committed or failed by now."""
-        if self.failures != self._failures_at_load or self._loads != checkpoint.loads:
-            self._drop_checkpoint(checkpoint)  # memory may have held a key the store does not
-            return
-        try:
-            # the file fork_write wrote (dedup_images' format): each entity's image, its length and CRC-32
-            images = dedup_images._read_directory(checkpoint.path, checkpoint.token)
-            rows = []
-            for entity, since in checkpoint.marks.items():
-                image = images.get(entity)
-                if image is None or self._deleted_at.get(entity, 0) > checkpoint.submitted:
-                    continue
-                if image.length > MAX_IMAGE_BYTES:
-                    continue
-                with image.open() as file:
-                    data = file.read(image.length)
-                rows.append((entity, data, image.crc, since))
-            db = self._writer_connection()
-            with db.transaction():
-                db.execute("DELETE FROM oncebus_dedup_image")
-                db.cursor().executemany(
-                    "INSERT INTO oncebus_dedup_image (entity, image, crc, since_us) VALUES (%s, %s, %s, %s)", rows
-                )
-        except (OSError, ValueError, psycopg.Error, StoreWriteError) as exc:  # the previous images stay
-            _LOG.warning("could not store a dedup checkpoint in %s: %s", self.display, _reason(exc))
-            self._drop_checkpoint(checkpoint)
-            return
-        self._unsynced_since = None  # its synchronous commit flushed every transaction before it
-        self.checkpoints += 1
-        dedup_images.discard(checkpoint.path)
-        self._checkpointing = None
 
     def _key(self, row: tuple[Any, ...]) -> PutDedupKey:
         self.keys_read += 1
@@ -550,113 +395,10 @@ class PostgresStore:
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ writing
-    def submit(self, unit: Sequence[Op], *, durable: bool = True) -> Future[None]:
-        future: Future[None] = Future()
-        if not durable and not all(isinstance(op, _SETTLEMENT_OPS) for op in unit):
-            durable = True  # what stores a message, a key or a definition waits for its flush, whatever was asked
-        with self._submit_lock:
-            self._submitted += 1
-            self._queue.put((list(unit), future, durable))
-        return future
 
-    def _write_loop(self) -> None:
-        while True:
-            timeout = None
-            if self._unsynced_since is not None:  # wake to flush them in time
-                timeout = max(self._unsynced_since + SETTLEMENT_SYNC_SECONDS - time.monotonic(), 0.0)
-            try:
-                item = self._queue.get(timeout=timeout)
-            except queue.Empty:
-                with self._lock:
-                    self._sync_if_due()
-                continue
-            if item is _STOP:
-                return
-            if isinstance(item, _Checkpoint):
-                with self._lock:
-                    self._commit_checkpoint(item)
-                continue
-            group = [item]
-            stop = False
-            checkpoint: _Checkpoint | None = None  # after this group (it must not overtake it)
-            while len(group) < _MAX_UNITS_PER_COMMIT:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is _STOP:
-                    stop = True
-                    break
-                if isinstance(more, _Checkpoint):
-                    checkpoint = more
-                    break
-                group.append(more)
-            with self._lock:
-                try:
-                    self._commit_group(group)  # type: ignore[arg-type]
-                finally:
-                    self._finished += len(group)
-                    for path in self._ops.take_deleted():  # a deletion tried counts, landed or not
-                        self._deleted_at[path] = self._finished
-                if checkpoint is not None:
-                    self._commit_checkpoint(checkpoint)
-                self._sync_if_due()
-            if stop:
-                return
-
-    def _sync_if_due(self) -> None:
-        if self._unsynced_since is not None and time.monotonic() >= self._unsynced_since + SETTLEMENT_SYNC_SECONDS:
-            try:
-                self._sync()
-            except (psycopg.Error, StoreWriteError) as exc:  # tried again; a durable commit flushes them anyway
-                _LOG.debug("store sync failed: %s", exc)
-                if self._unsynced_since is not None:
-                    self._unsynced_since = time.monotonic()  # not before SETTLEMENT_SYNC_SECONDS: no busy loop
-
-    def _sync(self) -> None:
-        """Make every committed transaction power-safe: a synchronous commit that writes a commit record (it takes
-        a transaction id), so the server flushes its WAL up to it, and with it every commit before it."""
-        db = self._writer_connection()
-        with db.transaction():
-            db.execute("SELECT txid_current()")
-        self.syncs += 1
-        self._unsynced_since = None
-
-    def _commit_group(self, group: list[tuple[list[Op], Future[None], bool]]) -> None:
-        # a unit whose waiter was cancelled is still written: the broker's memory already has it
-        units: list[_Unit] = [
-            (unit, future if future.set_running_or_notify_cancel() else None) for unit, future, _ in group
-        ]
-        durable = [d for _, _, d in group]
-        self.units += len(units)
-        started = time.perf_counter()
-        try:
-            self._transaction([op for unit, _ in units for op in unit], any(durable))
-        except Exception as exc:
-            if len(units) == 1 or not _worth_retrying(exc, self._db):
-                self._fail(units, exc)
-                return
-            # nothing of the group is stored; one unit's failure must not fail the others: each on its own
-            for (unit, future), unit_durable in zip(units, durable, strict=True):
-                try:
-                    self._transaction(unit, unit_durable)
-                except Exception as unit_exc:
-                    self._fail([(unit, future)], unit_exc)
-                else:
-                    if future is not None:
-                        future.set_result(None)
-            return
-        if self.commit_observer is not None and any(unit for unit, _ in units):
-            self.commit_observer(time.perf_counter() - started, len(units))
-        for _, future in units:
-            if future is not None:
-                future.set_result(None)
-
-    def _transaction(self, ops: list[Op], durable: bool = True) -> None:
+    def _apply(self, ops: list[Op], durable: bool) -> None:
         """Apply ``ops`` in one transaction, all or nothing; flushed by the server before it returns if
         ``durable``."""
-        if not ops:
-            return
         self._connection_failed = False
         db = self._writer_connection()
         try:
@@ -678,26 +420,12 @@ class PostgresStore:
                 self._connection_failed = True
                 self._drop_connection()
             raise
-        self.commits += 1
-        if durable:  # its flush carried every transaction committed before it
-            self._unsynced_since = None
-        else:
-            self.relaxed_commits += 1
-            if self._unsynced_since is None:
-                self._unsynced_since = time.monotonic()
 
     def _script_cursor(self, db: Connection[Any]) -> psycopg.ClientCursor[Any]:
         """A cursor of ``db`` that quotes values on the client (for ``settlement_script``)."""
         if self._quoting is None or self._quoting.connection is not db:
             self._quoting = psycopg.ClientCursor(db)
         return self._quoting
-
-    def _fail(self, units: list[_Unit], exc: BaseException) -> None:
-        self.failures += 1
-        error = exc if isinstance(exc, StoreWriteError) else self._write_error(exc)
-        for _, future in units:
-            if future is not None:
-                future.set_exception(error)
 
     def _write_error(self, exc: BaseException) -> StoreWriteError:
         db = self._db
@@ -711,45 +439,67 @@ class PostgresStore:
             "oncebus tries again with the next call"
         )
 
-    def close(self) -> None:
-        self._closing = True
-        checkpoint = self._checkpointing
-        if checkpoint is not None and checkpoint.waiter is not None:  # a clean stop stores newer images anyway
-            checkpoint.cancelled = True
-            try:
-                os.kill(checkpoint.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            checkpoint.waiter.join()
-        if self._writer.is_alive():
-            self._queue.put(_STOP)
-            self._writer.join()
-        with self._lock:
-            if self._unsynced_since is not None:
-                try:
-                    self._sync()
-                except (psycopg.Error, StoreWriteError) as exc:
-                    _LOG.warning("could not flush the last settlements to %s on close: %s", self.display, exc)
-            self._save_images()
-            if self._db is not None:
-                self._db.close()
+    # ------------------------------------------------------------------ the writer's hooks (store/writer.py)
+    def _reason(self, exc: BaseException) -> str:
+        return _reason(exc)
+
+    def _retry_each(self, exc: BaseException) -> bool:
+        return _worth_retrying(exc, self._db)
+
+    def _take_deleted(self) -> list[str]:
+        return self._ops.take_deleted()
+
+    def _make_durable(self) -> None:
+        """Make every committed transaction power-safe: a synchronous commit that writes a commit record (it takes
+        a transaction id), so the server flushes its WAL up to it, and with it every commit before it."""
+        db = self._writer_connection()
+        with db.transaction():
+            db.execute("SELECT txid_current()")
+
+    def _new_image_path(self) -> Path:
+        return dedup_images.new_image_path(Path(tempfile.gettempdir()) / "oncebus-postgres")
+
+    def _store_checkpoint(self, checkpoint: Checkpoint, marks: dict[str, int]) -> None:
+        # the file fork_write wrote (dedup_images' format): each entity's image, its length and CRC-32
+        images = dedup_images._read_directory(checkpoint.path, checkpoint.token)
+        rows = []
+        for entity, since in marks.items():
+            image = images.get(entity)
+            if image is None or image.length > MAX_IMAGE_BYTES:
+                continue
+            with image.open() as file:
+                data = file.read(image.length)
+            rows.append((entity, data, image.crc, since))
+        self._replace_images(rows)
+
+    def _checkpoint_stored(self, checkpoint: Checkpoint) -> None:
+        dedup_images.discard(checkpoint.path)
+
+    def _write_images(self, indexes: Indexes, since_us: int) -> None:
+        rows = []
+        for entity, index in indexes:
+            buffer = io.BytesIO()
+            index.dump(buffer)
+            data = buffer.getvalue()
+            if len(data) <= MAX_IMAGE_BYTES:  # larger: rebuilt from its rows (a bytea holds at most 1 GB)
+                rows.append((entity, data, zlib.crc32(data), since_us))
+        self._replace_images(rows)
+
+    def _replace_images(self, rows: list[tuple[str, bytes, int, int]]) -> None:
+        """Store ``rows`` (entity, image, CRC-32, mark) in place of every image stored before, durably."""
+        db = self._writer_connection()
+        with db.transaction():
+            db.execute("DELETE FROM oncebus_dedup_image")
+            db.cursor().executemany(
+                "INSERT INTO oncebus_dedup_image (entity, image, crc, since_us) VALUES (%s, %s, %s, %s)", rows
+            )
+
+    def _close_connections(self) -> None:
+        if self._db is not None:
+            self._db.close()
         with self._reader_lock:
             if self._reader is not None:
                 self._reader.close()
-
-
-@dataclass(slots=True)
-class _Checkpoint:
-    """A dedup checkpoint being written by a forked child (see ``PostgresStore.checkpoint_dedup``)."""
-
-    path: Path
-    token: bytes
-    marks: dict[str, int]  # entity -> since_us
-    submitted: int  # units submitted before the fork: the image holds their keys, and no later unit's
-    loads: int  # the store's loads before the fork: a reload since means memory was rebuilt
-    pid: int
-    waiter: threading.Thread | None = None
-    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)

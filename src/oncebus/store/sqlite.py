@@ -1,8 +1,9 @@
 """The embedded default store: one SQLite file in WAL mode, with group commit.
 
-Units submitted by the broker queue up for a single writer thread, which
-commits everything queued so far in one transaction (``synchronous=FULL``: a
-unit is durable when its future resolves). A unit is never split across
+Units submitted by the broker queue up for a single writer thread (the
+group-commit writer both stores share: ``oncebus.store.writer``; this module
+gives it SQLite's part), which commits everything queued so far in one
+transaction (``synchronous=FULL``: a unit is durable when its future resolves). A unit is never split across
 transactions, so a send's messages and their dedup keys land together or not
 at all.
 
@@ -35,16 +36,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
-import secrets
-import signal
 import sqlite3
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from oncebus.core.errors import StoreError, StoreWriteError
@@ -52,48 +46,21 @@ from oncebus.core.messages import StoredMessage
 from oncebus.store import dedup_images
 from oncebus.store import sqlite_layout as layout
 from oncebus.store.base import (
-    SETTLEMENT_SYNC_SECONDS,
     AddCounters,
-    DeleteMessage,
     MessageRow,
-    MoveMessage,
     Op,
     PutDedupKey,
     PutEntity,
     PutSessionState,
     Snapshot,
-    UpdateMessage,
 )
 from oncebus.store.sqlite_apply import OpWriter
 from oncebus.store.sqlite_layout import SCHEMA_VERSION
+from oncebus.store.writer import SETTLEMENT_OPS, Checkpoint, GroupCommitWriter, Indexes
 
 _LOG = logging.getLogger("oncebus.store")
 IDLE_CHECK_SECONDS = 1.0
-_STOP = object()
-_WAKE = object()  # the writer recomputes when to sync (a settlement was committed on another thread)
 AUTOCHECKPOINT_PAGES = 1000  # SQLite's default: the writer's commits checkpoint the WAL past this many pages
-
-
-_MAX_UNITS_PER_COMMIT = 512
-
-
-@dataclass(slots=True)
-class _Checkpoint:
-    """A dedup checkpoint being written by a forked child (see ``SqliteStore.checkpoint_dedup``)."""
-
-    path: Path
-    token: bytes
-    marks: dict[str, int]  # entity -> since_us
-    submitted: int  # units submitted before the fork: the image holds their keys, and no later unit's
-    loads: int  # the store's loads before the fork: a reload since means memory was rebuilt
-    pid: int
-    started: float  # monotonic
-    pause_seconds: float  # how long the fork held the caller (the broker's loop)
-    waiter: threading.Thread | None = None
-    cancelled: bool = False
-
-
-_SETTLEMENT_OPS = (DeleteMessage, UpdateMessage, MoveMessage, AddCounters)  # what may commit before its fsync
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -110,21 +77,17 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-class SqliteStore:
+class SqliteStore(GroupCommitWriter):
+    """The SQLite store: its database's part of the shared group-commit writer (``store/writer.py``)."""
+
+    idle_seconds = IDLE_CHECK_SECONDS  # the writer checks the files are still there this often when idle
+
     def __init__(self, path: str | Path) -> None:
+        self._init_writer()
         self.path = Path(path)
+        self.where = str(self.path)
         self.wal_path = self.path.with_name(self.path.name + "-wal")
-        self._keep_images: Callable[[], Iterable[tuple[str, dedup_images.Dumpable]]] | None = None
-        self._keep_since_us = 0
-        self._loads = 0  # load() calls so far: a checkpoint forked before a reload holds memory from before it
-        self._checkpointing: _Checkpoint | None = None  # the checkpoint being written, until committed or dropped
-        self._deleted_at: dict[str, int] = {}  # entity -> the number of the last unit that deleted it (writer)
-        self._closing = False
-        self.checkpoints = 0  # dedup checkpoints committed while serving
-        self.checkpoints_dropped = 0  # written but not committed (a write failed, a reload, the child failed)
-        self.checkpoint_pauses: deque[float] = deque(maxlen=100)  # seconds the last forks held the caller
         self.keys_read = 0  # dedup key rows read by load() and keys_of (what a restart replayed)
-        self._failures_at_load = 0  # a write failed since the broker last loaded: its memory may hold more
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = self._connect()
@@ -143,29 +106,15 @@ class SqliteStore:
             _LOG.warning("could not remove stale dedup index images next to %s: %s", self.path, _reason(exc))
         self._db_identity = _identity(self.path)
         self._wal_identity = _identity(self.wal_path)
-        self._lock = threading.Lock()  # the connection: the writer's transactions, load(), close()
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self.commits = 0
-        self.units = 0
-        self.failures = 0
         self.recreated = 0
-        self.relaxed_commits = 0  # transactions committed without their own fsync (settlements only)
-        self.syncs = 0  # fsyncs of the WAL the writer made for them (when no durable commit came first)
         self._synchronous = "FULL"  # the writer connection's setting now (PRAGMA synchronous)
-        self._unsynced_since: float | None = None  # monotonic time of the first commit not fsynced yet
         self.direct_commits = 0  # settlements committed on the caller's thread (``commit_now``)
         self._autocheckpoint = AUTOCHECKPOINT_PAGES  # the writer connection's wal_autocheckpoint now
         self._checkpoint_due = False  # direct commits (which never checkpoint) since the writer's last checkpoint
-        self._submit_lock = threading.Lock()
-        self._submitted = 0  # units queued so far (under _submit_lock)
-        self._finished = 0  # units of those the writer has committed or failed (under _lock)
         self._ops = OpWriter(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM content").fetchone()[0])
         self._reader: sqlite3.Connection | None = None  # the caller's thread reads message content on its own
         self._reader_generation = -1
-        # called on the writer thread after each commit with (seconds, units): metrics, see broker/counters.py
-        self.commit_observer: Callable[[float, int], None] | None = None
-        self._writer = threading.Thread(target=self._write_loop, name="oncebus-sqlite-writer", daemon=True)
-        self._writer.start()
+        self._start_writer("oncebus-sqlite-writer")
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -215,8 +164,7 @@ class SqliteStore:
 
     def load(self) -> Snapshot:
         with self._lock:
-            self._failures_at_load = self.failures
-            self._loads += 1
+            self._note_load()
             try:
                 return self._load()
             except (sqlite3.Error, ValueError, TypeError, KeyError) as exc:
@@ -344,63 +292,6 @@ class SqliteStore:
         finally:
             db.close()
 
-    def keep_dedup_images(
-        self, indexes: Callable[[], Iterable[tuple[str, dedup_images.Dumpable]]], since_us: int
-    ) -> None:
-        """At ``close``, once every unit is committed, write images of ``indexes()`` (holding every key first
-        accepted before ``since_us``) as the checkpoint the next start reads, unless a write failed since the last
-        ``load`` (the broker's memory may then hold a key the store does not, even if it has not heard of the
-        failure yet: the committed checkpoint, if any, stays); see ``dedup_images``."""
-        self._keep_images = indexes
-        self._keep_since_us = since_us
-
-    def checkpoint_dedup(self, indexes: Iterable[tuple[str, dedup_images.Dumpable]], since_us: int) -> bool:
-        """Start a checkpoint of the dedup ``indexes`` as they are now, marked ``since_us``; call it on the thread
-        that judges and submits (the broker's loop), between two of its steps, so the indexes hold exactly the keys
-        of the units submitted so far, each first accepted at or before ``since_us``.
-
-        A forked child writes the images (the fork is the caller's only pause); once it has, the checkpoint goes
-        through the writer's queue, behind every unit submitted before the fork, and is committed in place of
-        the previous one only if none of them failed and the store was not reloaded meanwhile (else the images
-        are dropped and the previous checkpoint stays). An entity deleted by a unit submitted after the fork is
-        left out (its keys are gone from the rows; the same name may be a new queue by then). Returns False
-        (nothing started) while one is being written, while closing, or where processes cannot fork.
-        """
-        if self._checkpointing is not None or self._closing or not hasattr(os, "fork"):
-            return False
-        entries = list(indexes)
-        if not entries:
-            return False
-        with self._submit_lock:
-            submitted = self._submitted
-        path = dedup_images.new_image_path(self.path)
-        token = secrets.token_bytes(16)
-        started = time.perf_counter()
-        try:
-            pid = dedup_images.fork_write(path, token, entries)
-        except OSError as exc:  # out of memory or processes: the next one tries again
-            _LOG.warning("could not start a dedup checkpoint: %s", exc)
-            return False
-        pause = time.perf_counter() - started
-        self.checkpoint_pauses.append(pause)
-        marks = {name: since_us for name, _ in entries}
-        checkpoint = _Checkpoint(path, token, marks, submitted, self._loads, pid, time.monotonic(), pause)
-        checkpoint.waiter = threading.Thread(
-            target=self._await_checkpoint, args=(checkpoint,), name="oncebus-dedup-checkpoint", daemon=True
-        )
-        self._checkpointing = checkpoint
-        checkpoint.waiter.start()
-        return True
-
-    def wait_checkpoint(self, timeout: float | None = None) -> bool:
-        """Wait until no checkpoint is being written (committed or dropped); False if one still is."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._checkpointing is not None:
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
-        return True
-
     def checkpoint_files(self) -> list[Path]:
         """The image files the committed checkpoint names (read on a connection of its own: also once closed)."""
         db = sqlite3.connect(self.path)
@@ -409,77 +300,6 @@ class SqliteStore:
         finally:
             db.close()
         return [self.path.with_name(name) for (name,) in rows]
-
-    def _await_checkpoint(self, checkpoint: _Checkpoint) -> None:
-        """On a thread of its own: wait for the child, then queue the checkpoint behind the units before it."""
-        try:
-            _, status = os.waitpid(checkpoint.pid, 0)
-        except ChildProcessError:  # reaped by someone else (a child watcher waiting for any child): unknown
-            status = -1
-        if status == 0 and not checkpoint.cancelled:
-            self._queue.put(checkpoint)
-            return
-        if not checkpoint.cancelled:
-            _LOG.warning("the dedup checkpoint's child process failed (status %s); the next one tries again", status)
-        self._drop_checkpoint(checkpoint)
-
-    def _drop_checkpoint(self, checkpoint: _Checkpoint) -> None:
-        dedup_images.discard(checkpoint.path)
-        dedup_images.discard(checkpoint.path.with_name(checkpoint.path.name + dedup_images.TMP_SUFFIX))
-        self.checkpoints_dropped += 1
-        self._checkpointing = None
-
-    def _commit_checkpoint(self, checkpoint: _Checkpoint) -> None:
-        """On the writer, under the lock, every unit submitted before the fork committed or failed by now."""
-        if self.failures != self._failures_at_load or self._loads != checkpoint.loads:
-            self._drop_checkpoint(checkpoint)  # memory may have held a key the store does not
-            return
-        marks = {
-            entity: since
-            for entity, since in checkpoint.marks.items()
-            if self._deleted_at.get(entity, 0) <= checkpoint.submitted
-        }
-        db = self._db
-        try:
-            self._check_files()
-            if self._synchronous != "FULL":
-                db.execute("PRAGMA synchronous=FULL")
-                self._synchronous = "FULL"
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                dedup_images.commit(db, checkpoint.path, checkpoint.token, marks)
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
-        except Exception as exc:  # the previous checkpoint stays; the next one tries again
-            _LOG.warning("could not commit a dedup checkpoint to %s: %s", self.path, _reason(exc))
-            self._drop_checkpoint(checkpoint)
-            return
-        self._unsynced_since = None  # its fsync carried every transaction before it
-        self.checkpoints += 1
-        _LOG.info(
-            "dedup checkpoint committed: %s (%.0f MB) written in %.2f s; the fork paused the loop %.1f ms",
-            checkpoint.path.name,
-            _size_mb(checkpoint.path),
-            time.monotonic() - checkpoint.started,
-            checkpoint.pause_seconds * 1000,
-        )
-        self._checkpointing = None
-        try:
-            dedup_images.remove_unreferenced(db, self.path)
-        except (OSError, sqlite3.Error) as exc:
-            _LOG.debug("could not remove replaced dedup index images: %s", exc)
-
-    def submit(self, unit: Sequence[Op], *, durable: bool = True) -> Future[None]:
-        future: Future[None] = Future()
-        if not durable and not all(isinstance(op, _SETTLEMENT_OPS) for op in unit):
-            durable = True  # what stores a message, a key or a definition waits for its fsync, whatever was asked
-        with self._submit_lock:
-            self._submitted += 1
-            self._queue.put((list(unit), future, durable))
-        return future
 
     def commit_now(self, unit: Sequence[Op]) -> bool:
         """Commit a settlement unit on the caller's thread, as ``submit(unit, durable=False)`` would, when that
@@ -490,7 +310,7 @@ class SqliteStore:
         tried), nor for a disk (no fsync: the writer syncs within ``SETTLEMENT_SYNC_SECONDS``, and checkpoints,
         which a commit here never does).
         """
-        if not unit or not all(isinstance(op, _SETTLEMENT_OPS) for op in unit):
+        if not unit or not all(isinstance(op, SETTLEMENT_OPS) for op in unit):
             return False
         if not self._lock.acquire(blocking=False):
             return False
@@ -517,71 +337,10 @@ class SqliteStore:
         finally:
             self._lock.release()
         if wake:
-            self._queue.put(_WAKE)
+            self._wake_writer()
         return True
 
-    def _write_loop(self) -> None:
-        while True:
-            timeout = IDLE_CHECK_SECONDS
-            if self._unsynced_since is not None:  # wake to sync them in time
-                timeout = max(self._unsynced_since + SETTLEMENT_SYNC_SECONDS - time.monotonic(), 0.0)
-            try:
-                item = self._queue.get(timeout=timeout)
-            except queue.Empty:
-                with self._lock:
-                    try:
-                        self._check_files()
-                        self._sync_if_due()
-                    except Exception as exc:  # reported again, to a caller, on the next commit
-                        _LOG.debug("store file check failed: %s", exc)
-                continue
-            if item is _STOP:
-                return
-            if item is _WAKE:
-                continue
-            if isinstance(item, _Checkpoint):
-                with self._lock:
-                    self._commit_checkpoint(item)
-                continue
-            group = [item]
-            stop = False
-            checkpoint: _Checkpoint | None = None  # after this group (it must not overtake it)
-            while len(group) < _MAX_UNITS_PER_COMMIT:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is _STOP:
-                    stop = True
-                    break
-                if isinstance(more, _Checkpoint):
-                    checkpoint = more
-                    break
-                if more is not _WAKE:
-                    group.append(more)
-            with self._lock:
-                if self._autocheckpoint != AUTOCHECKPOINT_PAGES:
-                    self._db.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
-                    self._autocheckpoint = AUTOCHECKPOINT_PAGES
-                    self._checkpoint_due = False  # its commit checkpoints if the WAL is past the limit
-                try:
-                    self._commit(group)  # type: ignore[arg-type]
-                finally:
-                    self._finished += len(group)
-                if checkpoint is not None:
-                    self._commit_checkpoint(checkpoint)
-                try:
-                    self._sync_if_due()
-                except OSError as exc:  # tried again; the next durable commit syncs them anyway
-                    _LOG.debug("store sync failed: %s", exc)
-            if stop:
-                return
-
-    def _sync_if_due(self) -> None:
-        if self._unsynced_since is not None and time.monotonic() >= self._unsynced_since + SETTLEMENT_SYNC_SECONDS:
-            self._sync()
-
-    def _sync(self) -> None:
+    def _make_durable(self) -> None:
         """Make every committed transaction power-safe: fsync the WAL (what a ``synchronous=FULL`` commit does)
         and its directory (the WAL may have been created by a commit that did not sync). After commits made by
         ``commit_now`` (which never checkpoint), checkpoint first, so the WAL stays bounded."""
@@ -600,58 +359,9 @@ class SqliteStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        self.syncs += 1
-        self._unsynced_since = None
 
-    def _commit(self, group: list[tuple[list[Op], Future[None], bool]]) -> None:
-        try:
-            self._commit_group(group)
-        finally:  # units are numbered in the order they were submitted; a deletion tried counts, landed or not
-            for path in self._ops.take_deleted():
-                self._deleted_at[path] = self._finished + len(group)
-
-    def _commit_group(self, group: list[tuple[list[Op], Future[None], bool]]) -> None:
-        # a unit whose waiter was cancelled is still written: the broker's memory already has it
-        units = [(unit, future if future.set_running_or_notify_cancel() else None) for unit, future, _ in group]
-        durable = [d for _, _, d in group]
-        self.units += len(units)
-        try:
-            self._check_files()
-        except Exception as exc:  # the file is gone or not ours: nothing written now would last
-            if not isinstance(exc, StoreWriteError):
-                exc = StoreWriteError(
-                    f"could not write to {self.path}: the file was deleted while oncebus ran and could not be "
-                    f"recreated ({_reason(exc)}); nothing of this call was stored"
-                )
-            self._fail(units, exc)
-            return
-        started = time.perf_counter()
-        try:
-            self._transaction([op for unit, _ in units for op in unit], any(durable))
-        except Exception as exc:
-            if len(units) == 1:
-                self._fail(units, exc)
-                return
-            # nothing of the group is stored; one unit's failure must not fail the others: each on its own
-            for (unit, future), unit_durable in zip(units, durable, strict=True):
-                try:
-                    self._transaction(unit, unit_durable)
-                except Exception as unit_exc:
-                    self._fail([(unit, future)], unit_exc)
-                else:
-                    if future is not None:
-                        future.set_result(None)
-            return
-        if self.commit_observer is not None and any(unit for unit, _ in units):
-            self.commit_observer(time.perf_counter() - started, len(units))
-        for _, future in units:
-            if future is not None:
-                future.set_result(None)
-
-    def _transaction(self, ops: list[Op], durable: bool = True) -> None:
+    def _apply(self, ops: list[Op], durable: bool) -> None:
         """Apply ``ops`` in one transaction, all or nothing; fsynced before it returns if ``durable``."""
-        if not ops:
-            return
         db = self._db
         synchronous = "FULL" if durable else "NORMAL"
         if synchronous != self._synchronous:  # only between transactions: it applies from the next commit on
@@ -665,22 +375,8 @@ class SqliteStore:
             if db.in_transaction:  # SQLite has already rolled back after some errors (disk full)
                 db.execute("ROLLBACK")
             raise
-        self.commits += 1
-        if durable:  # its fsync of the WAL carried every transaction committed before it
-            self._unsynced_since = None
-        else:
-            self.relaxed_commits += 1
-            if self._unsynced_since is None:
-                self._unsynced_since = time.monotonic()
         if self._wal_identity is None:
             self._wal_identity = _identity(self.wal_path)
-
-    def _fail(self, units: list[tuple[list[Op], Future[None] | None]], exc: BaseException) -> None:
-        self.failures += 1
-        error = exc if isinstance(exc, StoreWriteError) else _write_error(self.path, exc)
-        for _, future in units:
-            if future is not None:
-                future.set_exception(error)
 
     def _check_files(self) -> None:
         """Recreate the database file if it (or its WAL) was deleted under the open connection.
@@ -732,43 +428,72 @@ class SqliteStore:
             self.path,
         )
 
-    def close(self) -> None:
-        self._closing = True
-        checkpoint = self._checkpointing
-        if checkpoint is not None and checkpoint.waiter is not None:  # a clean stop writes a newer one anyway
-            checkpoint.cancelled = True
-            try:
-                os.kill(checkpoint.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            checkpoint.waiter.join()
-        if self._writer.is_alive():
-            self._queue.put(_STOP)
-            self._writer.join()
-        with self._lock:
-            if self._unsynced_since is not None:
-                try:
-                    self._sync()
-                except OSError as exc:
-                    _LOG.warning("could not sync %s on close: %s", self.wal_path, exc)
-            self._save_images()
-            self._db.close()
-            if self._reader is not None:
-                self._reader.close()
+    # ------------------------------------------------------------------ the writer's hooks (store/writer.py)
+    def _reason(self, exc: BaseException) -> str:
+        return _reason(exc)
 
-    def _save_images(self) -> None:
-        keep, self._keep_images = self._keep_images, None
+    def _write_error(self, exc: BaseException) -> StoreWriteError:
+        return _write_error(self.path, exc)
+
+    def _before_group(self) -> None:
+        if self._autocheckpoint != AUTOCHECKPOINT_PAGES:
+            self._db.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
+            self._autocheckpoint = AUTOCHECKPOINT_PAGES
+            self._checkpoint_due = False  # its commit checkpoints if the WAL is past the limit
         try:
-            if keep is None:
-                return
-            if self.failures == self._failures_at_load and self._writer_clean():
-                dedup_images.save(self._db, self.path, keep(), self._keep_since_us)
-        except (OSError, sqlite3.Error) as exc:  # the committed checkpoint stays (or the rows, without one)
-            _LOG.warning("could not write the dedup index images next to %s: %s", self.path, _reason(exc))
+            self._check_files()
+        except StoreWriteError:
+            raise
+        except Exception as exc:  # the file is gone or not ours: nothing written now would last
+            raise StoreWriteError(
+                f"could not write to {self.path}: the file was deleted while oncebus ran and could not be "
+                f"recreated ({_reason(exc)}); nothing of this call was stored"
+            ) from None
 
-    def _writer_clean(self) -> bool:
-        """Whether every unit submitted was committed (the writer stopped with an empty queue)."""
-        return self._queue.empty() and not self._writer.is_alive()
+    def _idle(self) -> None:
+        self._check_files()
+
+    def _take_deleted(self) -> list[str]:
+        return self._ops.take_deleted()
+
+    def _new_image_path(self) -> Path:
+        return dedup_images.new_image_path(self.path)
+
+    def _store_checkpoint(self, checkpoint: Checkpoint, marks: dict[str, int]) -> None:
+        db = self._db
+        self._check_files()
+        if self._synchronous != "FULL":
+            db.execute("PRAGMA synchronous=FULL")
+            self._synchronous = "FULL"
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            dedup_images.commit(db, checkpoint.path, checkpoint.token, marks)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+    def _checkpoint_stored(self, checkpoint: Checkpoint) -> None:
+        _LOG.info(
+            "dedup checkpoint committed: %s (%.0f MB) written in %.2f s; the fork paused the loop %.1f ms",
+            checkpoint.path.name,
+            _size_mb(checkpoint.path),
+            time.monotonic() - checkpoint.started,
+            checkpoint.pause_seconds * 1000,
+        )
+        try:
+            dedup_images.remove_unreferenced(self._db, self.path)
+        except (OSError, sqlite3.Error) as exc:
+            _LOG.debug("could not remove replaced dedup index images: %s", exc)
+
+    def _write_images(self, indexes: Indexes, since_us: int) -> None:
+        dedup_images.save(self._db, self.path, indexes, since_us)
+
+    def _close_connections(self) -> None:
+        self._db.close()
+        if self._reader is not None:
+            self._reader.close()
 
 
 def _open_error(path: Path, exc: BaseException) -> StoreError:

@@ -468,3 +468,26 @@ def test_abandon_with_binary_properties_to_modify_in_a_transaction(server: InPro
         return message.application_properties
 
     assert server.run(note) == {"note": b"\x01\x02\x03" * 20}
+
+
+def test_a_management_request_inside_a_transaction_is_refused_not_applied_outside_it(
+    server: InProcessServer, client: TxnClient
+) -> None:
+    """The Java SDK sends ``$management`` requests (schedule, update-disposition) with a transactional state: oncebus
+    refuses them saying so, rather than scheduling or settling at once, outside the transaction."""
+    name = queue(server)
+    requests = client.conn.create_sender(f"{name}/$management", name="mgmt-requests")
+    txn = client.declare()
+    request = proton.Message(
+        body={"from-sequence-number": 0, "message-count": proton.int32(1)},
+        reply_to="mgmt-replies",
+        id="peek",
+        properties={"operation": "com.microsoft:peek-message"},
+    )
+    delivery = requests.link.send(request)
+    delivery.local.data = [txn]
+    delivery.update(TRANSACTIONAL_STATE)
+    client.conn.wait(lambda: delivery.remote_state != 0, timeout=5)
+    condition = delivery.remote.condition
+    assert delivery.remote_state == REJECTED_STATE and condition is not None
+    assert "inside a transaction" in condition.description

@@ -648,6 +648,14 @@ class RequestLink:
         if facts.oversized:
             self._reject(delivery, condition_of(too_large(facts.size, self.max_message_size)))
             return
+        if delivery.remote_state == TRANSACTIONAL_STATE:  # rather refused than applied outside its transaction
+            refused = InvalidArgumentError(
+                f"a request to {self.node} inside a transaction (transactional-state on its transfer) is not "
+                "supported by oncebus: send and settle on the entity's links inside the transaction, and make "
+                "management requests (scheduling, settling deferred messages by lock token) outside it"
+            )
+            self._reject(delivery, condition_of(refused))
+            return
         request = proton.Message()
         try:
             codec.check_sections(payload, self.conn.limits.max_value_depth)

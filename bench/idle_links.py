@@ -27,10 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from amqp_send import process_cpu, start_oncebus  # noqa: E402
-from azure.servicebus import ServiceBusClient, ServiceBusMessage  # noqa: E402
-
-from tests.amqp.raw import ATTACH, RawClient, attach_frame, flow_frame  # noqa: E402
+from amqp_send import process_cpu, start_oncebus
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from tests.amqp.raw import ATTACH, RawClient, attach_frame, flow_frame
 
 
 def send_latencies(connection_string: str, count: int) -> list[float]:

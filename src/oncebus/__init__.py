@@ -30,7 +30,7 @@ _ERRORS = "oncebus.core.errors"
 _WHERE: dict[str, str] = {
     "ArgumentOutOfRangeError": _ERRORS,
     "BrokerGoneError": "oncebus.testing._client",
-    "BrokerStartError": "oncebus.testing._server",
+    "BrokerStartError": "oncebus.testing._launch",
     "Clock": "oncebus.broker.clock",
     "DataDirBusyError": "oncebus.server.datadir",
     "EntityAlreadyExistsError": _ERRORS,
@@ -140,7 +140,7 @@ if TYPE_CHECKING:
     from oncebus.store.memory import MemoryStore
     from oncebus.store.sqlite import SqliteStore
     from oncebus.testing._client import BrokerGoneError
-    from oncebus.testing._server import BrokerStartError
+    from oncebus.testing._launch import BrokerStartError
 
 
 def __getattr__(name: str) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from oncebus.core.timeutil import us_to_datetime
 from oncebus.testing._entities import (
@@ -20,7 +20,15 @@ from oncebus.testing._entities import (
 
 if TYPE_CHECKING:
     from oncebus.server.topology import Topology
-    from oncebus.testing._server import OncebusServer
+
+
+class Broker(Protocol):
+    """What a namespace needs of the broker it lives on (``OncebusServer`` is one)."""
+
+    host: str
+    port: int
+
+    def control(self, op: str, **args: Any) -> Any: ...
 
 
 class IsolatedNamespace:
@@ -29,7 +37,7 @@ class IsolatedNamespace:
     ``connection_string`` is the broker's with ``@<name>`` appended to the key name: give it to any SDK.
     It lives in the broker's memory until :meth:`delete` (or the broker stops)."""
 
-    def __init__(self, server: OncebusServer, info: dict[str, Any]) -> None:
+    def __init__(self, server: Broker, info: dict[str, Any]) -> None:
         self.server = server
         self.name: str = info["name"]
         self.connection_string: str = info["connection_string"]

@@ -16,14 +16,12 @@ import time
 import uuid
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from oncebus.auth import KEYS_ENV
-from oncebus.core.errors import OncebusError
 from oncebus.core.timeutil import us_to_datetime
 from oncebus.server.topology import Topology
 from oncebus.testing._client import BrokerGoneError, ControlClient
@@ -37,6 +35,7 @@ from oncebus.testing._entities import (
     merged,
     normalized_properties,
 )
+from oncebus.testing._launch import _OUTPUT_LINES, BrokerStartError, Launch
 
 if TYPE_CHECKING:
     from oncebus.testing._namespaces import IsolatedNamespace
@@ -45,23 +44,6 @@ Mode = Literal["subprocess", "thread"]
 MODES: tuple[Mode, ...] = ("subprocess", "thread")
 CLOCK_FILE = "clock"
 WORK_DIR_ENV = "ONCEBUS_TESTING_WORK_DIR"  # the child removes it if this process dies first (see _child)
-_OUTPUT_LINES = 200
-
-
-class BrokerStartError(OncebusError, RuntimeError):
-    """``oncebus serve`` did not become ready; the message carries its output."""
-
-
-@dataclass(frozen=True)
-class Launch:
-    """What to serve: ``oncebus serve --port 0`` with these settings."""
-
-    data_dir: Path
-    host: str
-    config: Path | None
-    keys: Mapping[str, str]
-    clock_file: Path | None
-    work_dir: Path  # the temporary directory serve() made (clock, config, and the data unless given)
 
 
 class _Broker(Protocol):

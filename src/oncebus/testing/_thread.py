@@ -17,7 +17,7 @@ from typing import Any
 
 from oncebus.core.errors import OncebusError
 from oncebus.server import ServeError, ServeOptions, run
-from oncebus.testing._server import _OUTPUT_LINES, BrokerStartError, Launch
+from oncebus.testing._launch import _OUTPUT_LINES, BrokerStartError, Launch
 
 
 class ThreadBroker:

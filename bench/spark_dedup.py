@@ -154,7 +154,7 @@ def scenario(
     def stream_source(folder: Path = source) -> DataFrame:
         return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(folder))
 
-    def approximate(folder: Path, out: Path, provider: str) -> tuple[float, list[dict[str, Any]]]:
+    def approximate(folder: Path, out: Path, provider: str) -> tuple[float, list[Any]]:
         spark.conf.set(PROVIDER, provider)  # read when the query starts
         try:
             started = time.perf_counter()
@@ -252,7 +252,7 @@ def scenario(
     return lines[0]
 
 
-def profile(progress: list[dict[str, Any]], done: list[dict[str, Any]]) -> None:
+def profile(progress: list[Any], done: list[dict[str, Any]]) -> None:
     """Where a micro-batch's seconds go (medians over the batches with rows): Spark's driver-side phases
     (durationMs) and, inside addBatch, the engine's own phases (the manifest's seconds; "decide" is the one
     Spark job whose tasks run on the executors, the rest is the driver)."""

@@ -75,7 +75,8 @@ def test_a_backlog_batch_with_a_due_arrival_runs_only_the_decide_job(spark: Spar
         jobs = tracker.getJobIdsForGroup("oncebus-backlog")
     finally:
         spark.sparkContext.setJobGroup("", "")
-    names = [tracker.getStageInfo(s).name for j in jobs for s in tracker.getJobInfo(j).stageIds]
+    stages = [s for j in jobs if (job := tracker.getJobInfo(j)) is not None for s in job.stageIds]
+    names = [info.name for s in stages if (info := tracker.getStageInfo(s)) is not None]
     # the decide job only: its shuffle's map stage is a job of its own under adaptive execution
     assert len(jobs) == 2 and all("bucketed.py" in name for name in names), names
     assert manifest["counts"]["batch_rows"] == 21 and manifest["counts"]["held"] == 23  # event time: 11.19 - 2 s

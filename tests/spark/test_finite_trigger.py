@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -52,7 +53,11 @@ def test_flush_after_a_finite_run_is_one_small_job_and_exact(spark: SparkSession
     empty batch first), and the output is then every first copy."""
     source = _source(spark, tmp_path)
     stream = spark.readStream.schema(SCHEMA).parquet(str(source))
-    options = {"state_path": str(tmp_path / "state"), "output_path": str(tmp_path / "out"), "order_col": "seq"}
+    options: dict[str, Any] = {
+        "state_path": str(tmp_path / "state"),
+        "output_path": str(tmp_path / "out"),
+        "order_col": "seq",
+    }
     deduplicate_stream(
         stream, "PT10M", max_out_of_order="PT2S", trigger={"availableNow": True}, **options
     ).awaitTermination()

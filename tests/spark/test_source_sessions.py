@@ -43,7 +43,7 @@ def _committed(output: Path) -> list[dict[str, Any]]:
 
 def _run(
     spark: SparkSession, options: dict[str, str], tmp_path: Path, expected: set[str]
-) -> tuple[Counter[str], list[dict[str, Any]]]:
+) -> tuple[Counter[str], list[Any]]:
     """The kept rows' message ids, counted, and the query's progress reports."""
     register(spark)
     reader = spark.readStream.format("oncebus")

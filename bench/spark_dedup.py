@@ -3,6 +3,7 @@
     python bench/spark_dedup.py                    # 2,000,000 rows in 250,000-row batches, 200,000 in 10,000-row ones
     python bench/spark_dedup.py --rows 1000000 --small-rows 100000
     python bench/spark_dedup.py --held-30m         # streaming with ~30 million keys held (several minutes)
+    python bench/spark_dedup.py --ours-only --small-rows 0   # exact streaming and exact batch only, 250k batches
 
 Ratio mode, on the same trace (out of order within 2 s; two entities: "orders"
 20 s window, "mytopic" 60 s window and partitioned):

@@ -3,6 +3,7 @@
     python bench/spark_dedup.py                    # 2,000,000 rows in 250,000-row batches, 200,000 in 10,000-row ones
     python bench/spark_dedup.py --rows 1000000 --small-rows 100000
     python bench/spark_dedup.py --held-30m         # streaming with ~30 million keys held (several minutes)
+    python bench/spark_dedup.py --ours-only --small-rows 0   # exact streaming and exact batch only, 250k batches
 
 Ratio mode, on the same trace (out of order within 2 s; two entities: "orders"
 20 s window, "mytopic" 60 s window and partitioned):
@@ -95,12 +96,24 @@ PROVIDER = "spark.sql.streaming.stateStore.providerClass"
 def ratio_mode(args: argparse.Namespace) -> None:
     spark = session("4g")
     work = Path(tempfile.mkdtemp(prefix="oncebus-bench-"))
+    builtin = not args.ours_only
     try:
         print(f"load before: {os.getloadavg()[0]:.1f} (1-min load average, {os.cpu_count()} CPUs)")
         summary = [
-            scenario(spark, work / "large", args.rows, args.batch_rows_large, args.rate, core=True),
-            scenario(spark, work / "small", args.small_rows, args.batch_rows_small, args.rate, core=False),
+            scenario(spark, work / "large", args.rows, args.batch_rows_large, args.rate, core=True, builtin=builtin),
         ]
+        if args.small_rows:
+            summary.append(
+                scenario(
+                    spark,
+                    work / "small",
+                    args.small_rows,
+                    args.batch_rows_small,
+                    args.rate,
+                    core=False,
+                    builtin=builtin,
+                )
+            )
         print("\n== goals ==")
         for line in summary:
             print(line)
@@ -110,11 +123,20 @@ def ratio_mode(args: argparse.Namespace) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _since(iso: str, wall: float) -> float:
+    """Seconds from the wall-clock time ``wall`` to a progress report's ISO timestamp (UTC)."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() - wall
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def scenario(spark: SparkSession, work: Path, rows: int, batch_rows: int, rate: float, *, core: bool) -> str:
+def scenario(
+    spark: SparkSession, work: Path, rows: int, batch_rows: int, rate: float, *, core: bool, builtin: bool = True
+) -> str:
     """The ways on one trace read ``batch_rows`` rows per micro-batch (one file each); returns the goals' line."""
     trace = generate_trace(rows, rate=rate, max_out_of_order_us=2_000_000, seed=3)
     source = work / "in"
@@ -133,7 +155,7 @@ def scenario(spark: SparkSession, work: Path, rows: int, batch_rows: int, rate: 
     def stream_source(folder: Path = source) -> DataFrame:
         return spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(folder))
 
-    def approximate(folder: Path, out: Path, provider: str) -> tuple[float, list[dict[str, Any]]]:
+    def approximate(folder: Path, out: Path, provider: str) -> tuple[float, list[Any]]:
         spark.conf.set(PROVIDER, provider)  # read when the query starts
         try:
             started = time.perf_counter()
@@ -158,7 +180,7 @@ def scenario(spark: SparkSession, work: Path, rows: int, batch_rows: int, rate: 
     deduplicate_stream(
         stream_source(warm), max_out_of_order=BOUND, trigger={"availableNow": True}, **warm_options
     ).awaitTermination()
-    for provider in (HDFS, ROCKSDB):
+    for provider in (HDFS, ROCKSDB) if builtin else ():
         approximate(warm, work / f"warm-approx-{provider[-25:]}", provider)
 
     results: list[tuple[str, float, set[int], list[float]]] = []
@@ -168,17 +190,24 @@ def scenario(spark: SparkSession, work: Path, rows: int, batch_rows: int, rate: 
 
     # exact streaming (ours); flush_stream decides what the last batch still held
     options: dict[str, Any] = {**SETTINGS_OPTIONS, "state_path": str(work / "state"), "output_path": str(work / "s")}
-    started = time.perf_counter()
+    started, started_wall = time.perf_counter(), time.time()
     query = deduplicate_stream(stream_source(), max_out_of_order=BOUND, trigger={"availableNow": True}, **options)
     query.awaitTermination()
+    ended = time.perf_counter()
     progress = query.recentProgress
     flush_stream(stream_source(), **options)
     seconds = time.perf_counter() - started
+    first = min((p for p in progress), key=lambda p: p["batchId"], default=None)
+    startup = _since(first["timestamp"], started_wall) if first else float("nan")
+    print(
+        f"exact streaming: {seconds:.2f} s in all: query start to its first batch {startup:.2f} s, "
+        f"flush_stream {seconds - (ended - started):.2f} s, {len(progress)} progress reports"
+    )
     latency = [p["durationMs"]["triggerExecution"] / 1000 for p in progress if p["numInputRows"]]
     results.append(("exact streaming (ours)", seconds, kept(work / "s"), latency))
     profile(progress, manifests(work / "state"))
 
-    for label, provider in (("HDFS", HDFS), ("RocksDB", ROCKSDB)):
+    for label, provider in (("HDFS", HDFS), ("RocksDB", ROCKSDB)) if builtin else ():
         seconds, progress = approximate(source, work / f"a-{label}", provider)
         latency = [p["durationMs"]["triggerExecution"] / 1000 for p in progress if p["numInputRows"]]
         results.append(
@@ -208,7 +237,12 @@ def scenario(spark: SparkSession, work: Path, rows: int, batch_rows: int, rate: 
         print(
             f"{name:<48} {secs:>8.2f} {rows / secs:>10,.0f} {_median(latency):>14.2f} {len(survivors):>9,}  {verdict}"
         )
-    stream, hdfs, rocks, batch = results[0], results[1], results[2], results[3]
+    stream, batch = results[0], next(r for r in results if r[0].startswith("exact batch"))
+    if not builtin:
+        line = f"{batch_rows:>7,}-row batches: exact streaming / exact batch {batch[1] / stream[1]:.2f}"
+        print(line)
+        return line
+    hdfs, rocks = results[1], results[2]
     lines = [
         f"{batch_rows:>7,}-row batches: exact streaming / built-in (HDFS) by throughput {hdfs[1] / stream[1]:.2f}, "
         f"by median latency {_median(hdfs[3]) / _median(stream[3]):.2f}; / built-in (RocksDB) by throughput "
@@ -219,7 +253,7 @@ def scenario(spark: SparkSession, work: Path, rows: int, batch_rows: int, rate: 
     return lines[0]
 
 
-def profile(progress: list[dict[str, Any]], done: list[dict[str, Any]]) -> None:
+def profile(progress: list[Any], done: list[dict[str, Any]]) -> None:
     """Where a micro-batch's seconds go (medians over the batches with rows): Spark's driver-side phases
     (durationMs) and, inside addBatch, the engine's own phases (the manifest's seconds; "decide" is the one
     Spark job whose tasks run on the executors, the rest is the driver)."""
@@ -323,6 +357,9 @@ def main() -> None:
     parser.add_argument("--small-rows", type=int, default=200_000, help="rows of the small-batch run")
     parser.add_argument("--batch-rows-small", type=int, default=10_000, help="rows per micro-batch, second run")
     parser.add_argument("--rate", type=float, default=20_000.0, help="sends per second of event time in the trace")
+    parser.add_argument(
+        "--ours-only", action="store_true", help="exact streaming and exact batch only (no built-in), for profiling"
+    )
     parser.add_argument("--held-30m", action="store_true", help="streaming with about 30 million keys held")
     parser.add_argument("--batch-rows", type=int, default=2_000_000, help="rows per micro-batch (held-30m mode)")
     parser.add_argument("--target-keys", type=int, default=28_000_000, help="keys held before measuring")

@@ -50,3 +50,37 @@ def test_a_backlog_is_not_released_by_processing_time(spark: SparkSession, tmp_p
     engine.process(spark.createDataFrame([], SCHEMA), 3)  # a quiet batch, 10 s later: everything is due
     kept = {r["seq"] for r in spark.read.parquet(str(tmp_path / "out")).collect()}
     assert kept == {1, 2, 3}  # the core's verdicts for the rows in time order: A@9.5 kept, A@10 dropped
+
+
+def test_a_backlog_batch_with_a_due_arrival_runs_only_the_decide_job(spark: SparkSession, tmp_path: Path) -> None:
+    """Asking whether a batch is empty (to release held rows by processing time) cost a Spark job of its
+    own in every backlog batch slower than the bound; the batch is now decided as a busy one by the one
+    decide job."""
+    now = [0]
+    options = StreamOptions(
+        state_path=str(tmp_path / "state"),
+        window="PT10M",
+        output_path=str(tmp_path / "out"),
+        max_out_of_order="PT2S",
+        order_col="seq",
+    )
+    engine = Engine(spark.createDataFrame([], SCHEMA), options, clock=lambda: now[0])
+    engine.process(spark.createDataFrame(rows(("A", 10.0, 0), ("B", 10.5, 1)), SCHEMA), 0)
+    now[0] = 10 * S  # batch 0's arrival is due for release; batch 1 brings rows (a backlog)
+    tracker = spark.sparkContext.statusTracker()
+    spark.sparkContext.setJobGroup("oncebus-backlog", "one backlog batch")
+    try:
+        backlog = rows(("A", 11.0, 2), *((f"n{i}", 11.0 + i / 100, 3 + i) for i in range(20)))  # in every bucket
+        manifest = engine.process(spark.createDataFrame(backlog, SCHEMA), 1)
+        jobs = tracker.getJobIdsForGroup("oncebus-backlog")
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+    stages = [s for j in jobs if (job := tracker.getJobInfo(j)) is not None for s in job.stageIds]
+    names = [info.name for s in stages if (info := tracker.getStageInfo(s)) is not None]
+    # the decide job only: its shuffle's map stage is a job of its own under adaptive execution
+    assert len(jobs) == 2 and all("bucketed.py" in name for name in names), names
+    assert manifest["counts"]["batch_rows"] == 21 and manifest["counts"]["held"] == 23  # event time: 11.19 - 2 s
+    now[0] = 20 * S
+    engine.process(spark.createDataFrame([], SCHEMA), 2)  # quiet after all (its plan has partitions): released
+    kept = {r["seq"] for r in spark.read.parquet(str(tmp_path / "out")).collect()}
+    assert kept == {0, 1, *range(3, 23)}

@@ -9,7 +9,9 @@ through ``deduplicate_stream``).
 
 Sessions (option ``sessions``): ``*`` accepts up to ``maxSessions`` available
 sessions at a time (a session that has nothing more to give and nothing left
-to settle is released, so others get their turn), or a comma-separated list
+to settle is released, so others get their turn; sessions are accepted by a
+background thread, so a micro-batch never waits for one to become available),
+or a comma-separated list
 names the sessions to read. Each session is one receiver holding the session
 lock; its messages are settled through it, and each micro-batch puts one
 session's rows in one partition, in sequence order.
@@ -92,6 +94,8 @@ class OncebusStreamReader(DataSourceStreamReader):
         self._renewer: threading.Thread | None = None
         self._stopping = threading.Event()
         self._lock = threading.RLock()
+        self._accepting: threading.Thread | None = None  # sessions mode '*': accepts sessions in the background
+        self._accepted: list[_Link] = []  # sessions it accepted, taken into _links by the next latestOffset
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "run": self.run}
@@ -149,11 +153,15 @@ class OncebusStreamReader(DataSourceStreamReader):
         if sessions is None:
             return
         if sessions == (_ANY_SESSION,):
-            while len(self._links) < self.options.max_sessions:
-                link = self._open(_ANY_SESSION, wait=min(self.options.receive_wait_seconds, 1.0))
-                if link is None:
-                    return
-                self._links.append(link)
+            # accepting the next available session waits until one is (the broker's wait, 65 s as Azure's,
+            # when the client names none): done in a thread, so the sessions held go on being read meanwhile
+            self._links += self._accepted
+            self._accepted = []
+            if len(self._links) < self.options.max_sessions and (
+                self._accepting is None or not self._accepting.is_alive()
+            ):
+                self._accepting = threading.Thread(target=self._accept_any, name="oncebus-session-accept", daemon=True)
+                self._accepting.start()
         else:
             held = {link.session_id for link in self._links}
             for session_id in sessions:
@@ -161,6 +169,24 @@ class OncebusStreamReader(DataSourceStreamReader):
                     link = self._open(session_id, wait=0.2)
                     if link is not None:
                         self._links.append(link)
+
+    def _accept_any(self) -> None:
+        """Accept available sessions until ``maxSessions`` are held or none is available (a thread)."""
+        while not self._stopping.is_set():
+            with self._lock:
+                if self._client is None or len(self._links) + len(self._accepted) >= self.options.max_sessions:
+                    return
+            try:
+                link = self._open(_ANY_SESSION, wait=min(self.options.receive_wait_seconds, 1.0))
+            except Exception:  # the reader stopped meanwhile (client closed), or the connection failed: retried later
+                return
+            if link is None:
+                return
+            with self._lock:
+                if self._stopping.is_set() or self._client is None:
+                    link.receiver.close()
+                    return
+                self._accepted.append(link)
 
     def _release_idle_sessions(self) -> None:
         """Mode '*': a session with nothing more to give and nothing to settle is released for others."""
@@ -178,7 +204,7 @@ class OncebusStreamReader(DataSourceStreamReader):
         while not self._stopping.wait(1.0):
             now = datetime.now(UTC)
             with self._lock:
-                for link in self._links:
+                for link in self._links + self._accepted:
                     if link.session_id is not None:
                         session = link.receiver.session
                         left = (session.locked_until_utc - now).total_seconds() if session.locked_until_utc else 0
@@ -288,9 +314,9 @@ class OncebusStreamReader(DataSourceStreamReader):
         if self._renewer is not None:
             self._renewer.join(5)
         with self._lock:
-            for link in self._links:
+            for link in self._links + self._accepted:
                 link.receiver.close()
-            self._links = []
+            self._links, self._accepted = [], []
             if self._client is not None:
                 self._client.close()
             self._client = self._renewer = None

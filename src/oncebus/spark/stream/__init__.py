@@ -124,7 +124,9 @@ def deduplicate_stream(
     a quiet stream still produces all its output within about the bound plus
     a trigger interval. (For that, the query also reads
     ``oncebus-ticks``, a stream with no rows whose offset advances every
-    second, so micro-batches run while the input is quiet.) A row later than that is
+    second, so micro-batches run while the input is quiet; not under a
+    finite trigger, ``availableNow`` or ``once``, which stops once the
+    backlog is read.) A row later than that is
     decided in the batch it arrives in, against the keys held then (counted as
     ``late`` in the manifest). The default bound is 5 s, or 0 with nothing
     held when the source vouches for the order of ``time_col`` (the
@@ -187,7 +189,7 @@ def start_stream(
         engine.process(batch, batch_id)
 
     source = df
-    if options.idle_release and not engine.ordered:
+    if options.idle_release and not engine.ordered and not finite(trigger):
         source = df.unionByName(_ticks(df))
     writer = source.writeStream.foreachBatch(each_batch).option(
         "checkpointLocation", checkpoint_location or f"{options.state_path.rstrip('/')}/_checkpoint"
@@ -197,6 +199,13 @@ def start_stream(
     if trigger:
         writer = writer.trigger(**trigger)
     return writer.start()
+
+
+def finite(trigger: Mapping[str, Any] | None) -> bool:
+    """Whether the trigger reads a finite backlog and stops (``availableNow``, ``once``): such a query needs no
+    ticks source, since no micro-batch runs once the backlog is read (held rows wait for the next run or
+    :func:`flush_stream`)."""
+    return trigger is not None and any(bool(trigger.get(name)) for name in ("availableNow", "once"))
 
 
 def _ticks(df: DataFrame) -> DataFrame:
@@ -253,5 +262,5 @@ def flush_stream(
     ids = manifest.batch_ids(state_files(spark, state_path))
     if not ids:
         raise InvalidArgumentError(f"no batches under {state_path}: nothing to flush")
-    empty = spark.createDataFrame([], df.schema)
+    empty = spark.createDataFrame([], df.schema).limit(0)  # empty to Spark's optimizer: no job finds that out
     return engine.process(empty, max(ids) + 1, flush=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ from oncebus.spark.stream import buckets as _buckets
 from oncebus.spark.stream import joined as _joined
 from oncebus.spark.stream import state as _state
 from oncebus.spark.stream.files import local_directory
-from oncebus.spark.stream.layout import LAYOUT_BUCKETED, Seen, any_due, is_quiet, known_empty, next_watermark
+from oncebus.spark.stream.layout import LAYOUT_BUCKETED, Seen, any_due, known_empty, next_watermark
 from oncebus.spark.stream.manifest import KeyFolder, Manifest
 
 if TYPE_CHECKING:
@@ -89,6 +90,18 @@ def _compact(
     return [merged, *rest] if merged else rest
 
 
+def _held_alone(
+    spark: SparkSession, task: _buckets.BatchTask, buckets: int, holding: Iterable[int]
+) -> list[dict[str, Any]]:
+    """Decide the held rows of the buckets ``holding`` with no new row: one task per bucket over
+    ``spark.range(buckets)``, the others return at once; no job when no bucket holds rows."""
+    only = frozenset(holding)
+    if not only:
+        return []
+    alone = dataclasses.replace(task, only_buckets=only)
+    return _collect(spark.range(0, buckets, 1, buckets).mapInArrow(alone, STATS_SCHEMA))
+
+
 class BucketedLayout:
     """Layout 3 (the ``StateLayout`` of a local path or a shared mount)."""
 
@@ -101,11 +114,24 @@ class BucketedLayout:
 
 
 def decide(
-    engine: Engine, batch: DataFrame, previous: Manifest, batch_id: int, flush: bool, started: float
+    engine: Engine,
+    batch: DataFrame,
+    previous: Manifest,
+    batch_id: int,
+    flush: bool,
+    started: float,
+    *,
+    quiet: bool | None = None,
+    now_us: int | None = None,
 ) -> tuple[Seen, Manifest] | None:
-    """Decide micro-batch ``batch_id``: (what was seen, the manifest to write), or None for an idle tick."""
+    """Decide micro-batch ``batch_id``: (what was seen, the manifest to write), or None for an idle tick.
+
+    Whether the batch is quiet (no new row; idle release may then decide more) is known without a job
+    when its plan has no partition. Else, while an arrival is due for release, the batch is decided as a
+    busy one (the common case: a backlog) and, if it brought no row after all, decided again as a quiet
+    one (``quiet``), as a replay would: no job runs just to ask whether the batch is empty."""
     spark = batch.sparkSession
-    now_us = engine.clock()
+    now_us = engine.clock() if now_us is None else now_us
     files = engine.files(spark)
     root = local_directory(files.root)
     assert root is not None
@@ -114,18 +140,25 @@ def decide(
     held_before = engine.held_before(previous)
     # the lowest watermark, from what earlier batches saw; each bucket's task raises it by what it sees
     earlier = previous.get("arrivals", [])
-    floor, arrivals = next_watermark(
-        previous_us=previous_wm,
-        max_time_us=previous["max_time_us"],
-        bound_us=engine.bound_us,
-        ordered=engine.ordered,
-        idle_release=engine.idle_release,
-        arrivals=earlier,
-        now_us=now_us,
-        quiet=not (engine.idle_release and any_due(earlier, now_us, engine.bound_us)) or is_quiet(batch),
-    )
+    empty = known_empty(batch)
+    due = engine.idle_release and any_due(earlier, now_us, engine.bound_us)
+    assumed_busy = quiet is None and due and not empty  # decided as busy; again as quiet if no row came
+
+    def watermark_if(quiet: bool) -> tuple[int | None, list[list[int]]]:
+        return next_watermark(
+            previous_us=previous_wm,
+            max_time_us=previous["max_time_us"],
+            bound_us=engine.bound_us,
+            ordered=engine.ordered,
+            idle_release=engine.idle_release,
+            arrivals=earlier,
+            now_us=now_us,
+            quiet=quiet,
+        )
+
+    floor, arrivals = watermark_if(not due or empty if quiet is None else quiet)
     arrivals = [a for a in arrivals if a[0] != now_us]  # this batch's arrival is added once its newest time is known
-    if not flush and known_empty(batch) and engine.idle(previous, floor, flush):
+    if not flush and empty and engine.idle(previous, floor, flush):
         return None  # an idle trigger: no new rows and no held row due; no job runs
     decide_all = flush or engine.ordered  # an ordered input is decided as it comes: nothing is held
     prepared = engine.prepare(batch)
@@ -142,6 +175,7 @@ def decide(
         clock=[started],
     )
 
+    seen.lap("plan")  # the driver so far: manifest, watermark, the batch's plan
     # the live key folders: whole folders past their window dropped; an earlier layout's moved into buckets;
     # small ones merged
     live: list[KeyFolder] = [
@@ -190,19 +224,24 @@ def decide(
         held_input=previous["held"] if held_before and in_task else None,
         sort_keys=(_plan.H1, _plan.H2, _plan.T_US, *engine.columns.order) if in_task else (),
     )
-    bucket = F.pmod(F.hash(F.col(_plan.H1)), F.lit(buckets))  # Spark's partition of repartition(buckets, H1)
-    spread = pool.select(F.col("*"), bucket.alias(_buckets.BUCKET)).repartition(buckets, F.col(_plan.H1))
-    if not in_task:
-        spread = spread.sortWithinPartitions(_plan.H1, _plan.H2, _plan.T_US, *engine.columns.order)
-    reported = _collect(spread.mapInArrow(task, STATS_SCHEMA))
-    missing = set(previous.get("held_buckets", [])) - {s["bucket"] for s in reported} if in_task else set()
-    if missing:  # Spark ran no task for these buckets (a shuffle of nothing): decide their held rows alone
-        alone = dataclasses.replace(task, only_buckets=frozenset(missing))
-        reported += _collect(spark.range(0, buckets, 1, buckets).mapInArrow(alone, STATS_SCHEMA))
+    if empty and in_task:  # no new row (a flush, an idle trigger releasing rows): only the held rows, no shuffle
+        holding = previous.get("held_buckets", range(buckets)) if held_before else []
+        reported = _held_alone(spark, task, buckets, holding)
+    else:
+        bucket = F.pmod(F.hash(F.col(_plan.H1)), F.lit(buckets))  # Spark's partition of repartition(buckets, H1)
+        spread = pool.select(F.col("*"), bucket.alias(_buckets.BUCKET)).repartition(buckets, F.col(_plan.H1))
+        if not in_task:
+            spread = spread.sortWithinPartitions(_plan.H1, _plan.H2, _plan.T_US, *engine.columns.order)
+        reported = _collect(spread.mapInArrow(task, STATS_SCHEMA))
+        # Spark ran no task for buckets that got no new row (a shuffle of nothing): their held rows alone
+        missing = set(previous.get("held_buckets", [])) - {s["bucket"] for s in reported} if in_task else set()
+        reported += _held_alone(spark, task, buckets, missing)
     stats = [s for s in reported if s["rows"]]
     seen.lap("decide")
 
     seen.rows = sum(s["rows"] for s in stats) - held_before
+    if assumed_busy and seen.rows == 0 and watermark_if(True)[0] != floor:  # quiet after all: release what is due
+        return decide(engine, batch, previous, batch_id, flush, started, quiet=True, now_us=now_us)
     seen.late = sum(s["late"] for s in stats)
     newest = [s["max_t"] for s in stats if s["max_t"] is not None]
     seen.max_time = max([t for t in (previous["max_time_us"], *newest) if t is not None], default=None)

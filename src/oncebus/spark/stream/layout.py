@@ -118,22 +118,18 @@ def any_due(arrivals: Sequence[Sequence[int]], now_us: int, bound_us: int) -> bo
     return any(at <= now_us - bound_us for at, _ in arrivals)
 
 
-def is_quiet(batch: DataFrame) -> bool:
-    """Whether no row arrived in this micro-batch: from the plan when it has no partition (an idle
-    trigger, no job), else ``isEmpty`` (a job that stops at the first row; asked only when an arrival
-    is due for release)."""
-    return known_empty(batch) or bool(batch.isEmpty())
-
-
 def known_empty(batch: DataFrame) -> bool:
     """Whether ``batch`` has no rows, found without running a Spark job (False when it cannot tell).
 
     ``foreachBatch`` hands over a micro-batch as a ``LogicalRDD``; with no new input (an idle trigger:
-    only the ticks source advanced) its RDD has no partition at all."""
+    only the ticks source advanced) its RDD has no partition at all. A plan Spark's optimizer finds
+    empty (``limit(0)``, as ``flush_stream`` passes) is empty too."""
     try:
-        plan = batch._jdf.queryExecution().analyzed()
-        if plan.getClass().getSimpleName() != "LogicalRDD":
-            return False
-        return int(plan.rdd().getNumPartitions()) == 0
+        execution = batch._jdf.queryExecution()
+        plan = execution.analyzed()
+        if plan.getClass().getSimpleName() == "LogicalRDD":
+            return int(plan.rdd().getNumPartitions()) == 0
+        optimized = execution.optimizedPlan()  # Spark's optimizer turns a plan it knows is empty into this
+        return optimized.getClass().getSimpleName() == "LocalRelation" and bool(optimized.data().isEmpty())
     except Exception:  # Spark Connect (no JVM handle here) or another plan: cannot tell cheaply
         return False

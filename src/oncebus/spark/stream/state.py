@@ -10,6 +10,13 @@ watermark``); a merged folder still small is merged again later.
 A folder that no manifest lists any more is deleted once the batch after the
 compaction has committed (a replay of the compacting batch still reads it).
 
+So compaction is planned every batch (a look at the manifest, no job) but runs
+at most every ``COMPACT_AT - KEEP_RECENT`` = 12 batches in a steady stream of
+small batches (after a merge the merged folder and 4 recent ones are live; one
+folder a batch is added until more than 16 are), and a manifest lists at
+most ``COMPACT_AT + 1`` small folders, plus the large ones (``TARGET_ROWS``
+keys or more, a big batch's), which go whole once their window has passed.
+
 ``python -m oncebus.spark._state STATE_PATH`` prints the report as JSON
 without changing anything.
 """

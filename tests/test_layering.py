@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import oncebus
 
 PACKAGE = Path(oncebus.__file__).parent
@@ -39,7 +41,7 @@ def test_front_ends_import_the_engine_only_through_its_package() -> None:
 
 
 def _cycle(folder: str) -> list[str] | None:
-    prefix = f"oncebus.{folder}."
+    prefix = f"oncebus.{folder.replace('/', '.')}."
     modules = {prefix + path.stem: path for path in sorted((PACKAGE / folder).glob("*.py")) if path.stem != "__init__"}
     graph = {name: sorted(n for n in _imports(path) if n in modules and n != name) for name, path in modules.items()}
     state: dict[str, int] = {}
@@ -69,3 +71,16 @@ def test_the_broker_has_no_import_circle() -> None:
 
 def test_the_amqp_adapter_has_no_import_circle() -> None:
     assert _cycle("amqp") is None, " -> ".join(_cycle("amqp") or [])
+
+
+def _packages() -> list[str]:
+    return sorted(str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE)
+
+
+def test_every_package_is_checked() -> None:
+    assert {"broker", "amqp", "testing", "store", "core"} <= set(_packages())
+
+
+@pytest.mark.parametrize("folder", [p for p in _packages() if p not in ("broker", "amqp")])
+def test_no_package_has_an_import_circle(folder: str) -> None:
+    assert _cycle(folder) is None, " -> ".join(_cycle(folder) or [])

@@ -18,7 +18,7 @@ import dataclasses
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -29,11 +29,8 @@ from oncebus.spark.stream import buckets as _buckets
 from oncebus.spark.stream import joined as _joined
 from oncebus.spark.stream import state as _state
 from oncebus.spark.stream.files import local_directory
-from oncebus.spark.stream.layout import LAYOUT_BUCKETED, Seen, any_due, known_empty, next_watermark
+from oncebus.spark.stream.layout import LAYOUT_BUCKETED, Engine, Seen, any_due, known_empty, next_watermark
 from oncebus.spark.stream.manifest import KeyFolder, Manifest
-
-if TYPE_CHECKING:
-    from oncebus.spark.stream.engine import Engine
 
 LAYOUT = LAYOUT_BUCKETED
 STATS_SCHEMA = T.StructType([T.StructField(name, T.LongType(), True) for name in _buckets.STATS_FIELDS])

@@ -12,7 +12,7 @@ key folders are merged into ``c=N`` as they pile up.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -21,11 +21,8 @@ from pyspark.sql import types as T
 
 from oncebus.spark import _chain, _plan
 from oncebus.spark.stream import state as _state
-from oncebus.spark.stream.layout import LAYOUT_BUCKETED, LAYOUT_JOINED, Seen, known_empty, next_watermark
+from oncebus.spark.stream.layout import LAYOUT_BUCKETED, LAYOUT_JOINED, Engine, Seen, known_empty, next_watermark
 from oncebus.spark.stream.manifest import KeyFolder, Manifest
-
-if TYPE_CHECKING:
-    from oncebus.spark.stream.engine import Engine
 
 KEY_SCHEMA = T.StructType(
     [

@@ -10,17 +10,18 @@ on a local path are read, and moved into buckets by the first batch that meets t
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
 
 from oncebus.spark._datasource import ORDERED_BY
-from oncebus.spark.stream.manifest import Manifest
-
-if TYPE_CHECKING:
-    from oncebus.spark.stream.engine import Engine
+from oncebus.spark._plan import Columns
+from oncebus.spark.stream.files import StateFiles
+from oncebus.spark.stream.manifest import KeyFolder, Manifest
+from oncebus.spark.stream.options import ForeachBatch
 
 LAYOUT_BUCKETED = 3  # key files read and written by executor tasks (buckets.py), on a local or shared path
 LAYOUT_JOINED = 2  # key folders joined as DataFrames: state paths reached through Hadoop only
@@ -44,6 +45,41 @@ class Seen:
         now = time.perf_counter()
         self.timings[name] = round(now - self.clock[0], 3)
         self.clock[0] = now
+
+
+class Engine(Protocol):
+    """What a layout uses of the engine (``engine.Engine`` is the one): the resolved options, the state's files,
+    and the steps every layout shares. Layouts name this, not the engine's module, so nothing imports in a circle."""
+
+    columns: Columns
+    ordered: bool
+    bound_us: int
+    max_window_us: int
+    output_path: str | None
+    foreach_batch: ForeachBatch | None
+    idle_release: bool
+    clock: Callable[[], int]
+    user_schema: T.StructType
+    prepared_schema: T.StructType | None
+    shuffle_keys_up_to: float
+
+    def files(self, spark: SparkSession) -> StateFiles: ...
+
+    def prepare(self, batch: DataFrame) -> DataFrame: ...
+
+    def held_before(self, previous: Manifest) -> int: ...
+
+    def idle(self, previous: Manifest, watermark: int | None, flush: bool) -> bool: ...
+
+    def manifest(
+        self,
+        seen: Seen,
+        batch_id: int,
+        folders: list[KeyFolder],
+        held: str | None,
+        counts: dict[str, int],
+        layout: int,
+    ) -> Manifest: ...
 
 
 class StateLayout(Protocol):

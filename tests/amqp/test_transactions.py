@@ -18,7 +18,7 @@ from oncebus.amqp.limits import AmqpLimits
 from oncebus.amqp.sas import DEFAULT_KEY, DEFAULT_KEY_NAME, make_token
 from oncebus.broker import Namespace
 from tests.amqp.inprocess import InProcessServer
-from tests.amqp.txn_client import ACCEPTED, DECLARED, RELEASED, TRANSACTIONAL_STATE, TxnClient
+from tests.amqp.txn_client import ACCEPTED, DECLARED, RELEASED, TRANSACTIONAL_STATE, TxnClient, _Target
 
 REJECTED_STATE = proton.Delivery.REJECTED
 MAX_OPERATIONS = 100  # Azure Service Bus's quotas for one transaction
@@ -474,15 +474,16 @@ def test_a_management_request_inside_a_transaction_is_refused_not_applied_outsid
     server: InProcessServer, client: TxnClient
 ) -> None:
     """The Java SDK sends ``$management`` requests (schedule, update-disposition) with a transactional state: oncebus
-    refuses them saying so, rather than scheduling or settling at once, outside the transaction."""
+    refuses those that change something, saying so, rather than scheduling or settling at once, outside the
+    transaction."""
     name = queue(server)
     requests = client.conn.create_sender(f"{name}/$management", name="mgmt-requests")
     txn = client.declare()
     request = proton.Message(
-        body={"from-sequence-number": 0, "message-count": proton.int32(1)},
+        body={"messages": [{"message": b"", "message-id": "s1"}]},
         reply_to="mgmt-replies",
-        id="peek",
-        properties={"operation": "com.microsoft:peek-message"},
+        id="schedule",
+        properties={"operation": "com.microsoft:schedule-message"},
     )
     delivery = requests.link.send(request)
     delivery.local.data = [txn]
@@ -490,4 +491,24 @@ def test_a_management_request_inside_a_transaction_is_refused_not_applied_outsid
     client.conn.wait(lambda: delivery.remote_state != 0, timeout=5)
     condition = delivery.remote.condition
     assert delivery.remote_state == REJECTED_STATE and condition is not None
+    assert "com.microsoft:schedule-message" in condition.description
     assert "inside a transaction" in condition.description
+
+
+def test_a_peek_inside_a_transaction_is_answered_as_outside(server: InProcessServer, client: TxnClient) -> None:
+    """Peeks, reads and lock renewals change nothing a transaction could undo: Service Bus runs them inside one."""
+    name = queue(server)
+    requests = client.conn.create_sender(f"{name}/$management", name="mgmt-requests")
+    replies = client.conn.create_receiver(f"{name}/$management", name="mgmt-replies", options=_Target("mgmt-replies"))
+    txn = client.declare()
+    request = proton.Message(
+        body={"from-sequence-number": proton.ulong(0), "message-count": proton.int32(1)},
+        reply_to="mgmt-replies",
+        id="peek",
+        properties={"operation": "com.microsoft:peek-message"},
+    )
+    delivery = requests.link.send(request)
+    delivery.local.data = [txn]
+    delivery.update(TRANSACTIONAL_STATE)
+    answer = replies.receive(timeout=10)
+    assert (answer.properties or {}).get("statusCode") in (200, 204), answer.properties

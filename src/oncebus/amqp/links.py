@@ -107,6 +107,21 @@ def too_large(size: int, limit: int) -> MessageSizeExceededError:
 
 
 # ---------------------------------------------------------------------------------------- sending
+
+# $management operations that change nothing a transaction could undo (lock renewals extend a lock now, as Service
+# Bus does inside a transaction; peeks and reads change nothing): answered as usual inside one
+OUTSIDE_TRANSACTIONS = frozenset(
+    {
+        "com.microsoft:renew-lock",
+        "com.microsoft:renew-session-lock",
+        "com.microsoft:peek-message",
+        "com.microsoft:get-session-state",
+        "com.microsoft:get-message-sessions",
+        "com.microsoft:enumerate-rules",
+    }
+)
+
+
 class SendLink:
     """The client sends to a queue or topic: every transfer is judged and answered settled."""
 
@@ -648,14 +663,6 @@ class RequestLink:
         if facts.oversized:
             self._reject(delivery, condition_of(too_large(facts.size, self.max_message_size)))
             return
-        if delivery.remote_state == TRANSACTIONAL_STATE:  # rather refused than applied outside its transaction
-            refused = InvalidArgumentError(
-                f"a request to {self.node} inside a transaction (transactional-state on its transfer) is not "
-                "supported by oncebus: send and settle on the entity's links inside the transaction, and make "
-                "management requests (scheduling, settling deferred messages by lock token) outside it"
-            )
-            self._reject(delivery, condition_of(refused))
-            return
         request = proton.Message()
         try:
             codec.check_sections(payload, self.conn.limits.max_value_depth)
@@ -665,6 +672,17 @@ class RequestLink:
                 "amqp:decode-error", f"the request cannot be decoded: {exc}", {TRACKING_ID: str(uuid.uuid4())}
             )
             self._reject(delivery, condition)
+            return
+        properties: dict[Any, Any] = request.properties or {}
+        operation = properties.get("operation")
+        if delivery.remote_state == TRANSACTIONAL_STATE and operation not in OUTSIDE_TRANSACTIONS:
+            refused = InvalidArgumentError(  # rather refused than applied outside its transaction
+                f"{operation!s} on {self.node} inside a transaction (transactional-state on its transfer) is not "
+                "supported by oncebus: send and settle on the entity's links inside the transaction, and make "
+                "this request (scheduling, settling deferred messages by lock token, ...) outside it; lock "
+                "renewals, peeks and reads run inside one as outside"
+            )
+            self._reject(delivery, condition_of(refused))
             return
         delivery.update(proton.Delivery.ACCEPTED)
         delivery.settle()

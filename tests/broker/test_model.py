@@ -75,3 +75,14 @@ def test_broker_matches_reference(partitioned: bool, ops: list[tuple[str, object
         )
 
     run(go())
+
+
+def test_held_messages_of_one_size_share_its_int() -> None:
+    """Each held message's size was an int object of its own (32 bytes a message in a backlog of equal sizes)."""
+    from oncebus.broker.receivable import Entry
+    from oncebus.core.messages import MessageState
+
+    sizes = [int("1024") for _ in range(3)]  # three distinct int objects of one value
+    assert sizes[0] is not sizes[1]
+    entries = [Entry(i, MessageState.ACTIVE, 0, None, size, None) for i, size in enumerate(sizes, 1)]
+    assert entries[0].size is entries[1].size is entries[2].size == 1024

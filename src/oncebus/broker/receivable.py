@@ -31,6 +31,21 @@ _DEAD_LETTERED = MessageState.DEAD_LETTERED
 _TIE = itertools.count()  # heap entries with equal keys (a sequence number added again) never compare entries
 
 
+_SIZES: dict[int, int] = {}
+_SIZES_KEPT = 65_536
+
+
+def _shared_size(size: int) -> int:
+    """One int object per distinct size (up to :data:`_SIZES_KEPT` of them): messages of a backlog mostly share
+    a few sizes, and each int held apart costs 32 bytes a message."""
+    shared = _SIZES.get(size)
+    if shared is not None:
+        return shared
+    if len(_SIZES) < _SIZES_KEPT:
+        _SIZES[size] = size
+    return size
+
+
 class Entry:
     """What the broker holds of one message: its place, state, lock and size (its content is in the store)."""
 
@@ -61,7 +76,7 @@ class Entry:
         self.state = state
         self.enqueued_time_us = enqueued_time_us
         self.expires_at_us = expires_at_us
-        self.size = size
+        self.size = _shared_size(size)
         self.session_id = session_id
         self.delivery_count = delivery_count
         self.lock_token: uuid.UUID | None = None

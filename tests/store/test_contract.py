@@ -20,6 +20,7 @@ from oncebus.broker import ManualClock, Message, Namespace
 from oncebus.core.errors import StoreError, StoreWriteError
 from oncebus.core.keys import id_text
 from oncebus.core.messages import MessageState, StoredMessage
+from oncebus.core.timeutil import us_to_datetime
 from oncebus.store.base import (
     AddCounters,
     DeleteEntity,
@@ -323,6 +324,30 @@ def test_a_namespace_keeps_its_dedup_history_across_a_restart_within_the_window(
         got = await ns2.receive("q", 10)
         assert [m.message_id for m in got] == ["old", "new", "fresh", "old"]
         await ns2.close()
+
+    _run(go)
+
+
+def test_a_session_state_keeps_the_time_it_was_set_across_a_restart(stores: Stores) -> None:
+    """``get-message-sessions`` with a last-updated time: a state set before a restart keeps its own time."""
+
+    async def go() -> None:
+        clock = ManualClock()
+        store = stores.open()
+        ns = await Namespace.open(store, clock)
+        await ns.create_queue("s", requires_session=True)
+        await ns.send("s", Message(b"1", session_id="s1"))
+        session = await ns.accept_session("s", "s1")
+        set_at = clock.now_us()
+        await ns.set_session_state(session, b"state")
+        await ns.close()
+        clock.advance(10)  # the restart
+        store = stores.reopen(store)
+        assert [(s.session_id, s.updated_us) for s in store.load().session_states] == [("s1", set_at)]
+        ns = await Namespace.open(store, clock)
+        assert ns.list_sessions("s", state_updated_after=us_to_datetime(set_at - 1)) == ["s1"]
+        assert ns.list_sessions("s", state_updated_after=us_to_datetime(set_at + 1_000_000)) == []
+        await ns.close()
 
     _run(go)
 

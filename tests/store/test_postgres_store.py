@@ -16,7 +16,14 @@ import pytest
 from oncebus.broker import ManualClock, Message, Namespace
 from oncebus.cli import main
 from oncebus.core.errors import InvalidArgumentError, StoreError, StoreWriteError
-from oncebus.store.base import SETTLEMENT_SYNC_SECONDS, AddCounters, DeleteMessage, PutEntity, PutMessage
+from oncebus.store.base import (
+    SETTLEMENT_SYNC_SECONDS,
+    AddCounters,
+    DeleteMessage,
+    PutEntity,
+    PutMessage,
+    PutSessionState,
+)
 from oncebus.store.postgres import PostgresStore, display_url
 from oncebus.store.postgres_url import open_store, store_spec
 from oncebus.store.sqlite import SqliteStore
@@ -206,6 +213,31 @@ def test_an_older_schema_is_migrated_in_one_transaction_or_left_as_it_was(
         store.close()
     with psycopg.connect(url) as db:
         assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (new,)
+
+
+def test_a_version_1_database_gets_session_state_times_and_its_states_count_as_set_at_the_start(
+    postgres_cluster: PostgresCluster,
+) -> None:
+    """Version 2 stores when a session state was set; a version 1 database's states have no time (None)."""
+    url = postgres_cluster.fresh_url()
+    store = PostgresStore(url)
+    store.submit([PutEntity("q", "queue", {}), PutSessionState("q", "s1", b"old", 123)]).result()
+    store.close()
+    with psycopg.connect(url, autocommit=True) as db:  # as version 1 left it
+        db.execute("ALTER TABLE oncebus_session_state DROP COLUMN updated_us")
+        db.execute("UPDATE oncebus_schema SET version = 1")
+    store = PostgresStore(url)
+    try:
+        assert [(s.session_id, s.state, s.updated_us) for s in store.load().session_states] == [("s1", b"old", None)]
+        store.submit([PutSessionState("q", "s2", b"new", 456)]).result()
+        assert sorted((s.session_id, s.updated_us) for s in store.load().session_states) == [
+            ("s1", None),
+            ("s2", 456),
+        ]
+    finally:
+        store.close()
+    with psycopg.connect(url) as db:
+        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (2,)
 
 
 def test_after_a_cut_connection_the_node_takes_its_lock_back_from_its_own_old_session(

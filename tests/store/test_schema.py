@@ -14,6 +14,7 @@ from oncebus.broker import ManualClock, Message, Namespace
 from oncebus.core import keys
 from oncebus.core.entities import QueueProperties
 from oncebus.core.errors import StoreError
+from oncebus.core.timeutil import us_to_datetime
 from oncebus.store.sqlite import SCHEMA_VERSION, SqliteStore
 
 # the layout of schema 0, verbatim from the release before store versions
@@ -67,7 +68,7 @@ def test_a_schema_0_file_is_migrated_and_keeps_every_key_and_message(tmp_path: P
     path = tmp_path / "oncebus.db"
     _write_schema_0(path)
     store = SqliteStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     stored = {(k.entity, k.key) for k in store.load().dedup_keys}
     assert stored == {
         ("plain", "order-1"),
@@ -113,7 +114,7 @@ def test_a_failed_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatc
         return keys.migrate_key_text_v0(text, partitioned=partitioned)
 
     monkeypatch.setattr("oncebus.store.sqlite_layout.migrate_key_text_v0", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 0 to 6 .*the file is unchanged"):
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 0 to 7 .*the file is unchanged"):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 0
@@ -126,10 +127,10 @@ def test_a_file_from_a_newer_release_is_refused_naming_both_versions(tmp_path: P
     path = tmp_path / "oncebus.db"
     SqliteStore(path).close()
     db = sqlite3.connect(path)
-    db.execute("PRAGMA user_version = 7")
+    db.execute("PRAGMA user_version = 8")
     db.commit()
     db.close()
-    with pytest.raises(StoreError, match=r"newer oncebus \(store schema 7; this version reads up to 6\)"):
+    with pytest.raises(StoreError, match=r"newer oncebus \(store schema 8; this version reads up to 7\)"):
         SqliteStore(path)
 
 
@@ -244,7 +245,7 @@ def test_a_failed_schema_2_migration_leaves_the_file_as_it_was(tmp_path: Path, m
         raise OSError("simulated failure half way")
 
     monkeypatch.setattr("oncebus.store.sqlite_layout.message_rows", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 2 to 6 .*the file is unchanged"):
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 2 to 7 .*the file is unchanged"):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 2
@@ -263,7 +264,7 @@ def test_a_schema_5_file_is_migrated_and_keeps_every_message_its_content_keys_an
     path = tmp_path / "oncebus.db"
     path.write_bytes(FIXTURE_5.read_bytes())
     store = SqliteStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     tables = {name for (name,) in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"message", "content"} <= tables and not {"message_v5", "message_data"} & tables
     snapshot = store.load()
@@ -322,7 +323,7 @@ def test_a_failed_schema_5_migration_leaves_the_file_as_it_was(tmp_path: Path, m
         raise OSError("simulated failure at the end")
 
     monkeypatch.setattr(sqlite_layout, "_content_v5_to_v6", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 5 to 6 .*the file is unchanged"):
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 5 to 7 .*the file is unchanged"):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 5
@@ -332,4 +333,72 @@ def test_a_failed_schema_5_migration_leaves_the_file_as_it_was(tmp_path: Path, m
     monkeypatch.setattr(sqlite_layout, "_content_v5_to_v6", real)
     store = SqliteStore(path)  # and it migrates next time
     assert store.read_messages("q", [1])[1].body == b"hello \x00 body"
+    store.close()
+
+
+# written by oncebus at store schema 6 (tests/store/fixtures/make_schema6.py, run on that release): a session queue
+# "sq" with a message in session "s1" and the session's state, stored without the time it was set
+FIXTURE_6 = Path(__file__).parent / "fixtures" / "schema6.db"
+
+
+def test_a_schema_6_file_is_migrated_and_its_session_state_counts_as_set_at_the_start(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    path.write_bytes(FIXTURE_6.read_bytes())
+    store = SqliteStore(path)
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+    snapshot = store.load()
+    assert [(s.path, s.session_id, s.state, s.updated_us) for s in snapshot.session_states] == [
+        ("sq", "s1", b"state of s1", None)  # when it was set is not known
+    ]
+    assert [(r[0], r[1], r[7]) for r in snapshot.messages] == [("sq", 1, "s1")]
+    store.close()
+
+    async def go() -> None:
+        clock = ManualClock(T0 + 60 * 10**6)
+        reopened = SqliteStore(path)
+        ns = await Namespace.open(reopened, clock)
+        start = clock.now_us()
+        # not known: counts as set at this start (at the latest), not before it
+        assert ns.list_sessions("sq", state_updated_after=us_to_datetime(start - 1)) == ["s1"]
+        assert ns.list_sessions("sq", state_updated_after=us_to_datetime(start)) == []
+        session = await ns.accept_session("sq", "s1")
+        assert await ns.get_session_state(session) == b"state of s1"
+        assert [m.body for m in await ns.receive("sq", 10, session=session)] == [b"in a session"]
+        clock.advance(5)
+        await ns.set_session_state(session, b"new")  # set again: its time is stored now
+        await ns.close()
+        reopened.close()
+        clock.advance(5)
+        again = SqliteStore(path)
+        ns = await Namespace.open(again, clock)
+        assert ns.list_sessions("sq", state_updated_after=us_to_datetime(start + 1)) == ["s1"]
+        assert ns.list_sessions("sq", state_updated_after=us_to_datetime(start + 6 * 10**6)) == []
+        await ns.close()
+        again.close()
+
+    asyncio.run(go())
+
+
+def test_a_failed_schema_6_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from oncebus.store import sqlite_layout
+
+    path = tmp_path / "oncebus.db"
+    path.write_bytes(FIXTURE_6.read_bytes())
+    real = sqlite_layout._session_times_v6_to_v7
+
+    def failing(db: sqlite3.Connection) -> None:
+        real(db)  # all of it done, then the failure: the transaction is rolled back
+        raise OSError("simulated failure at the end")
+
+    monkeypatch.setattr(sqlite_layout, "_session_times_v6_to_v7", failing)
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 6 to 7 .*the file is unchanged"):
+        SqliteStore(path)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 6
+    assert "updated_us" not in {row[1] for row in db.execute("PRAGMA table_info(session_state)")}
+    assert db.execute("SELECT session_id, state FROM session_state").fetchall() == [("s1", b"state of s1")]
+    db.close()
+    monkeypatch.setattr(sqlite_layout, "_session_times_v6_to_v7", real)
+    store = SqliteStore(path)  # and it migrates next time
+    assert [s.updated_us for s in store.load().session_states] == [None]
     store.close()

@@ -408,13 +408,14 @@ class Delivery:
     async def set_session_state(self, session: SessionLock, state: bytes | None) -> None:
         receivable = self.receivable(session.path)
         self._session_lock(receivable, session)
+        now_us = self._now()
         if state is None:
             receivable.session_states.pop(session.session_id, None)
             receivable.session_state_times.pop(session.session_id, None)
         else:
             receivable.session_states[session.session_id] = bytes(state)
-            receivable.session_state_times[session.session_id] = self._now()
-        await self._write([PutSessionState(receivable.path, session.session_id, state)])
+            receivable.session_state_times[session.session_id] = now_us
+        await self._write([PutSessionState(receivable.path, session.session_id, state, now_us)])
 
     def list_sessions(self, path: str, *, state_updated_after: datetime | None = None) -> list[str]:
         """The sessions with messages or a stored state, in order of their ids; with ``state_updated_after``, only

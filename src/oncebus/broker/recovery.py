@@ -160,7 +160,8 @@ def restore(registry: Registry, snapshot: Snapshot, now_us: int, *, messages: bo
         receivable = registry.receivable_by_path(state.path)
         if receivable is not None and state.state is not None:
             receivable.session_states[state.session_id] = state.state
-            receivable.session_state_times[state.session_id] = now_us  # not stored: set at the latest by now
+            # stored since store schema 7 (SQLite) / 2 (PostgreSQL); an older release's state: set at the latest now
+            receivable.session_state_times[state.session_id] = now_us if state.updated_us is None else state.updated_us
     loader.read = read
     loader.start(snapshot.keys_of, now_us)
     return loader

@@ -113,6 +113,9 @@ class PutSessionState:
     path: str
     session_id: str
     state: bytes | None  # None deletes
+    # when the state was set (us; what ``get-message-sessions`` with a last-updated time compares); None: not known
+    # (a state an older release stored, read back), or a delete
+    updated_us: int | None = None
 
 
 @dataclass(slots=True)

@@ -47,7 +47,7 @@ class MemoryStore:
         self.entities: dict[str, PutEntity] = {}
         self.messages: dict[tuple[str, int], StoredMessage] = {}
         self.dedup: dict[tuple[str, str], int] = {}
-        self.sessions: dict[tuple[str, str], bytes] = {}
+        self.sessions: dict[tuple[str, str], tuple[bytes, int | None]] = {}  # (state, set at us)
         self.counters: dict[str, AddCounters] = {}
         self.rules: dict[str, list[dict[str, Any]]] = {}
         self.commits = 0
@@ -60,7 +60,7 @@ class MemoryStore:
                 messages=[_row(m) for _, m in sorted(self.messages.items())],
                 dedup_keys=[PutDedupKey(e, k, t) for (e, k), t in keys],
                 newest_key_us=max(self.dedup.values(), default=0),
-                session_states=[PutSessionState(p, s, st) for (p, s), st in self.sessions.items()],
+                session_states=[PutSessionState(p, s, st, at) for (p, s), (st, at) in self.sessions.items()],
                 counters={
                     e: AddCounters(e, c.next_sequence_number, dict(c.counters)) for e, c in self.counters.items()
                 },
@@ -129,7 +129,7 @@ class MemoryStore:
                 if state is None:
                     self.sessions.pop((path, sid), None)
                 else:
-                    self.sessions[(path, sid)] = state
+                    self.sessions[(path, sid)] = (state, op.updated_us)
             case PutRules(path=path, rules=rules):
                 self.rules[path] = copy.deepcopy(rules)
             case AddCounters(entity=entity, next_sequence_number=next_seq, counters=deltas):

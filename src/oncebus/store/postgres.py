@@ -302,8 +302,10 @@ class PostgresStore(GroupCommitWriter):
             snapshot.entities.append(PutEntity(path, kind, json.loads(props)))
         row = db.execute(layout.NEWEST_KEY).fetchone()
         snapshot.newest_key_us = int(row[0]) if row is not None else 0
-        for path, sid, state in db.execute("SELECT path, session_id, state FROM oncebus_session_state"):
-            snapshot.session_states.append(PutSessionState(path, layout.decode(sid) or "", bytes(state)))
+        for path, sid, state, updated_us in db.execute(
+            "SELECT path, session_id, state, updated_us FROM oncebus_session_state"
+        ):
+            snapshot.session_states.append(PutSessionState(path, layout.decode(sid) or "", bytes(state), updated_us))
         for entity, next_seq, counters in db.execute(
             "SELECT entity, next_sequence_number, counters FROM oncebus_counters"
         ):

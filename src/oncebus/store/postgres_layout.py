@@ -13,6 +13,9 @@ Schema versions (table ``oncebus_schema``, one row):
   multi-node step decides duplicates with, in the transaction that stores the message (``INSERT ... ON
   CONFLICT (entity, key) DO UPDATE ... WHERE`` the stored time left the window), instead of in memory.
   ``oncebus_dedup_image`` holds the dedup index images of the last clean stop (one row per entity).
+- 2: ``oncebus_session_state.updated_us``: when the state was set (what ``get-message-sessions`` with a
+  last-updated time compares). A version 1 database's states get NULL: not known, they count as set at the start
+  that reads them.
 
 ``MIGRATIONS[n]`` brings version ``n`` to ``n + 1``; a database at an older version is migrated in one
 transaction at start (PostgreSQL's DDL is transactional: all of it or none), a newer one is refused.
@@ -49,7 +52,7 @@ from oncebus.store.base import (
 )
 from oncebus.store.sqlite_layout import message_rows
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 VERSION_TABLE = "oncebus_schema"
 TABLES = (
     "oncebus_entity",
@@ -103,6 +106,7 @@ CREATE TABLE oncebus_session_state (
     path text COLLATE "C" NOT NULL,
     session_id bytea NOT NULL,
     state bytea NOT NULL,
+    updated_us bigint,
     PRIMARY KEY (path, session_id)
 );
 CREATE TABLE oncebus_counters (
@@ -126,7 +130,9 @@ INSERT INTO {VERSION_TABLE} (version) VALUES ({SCHEMA_VERSION});
 """
 
 # version n -> the statements that bring it to n + 1 (none yet: 1 is the first layout)
-MIGRATIONS: dict[int, tuple[str, ...]] = {}
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: ("ALTER TABLE oncebus_session_state ADD COLUMN updated_us bigint",),
+}
 
 _MESSAGE_COLUMNS = (
     "path, sequence_number, state, delivery_count, enqueued_time_us, expires_at_us, size, session_id,"
@@ -426,9 +432,11 @@ class OpWriter:
                     )
                 else:
                     db.execute(
-                        "INSERT INTO oncebus_session_state (path, session_id, state) VALUES (%s, %s, %s)"
-                        " ON CONFLICT (path, session_id) DO UPDATE SET state = EXCLUDED.state",
-                        (path, encode(sid), state),
+                        "INSERT INTO oncebus_session_state (path, session_id, state, updated_us)"
+                        " VALUES (%s, %s, %s, %s)"
+                        " ON CONFLICT (path, session_id) DO UPDATE SET state = EXCLUDED.state,"
+                        " updated_us = EXCLUDED.updated_us",
+                        (path, encode(sid), state, op.updated_us),
                     )
             case PutRules(path=path, rules=rules):
                 db.execute(

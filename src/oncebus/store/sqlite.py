@@ -249,8 +249,8 @@ class SqliteStore(GroupCommitWriter):
                 if record.kind != "subscription" and record.properties.get("requires_duplicate_detection")
             ]
         )
-        for path, sid, state in db.execute("SELECT path, session_id, state FROM session_state"):
-            snapshot.session_states.append(PutSessionState(path, sid, bytes(state)))
+        for path, sid, state, updated_us in db.execute("SELECT path, session_id, state, updated_us FROM session_state"):
+            snapshot.session_states.append(PutSessionState(path, sid, bytes(state), updated_us))
         for entity, next_seq, counters in db.execute("SELECT entity, next_sequence_number, counters FROM counters"):
             snapshot.counters[entity] = AddCounters(entity, next_seq, json.loads(counters))
         for path, rules in db.execute("SELECT path, rules FROM subscription_rules"):

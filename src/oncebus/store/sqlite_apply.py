@@ -159,8 +159,9 @@ class OpWriter:
                     db.execute("DELETE FROM session_state WHERE path = ? AND session_id = ?", (path, sid))
                 else:
                     db.execute(
-                        "INSERT OR REPLACE INTO session_state (path, session_id, state) VALUES (?, ?, ?)",
-                        (path, sid, state),
+                        "INSERT OR REPLACE INTO session_state (path, session_id, state, updated_us)"
+                        " VALUES (?, ?, ?, ?)",
+                        (path, sid, state, op.updated_us),
                     )
             case PutRules(path=path, rules=rules):
                 db.execute(

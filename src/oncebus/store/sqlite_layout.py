@@ -25,7 +25,9 @@ Schema versions (``PRAGMA user_version``):
   ``message_data`` is gone: a ``message`` row carries its own meta JSON (properties differ per message and copy)
   and addresses its content (``content_id``; the wire is ``data[:wire_length]``, the body
   ``data[body_offset : body_offset + body_length]``). Deleting a message row releases its content (trigger);
-  the last reference deletes it. Schema 5's rows move over one content row per message.
+  the last reference deletes it. Schema 5's rows move over one content row per message;
+- 7: ``session_state.updated_us``: when the state was set (what ``get-message-sessions`` with a last-updated time
+  compares). An older file's states get NULL: not known, they count as set at the start that reads them.
 
 An older file is migrated in place in one transaction (all or nothing); a newer one is refused.
 """
@@ -41,7 +43,7 @@ from oncebus.core.keys import migrate_key_text_v0
 from oncebus.core.messages import StoredMessage
 from oncebus.core.rules import default_rule
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entity (
@@ -60,6 +62,7 @@ CREATE TABLE IF NOT EXISTS session_state (
     path TEXT NOT NULL,
     session_id TEXT NOT NULL,
     state BLOB NOT NULL,
+    updated_us INTEGER,  -- schema 7: when it was set (NULL: set before schema 7, time not known)
     PRIMARY KEY (path, session_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counters (
@@ -351,6 +354,8 @@ def migrate(db: sqlite3.Connection, version: int, images: str = "oncebus.db.dedu
         _checkpoints_v4_to_v5(db, images)
     if version < 6:
         _content_v5_to_v6(db)
+    if version < 7:
+        _session_times_v6_to_v7(db)
 
 
 def _keys_v0_to_v1(db: sqlite3.Connection) -> None:
@@ -474,3 +479,10 @@ def _content_v5_to_v6(db: sqlite3.Connection) -> None:
     )
     db.execute("DROP TABLE message_v5")
     db.execute("DROP TABLE message_data")
+
+
+def _session_times_v6_to_v7(db: sqlite3.Connection) -> None:
+    """Session states get the time they were set: NULL for those already stored (not known)."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(session_state)")}
+    if "updated_us" not in columns:  # a file whose tables were created before its version was set has it
+        db.execute("ALTER TABLE session_state ADD COLUMN updated_us INTEGER")

@@ -658,3 +658,21 @@ def test_schedule_in_a_transaction(server: InProcessServer, client: TxnClient, f
         return max(m.sequence_number for m in ns(server).peek_messages(name, 250))
 
     assert server.run(last) > numbers[1]
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_cancel_scheduled_in_a_transaction(server: InProcessServer, client: TxnClient, fail: bool) -> None:
+    """Cancelling a scheduled message inside a transaction: cancelled only if the transaction commits."""
+    name = queue(server)
+    management = _Management(client, name)
+    when = int(time.time() * 1000) + 3_600_000
+    answer = management.request("schedule-message", {"messages": [{"message": _scheduled("later", when)}]}, None)
+    (number,) = list(answer.body["sequence-numbers"])
+    txn = client.declare()
+    answer = management.request("cancel-scheduled-message", {"sequence-numbers": [int(number)]}, txn)
+    assert _status(answer)[0] == 200, _status(answer)
+    assert _scheduled_numbers(server, name) == {number: "later"}  # held by the transaction
+    missing = management.request("cancel-scheduled-message", {"sequence-numbers": [int(number) + 99]}, txn)
+    assert _status(missing)[0] == 404, _status(missing)  # refused at once; the transaction keeps its cancel
+    assert client.discharge(txn, fail=fail).state == proton.Delivery.ACCEPTED
+    assert _scheduled_numbers(server, name) == ({number: "later"} if fail else {})

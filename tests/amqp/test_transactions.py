@@ -13,14 +13,14 @@ from typing import Any
 import proton
 import pytest
 from proton.handlers import MessagingHandler, TransactionHandler
-from proton.reactor import Container, LinkOption
+from proton.reactor import Container, Filter, LinkOption
 
 from oncebus.amqp.limits import AmqpLimits
 from oncebus.amqp.sas import DEFAULT_KEY, DEFAULT_KEY_NAME, make_token
 from oncebus.broker import Namespace
 from oncebus.core.messages import MessageState, ServiceBusReceiveMode
 from tests.amqp.inprocess import InProcessServer
-from tests.amqp.txn_client import ACCEPTED, DECLARED, RELEASED, TRANSACTIONAL_STATE, TxnClient, _Target
+from tests.amqp.txn_client import ACCEPTED, DECLARED, RELEASED, TRANSACTIONAL_STATE, PeekLock, TxnClient, _Target
 
 REJECTED_STATE = proton.Delivery.REJECTED
 MAX_OPERATIONS = 100  # Azure Service Bus's quotas for one transaction
@@ -676,3 +676,29 @@ def test_cancel_scheduled_in_a_transaction(server: InProcessServer, client: TxnC
     assert _status(missing)[0] == 404, _status(missing)  # refused at once; the transaction keeps its cancel
     assert client.discharge(txn, fail=fail).state == proton.Delivery.ACCEPTED
     assert _scheduled_numbers(server, name) == ({number: "later"} if fail else {})
+
+
+def _session_state(server: InProcessServer, name: str, session_id: str) -> Any:
+    async def state() -> Any:
+        return ns(server).receivable(name).session_states.get(session_id)
+
+    return server.run(state)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_set_session_state_in_a_transaction(server: InProcessServer, client: TxnClient, fail: bool) -> None:
+    """A session state set inside a transaction: stored only if the transaction commits."""
+    name = queue(server, requires_session=True)
+    client.send(name, proton.Message(body="in a session", id="s", group_id="s1"))
+    client.conn.create_receiver(
+        name,
+        name="session-receiver",
+        options=[PeekLock(), Filter({proton.symbol("com.microsoft:session-filter"): "s1"})],
+    )
+    management = _Management(client, name)
+    txn = client.declare()
+    answer = management.request("set-session-state", {"session-id": "s1", "session-state": b"step 2"}, txn)
+    assert _status(answer)[0] == 200, _status(answer)
+    assert _session_state(server, name, "s1") is None  # held by the transaction
+    assert client.discharge(txn, fail=fail).state == proton.Delivery.ACCEPTED
+    assert _session_state(server, name, "s1") == (None if fail else b"step 2")

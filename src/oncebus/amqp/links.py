@@ -127,6 +127,7 @@ IN_TRANSACTIONS = frozenset(
         "com.microsoft:update-disposition",
         "com.microsoft:schedule-message",
         "com.microsoft:cancel-scheduled-message",
+        "com.microsoft:set-session-state",
     }
 )
 
@@ -684,14 +685,15 @@ class RequestLink:
             return
         properties: dict[Any, Any] = request.properties or {}
         operation = properties.get("operation")
+        operation = operation if isinstance(operation, str) else repr(operation)  # hashable, whatever was sent
         if delivery.remote_state == TRANSACTIONAL_STATE and operation in IN_TRANSACTIONS:
             cast(Any, request).oncebus_txn = _txn_id(delivery)  # run in the transaction (management.handle_request)
         elif delivery.remote_state == TRANSACTIONAL_STATE and operation not in OUTSIDE_TRANSACTIONS:
             refused = InvalidArgumentError(  # rather refused than applied outside its transaction
                 f"{operation!s} on {self.node} inside a transaction (transactional-state on its transfer) is not "
                 "supported by oncebus: make this request outside the transaction; inside one oncebus runs "
-                "update-disposition, schedule-message and cancel-scheduled-message in the transaction, and lock "
-                "renewals, peeks and reads as outside"
+                "update-disposition, schedule-message, cancel-scheduled-message and set-session-state in the "
+                "transaction, and lock renewals, peeks and reads as outside"
             )
             self._reject(delivery, condition_of(refused))
             return

@@ -275,6 +275,11 @@ async def _set_session_state(request: _Request) -> None:
     state = request.get("session-state")
     if isinstance(state, str):
         state = state.encode("utf-8")
+    if request.txn_id is not None:  # set at the commit
+        request.namespace.transactions.set_session_state(
+            request.txn_id, request.conn, _required_session(request), None if state is None else bytes(state)
+        )
+        return None
     await request.namespace.set_session_state(_required_session(request), None if state is None else bytes(state))
     return None
 

@@ -11,10 +11,11 @@ destination's window at the commit (the second of two sends with one id in one t
 duplicate). A discharge with ``fail``, the timeout, the owner's connection closing or a crash
 before the commit leave nothing of the transaction.
 
-Three ``$management`` operations run in a transaction too: ``update-disposition`` is held as the link
+Four ``$management`` operations run in a transaction too: ``update-disposition`` is held as the link
 settlements are (``settle_many``); ``schedule-message`` takes its sequence numbers from the entity's counter
 at the request (its response gives them; a rollback leaves a gap) and stores the messages with them at the
-commit (``schedule``); ``cancel-scheduled-message`` is checked at the request and the commit (``cancel``).
+commit (``schedule``); ``cancel-scheduled-message`` and ``set-session-state`` are checked at the request and
+at the commit (``cancel``, ``set_session_state``).
 
 Azure's limits: at most ``MAX_OPERATIONS`` messages per transaction, ``TIMEOUT_US`` from the
 declare (then the transaction is rolled back and using its id says it timed out), and every
@@ -31,7 +32,7 @@ from typing import Any, Literal, Protocol
 from oncebus.broker.clock import Clock
 from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path
-from oncebus.broker.receivable import Entry, Receivable
+from oncebus.broker.receivable import Entry, Receivable, SessionLock
 from oncebus.broker.registry import Entity, EntityKind
 from oncebus.broker.sending import Sender, SendOutcome
 from oncebus.core.errors import (
@@ -109,7 +110,16 @@ class PendingCancel:
     sequence_numbers: list[int]
 
 
-Operation = PendingSend | PendingSettlement | PendingSchedule | PendingCancel
+@dataclass
+class PendingSessionState:
+    """A session state set inside a transaction (``$management`` set-session-state): the session lock must be held
+    at the request and at the commit."""
+
+    session: SessionLock
+    state: bytes | None
+
+
+Operation = PendingSend | PendingSettlement | PendingSchedule | PendingCancel | PendingSessionState
 
 
 @dataclass
@@ -138,6 +148,9 @@ class Host(Protocol):
     def _check_alive(self) -> None: ...
     def _touch(self, path: str) -> None: ...
     def _require_backlog(self) -> None: ...
+    def receivable(self, path: str) -> Receivable: ...
+    def _session_lock(self, receivable: Receivable, session: SessionLock) -> SessionLock: ...
+    async def set_session_state(self, session: SessionLock, state: bytes | None) -> None: ...
     def _entity(self, name: str, kind: EntityKind | None = None) -> Entity: ...
     def _check_status(self, path: str, operation: str) -> None: ...
     def _locked(self, path: str, lock_token: uuid.UUID | str) -> tuple[Receivable, Entry]: ...
@@ -169,6 +182,11 @@ def _check_cancel(namespace: Host, cancel: PendingCancel) -> None:
         if entity.kind == "topic" and 0 < seq < entity.next_sequence_number:
             continue  # a topic's scheduled message no subscription took: cancelled as outside a transaction
         raise MessageNotFoundError(f"no scheduled message with sequence number {seq} in {entity.properties.name!r}")
+
+
+def _check_session_state(namespace: Host, op: PendingSessionState) -> None:
+    """What would refuse the session state if it were set now: the session lock lost."""
+    namespace._session_lock(namespace.receivable(op.session.path), op.session)
 
 
 def _run_now(work: Coroutine[Any, Any, Any]) -> None:
@@ -349,6 +367,17 @@ class Transactions:
         txn.operations.append(cancel)
         txn.messages += len(cancel.sequence_numbers)
 
+    def set_session_state(self, txn_id: bytes, owner: object, session: SessionLock, state: bytes | None) -> None:
+        """Hold a session state until the commit: the session lock must be held now (and at the commit)."""
+        txn = self.get(txn_id, owner)
+        self.namespace._check_alive()
+        op = PendingSessionState(session, None if state is None else bytes(state))
+        _check_session_state(self.namespace, op)
+        self._admit(txn, session.path, 1)
+        self._hold_bytes(txn, 0 if op.state is None else len(op.state))
+        txn.operations.append(op)
+        txn.messages += 1
+
     def _hold_bytes(self, txn: Transaction, total: int) -> None:
         if self.held_bytes + total > self.max_held_bytes:
             raise ServerBusyError(
@@ -377,6 +406,8 @@ class Transactions:
                     _check_settlement(namespace, op)
                 elif isinstance(op, PendingCancel):
                     _check_cancel(namespace, op)
+                elif isinstance(op, PendingSessionState):
+                    _check_session_state(namespace, op)
                 else:
                     entity = namespace._entity(parse_path(op.destination).entity)
                     namespace._check_status(op.destination, "send")
@@ -416,6 +447,8 @@ class Transactions:
             await namespace._sender.send(op.destination, op.messages, op.scheduled_us, op.sequence_numbers)
         elif isinstance(op, PendingCancel):
             await namespace._sender.cancel_scheduled(op.entity, op.sequence_numbers)
+        elif isinstance(op, PendingSessionState):
+            await namespace.set_session_state(op.session, op.state)
         elif op.outcome == "complete":
             await namespace.complete(op.path, op.lock_token)
         elif op.outcome == "abandon":

@@ -702,3 +702,27 @@ def test_set_session_state_in_a_transaction(server: InProcessServer, client: Txn
     assert _session_state(server, name, "s1") is None  # held by the transaction
     assert client.discharge(txn, fail=fail).state == proton.Delivery.ACCEPTED
     assert _session_state(server, name, "s1") == (None if fail else b"step 2")
+
+
+def test_a_schedule_into_a_queue_created_again_before_the_commit_rolls_back(
+    server: InProcessServer, client: TxnClient
+) -> None:
+    """The sequence numbers a schedule answered are the queue's that existed then: a queue deleted and created again
+    before the commit has other numbers, so the transaction is rolled back rather than store messages under numbers
+    the new queue will give again."""
+    name = queue(server)
+    management = _Management(client, name)
+    txn = client.declare()
+    when = int(time.time() * 1000) + 3_600_000
+    answer = management.request("schedule-message", {"messages": [{"message": _scheduled("old", when)}]}, txn)
+    assert _status(answer)[0] == 200, _status(answer)
+
+    async def recreate() -> None:
+        await ns(server).delete_queue(name)
+        await ns(server).create_queue(name)
+
+    server.run(recreate)
+    answer = client.discharge(txn)
+    assert answer.state == REJECTED_STATE and answer.condition == "amqp:transaction:rollback", answer
+    assert "created again" in (answer.description or "")
+    assert _scheduled_numbers(server, name) == {}

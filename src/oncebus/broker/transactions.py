@@ -100,6 +100,7 @@ class PendingSchedule:
     messages: list[Message]
     scheduled_us: int
     sequence_numbers: list[int]
+    reserved_from: Entity | None = field(default=None, repr=False)  # the entity whose counter gave the numbers
 
 
 @dataclass
@@ -349,7 +350,7 @@ class Transactions:
         entity.next_sequence_number += len(batch)
         by_time: dict[int, PendingSchedule] = {}
         for (message, scheduled_us), number in zip(messages, numbers, strict=True):
-            held = by_time.setdefault(scheduled_us, PendingSchedule(destination, [], scheduled_us, []))
+            held = by_time.setdefault(scheduled_us, PendingSchedule(destination, [], scheduled_us, [], entity))
             held.messages.append(message)
             held.sequence_numbers.append(number)
         txn.operations += by_time.values()
@@ -410,6 +411,11 @@ class Transactions:
                     _check_session_state(namespace, op)
                 else:
                     entity = namespace._entity(parse_path(op.destination).entity)
+                    if isinstance(op, PendingSchedule) and entity is not op.reserved_from:
+                        raise InvalidArgumentError(
+                            f"{entity.properties.name!r} was deleted and created again since its messages were "
+                            f"scheduled in the transaction: their sequence numbers {op.sequence_numbers} are not its"
+                        )
                     namespace._check_status(op.destination, "send")
                     checked = validate_send(
                         entity.properties,

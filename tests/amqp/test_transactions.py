@@ -726,3 +726,53 @@ def test_a_schedule_into_a_queue_created_again_before_the_commit_rolls_back(
     assert answer.state == REJECTED_STATE and answer.condition == "amqp:transaction:rollback", answer
     assert "created again" in (answer.description or "")
     assert _scheduled_numbers(server, name) == {}
+
+
+def test_a_schedule_on_a_topic_in_a_committed_transaction_waits_at_the_topic_then_fans_out(
+    server: InProcessServer, client: TxnClient
+) -> None:
+    name = f"t{next(_names)}"
+
+    async def topic() -> None:
+        await ns(server).create_topic(name)
+        await ns(server).create_subscription(name, "s")
+
+    server.run(topic)
+    management = _Management(client, name)
+    txn = client.declare()
+    when = server.run(_now_ms(ns(server))) + 3_600_000
+    answer = management.request("schedule-message", {"messages": [{"message": _scheduled("fan", when)}]}, txn)
+    (number,) = list(answer.body["sequence-numbers"])
+    assert client.discharge(txn).state == proton.Delivery.ACCEPTED
+
+    async def waiting() -> dict[int, Any]:  # a topic's scheduled messages wait at the topic until due
+        holder = ns(server)._entity(name).scheduled
+        assert holder is not None
+        return {seq: entry.state for seq, entry in holder.messages.items()}
+
+    assert server.run(waiting) == {number: MessageState.SCHEDULED}
+    server.run(_advance(ns(server), 3601))
+
+    async def tick() -> None:
+        ns(server).tick()  # due: through the topic's rules to the subscription, with its number
+
+    server.run(tick)
+    assert _active(server, f"{name}/Subscriptions/s") == {number: "fan"}
+
+
+def _now_ms(namespace: Namespace) -> Any:
+    async def now() -> int:
+        return namespace.clock.now_us() // 1000
+
+    return now
+
+
+def _active(server: InProcessServer, path: str) -> dict[int, str]:
+    async def active() -> dict[int, str]:
+        return {
+            m.sequence_number: bytes(m.body).decode()
+            for m in ns(server).peek_messages(path, 250)
+            if m.state == MessageState.ACTIVE
+        }
+
+    return dict(server.run(active))

@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import itertools
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import proton
 import pytest
 from proton.handlers import MessagingHandler, TransactionHandler
-from proton.reactor import Container, LinkOption
+from proton.reactor import Container, Filter, LinkOption
 
 from oncebus.amqp.limits import AmqpLimits
 from oncebus.amqp.sas import DEFAULT_KEY, DEFAULT_KEY_NAME, make_token
 from oncebus.broker import Namespace
+from oncebus.core.messages import MessageState, ServiceBusReceiveMode
 from tests.amqp.inprocess import InProcessServer
-from tests.amqp.txn_client import ACCEPTED, DECLARED, RELEASED, TRANSACTIONAL_STATE, TxnClient, _Target
+from tests.amqp.txn_client import ACCEPTED, DECLARED, RELEASED, TRANSACTIONAL_STATE, PeekLock, TxnClient, _Target
 
 REJECTED_STATE = proton.Delivery.REJECTED
 MAX_OPERATIONS = 100  # Azure Service Bus's quotas for one transaction
@@ -473,17 +475,18 @@ def test_abandon_with_binary_properties_to_modify_in_a_transaction(server: InPro
 def test_a_management_request_inside_a_transaction_is_refused_not_applied_outside_it(
     server: InProcessServer, client: TxnClient
 ) -> None:
-    """The Java SDK sends ``$management`` requests (schedule, update-disposition) with a transactional state: oncebus
-    refuses those that change something, saying so, rather than scheduling or settling at once, outside the
-    transaction."""
+    """The Java/.NET SDKs send ``$management`` requests with a transactional state inside a transaction: oncebus
+    refuses those that change something and that it cannot run in the transaction (here a purge), saying so, rather
+    than applying them at once, outside the transaction."""
     name = queue(server)
+    client.send(name, msg("kept"))
     requests = client.conn.create_sender(f"{name}/$management", name="mgmt-requests")
     txn = client.declare()
     request = proton.Message(
-        body={"messages": [{"message": b"", "message-id": "s1"}]},
+        body={"message-count": proton.int32(10)},
         reply_to="mgmt-replies",
-        id="schedule",
-        properties={"operation": "com.microsoft:schedule-message"},
+        id="purge",
+        properties={"operation": "com.microsoft:batch-delete-messages"},
     )
     delivery = requests.link.send(request)
     delivery.local.data = [txn]
@@ -491,8 +494,10 @@ def test_a_management_request_inside_a_transaction_is_refused_not_applied_outsid
     client.conn.wait(lambda: delivery.remote_state != 0, timeout=5)
     condition = delivery.remote.condition
     assert delivery.remote_state == REJECTED_STATE and condition is not None
-    assert "com.microsoft:schedule-message" in condition.description
+    assert "com.microsoft:batch-delete-messages" in condition.description
     assert "inside a transaction" in condition.description
+    assert client.discharge(txn).state == proton.Delivery.ACCEPTED
+    assert bodies(server, name) == ["kept"]
 
 
 def test_a_peek_inside_a_transaction_is_answered_as_outside(server: InProcessServer, client: TxnClient) -> None:
@@ -512,3 +517,262 @@ def test_a_peek_inside_a_transaction_is_answered_as_outside(server: InProcessSer
     delivery.update(TRANSACTIONAL_STATE)
     answer = replies.receive(timeout=10)
     assert (answer.properties or {}).get("statusCode") in (200, 204), answer.properties
+
+
+# ------------------------------------------------------------------------------ $management inside a transaction
+class _Management:
+    """Raw ``$management`` requests on one entity, each inside a transaction (or not), as the Java/.NET SDKs send them
+    inside a ``TransactionScope``: the transfer's state is ``transactional-state{txn-id}``."""
+
+    def __init__(self, client: TxnClient, name: str) -> None:
+        self.requests = client.conn.create_sender(f"{name}/$management", name=f"mgmt-requests-{name}")
+        self.replies = client.conn.create_receiver(
+            f"{name}/$management", name=f"mgmt-replies-{name}", options=_Target(f"mgmt-replies-{name}")
+        )
+        self.reply_to = f"mgmt-replies-{name}"
+        self.ids = itertools.count()
+
+    def request(self, operation: str, body: dict[str, Any], txn: bytes | None) -> proton.Message:
+        request = proton.Message(
+            body=body,
+            reply_to=self.reply_to,
+            id=f"request-{next(self.ids)}",
+            properties={"operation": f"com.microsoft:{operation}"},
+        )
+        delivery = self.requests.link.send(request)
+        if txn is not None:
+            delivery.local.data = [txn]
+            delivery.update(TRANSACTIONAL_STATE)
+        answer: proton.Message = self.replies.receive(timeout=10)
+        return answer
+
+
+def _status(answer: proton.Message) -> Any:
+    return (answer.properties or {}).get("statusCode"), (answer.properties or {}).get("statusDescription")
+
+
+def _deferred(server: InProcessServer, client: TxnClient, name: str, body: str) -> Any:
+    """Send ``body``, defer it, receive it again by its sequence number (peek-locked): its lock token."""
+    client.send(name, msg(body))
+    _, delivery = client.receive(name)
+    delivery.local.failed = True
+    delivery.local.undeliverable = True
+    client.settle(delivery, None, proton.Delivery.MODIFIED)  # modified, undeliverable here: deferred
+
+    async def lock() -> Any:
+        namespace = ns(server)
+        (deferred,) = namespace.peek_messages(name, 1)
+        (locked,) = await namespace.receive_deferred_messages(
+            name, [deferred.sequence_number], receive_mode=ServiceBusReceiveMode.PEEK_LOCK
+        )
+        return locked.lock_token
+
+    return server.run(lock)
+
+
+def _deferred_count(server: InProcessServer, name: str) -> int:
+    async def deferred() -> int:
+        return ns(server).stats(name).deferred_message_count
+
+    return int(server.run(deferred))
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_update_disposition_of_a_deferred_message_in_a_transaction(
+    server: InProcessServer, client: TxnClient, fail: bool
+) -> None:
+    """Settling a deferred message by its lock token inside a transaction: completed only if the transaction commits
+    (the Java/.NET SDKs' ``complete`` of a message received by sequence number, inside a ``TransactionScope``)."""
+    name = queue(server, lock_duration="PT30S")
+    token = _deferred(server, client, name, "deferred")
+    management = _Management(client, name)
+    txn = client.declare()
+    answer = management.request("update-disposition", {"disposition-status": "completed", "lock-tokens": [token]}, txn)
+    assert _status(answer)[0] == 200, _status(answer)
+    assert _deferred_count(server, name) == 1  # held by the transaction
+    assert client.discharge(txn, fail=fail).state == proton.Delivery.ACCEPTED
+    assert _deferred_count(server, name) == (1 if fail else 0)
+    if fail:  # still deferred and still locked by its receiver: completed outside a transaction now
+        answer = management.request(
+            "update-disposition", {"disposition-status": "completed", "lock-tokens": [token]}, None
+        )
+        assert _status(answer)[0] == 200, _status(answer)
+        assert _deferred_count(server, name) == 0
+
+
+def test_update_disposition_in_a_transaction_of_a_lost_lock_is_refused_at_once(
+    server: InProcessServer, client: TxnClient
+) -> None:
+    name = queue(server)
+    management = _Management(client, name)
+    txn = client.declare()
+    answer = management.request(
+        "update-disposition", {"disposition-status": "completed", "lock-tokens": [uuid.uuid4()]}, txn
+    )
+    status, description = _status(answer)
+    assert status == 410 and "lock" in description, (status, description)
+    assert client.discharge(txn).state == proton.Delivery.ACCEPTED
+
+
+def _scheduled(body: str, when_ms: int) -> bytes:
+    message = proton.Message(
+        body=body, id=body, annotations={proton.symbol("x-opt-scheduled-enqueue-time"): proton.timestamp(when_ms)}
+    )
+    return bytes(message.encode())
+
+
+def _scheduled_numbers(server: InProcessServer, name: str) -> dict[int, str]:
+    async def scheduled() -> dict[int, str]:
+        return {
+            m.sequence_number: bytes(m.body).decode()
+            for m in ns(server).peek_messages(name, 250)
+            if m.state == MessageState.SCHEDULED
+        }
+
+    return dict(server.run(scheduled))
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_schedule_in_a_transaction(server: InProcessServer, client: TxnClient, fail: bool) -> None:
+    """Scheduling inside a transaction: the response gives the sequence numbers at once (the SDK returns them); the
+    messages are scheduled with those numbers if the transaction commits, and nothing is if it rolls back."""
+    name = queue(server)
+    client.send(name, msg("before"))
+    management = _Management(client, name)
+    txn = client.declare()
+    when = int(time.time() * 1000) + 3_600_000
+    answer = management.request(
+        "schedule-message",
+        {"messages": [{"message": _scheduled("s1", when), "message-id": "s1"}, {"message": _scheduled("s2", when)}]},
+        txn,
+    )
+    assert _status(answer)[0] == 200, _status(answer)
+    numbers = list(answer.body["sequence-numbers"])
+    assert len(numbers) == 2 and numbers[0] < numbers[1], numbers
+    assert _scheduled_numbers(server, name) == {}  # held by the transaction
+    assert client.discharge(txn, fail=fail).state == proton.Delivery.ACCEPTED
+    assert _scheduled_numbers(server, name) == ({} if fail else {numbers[0]: "s1", numbers[1]: "s2"})
+    client.send(name, msg("after"))  # a number after the reserved ones (a rollback leaves a gap)
+
+    async def last() -> int:
+        return max(m.sequence_number for m in ns(server).peek_messages(name, 250))
+
+    assert server.run(last) > numbers[1]
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_cancel_scheduled_in_a_transaction(server: InProcessServer, client: TxnClient, fail: bool) -> None:
+    """Cancelling a scheduled message inside a transaction: cancelled only if the transaction commits."""
+    name = queue(server)
+    management = _Management(client, name)
+    when = int(time.time() * 1000) + 3_600_000
+    answer = management.request("schedule-message", {"messages": [{"message": _scheduled("later", when)}]}, None)
+    (number,) = list(answer.body["sequence-numbers"])
+    txn = client.declare()
+    answer = management.request("cancel-scheduled-message", {"sequence-numbers": [int(number)]}, txn)
+    assert _status(answer)[0] == 200, _status(answer)
+    assert _scheduled_numbers(server, name) == {number: "later"}  # held by the transaction
+    missing = management.request("cancel-scheduled-message", {"sequence-numbers": [int(number) + 99]}, txn)
+    assert _status(missing)[0] == 404, _status(missing)  # refused at once; the transaction keeps its cancel
+    assert client.discharge(txn, fail=fail).state == proton.Delivery.ACCEPTED
+    assert _scheduled_numbers(server, name) == ({number: "later"} if fail else {})
+
+
+def _session_state(server: InProcessServer, name: str, session_id: str) -> Any:
+    async def state() -> Any:
+        return ns(server).receivable(name).session_states.get(session_id)
+
+    return server.run(state)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_set_session_state_in_a_transaction(server: InProcessServer, client: TxnClient, fail: bool) -> None:
+    """A session state set inside a transaction: stored only if the transaction commits."""
+    name = queue(server, requires_session=True)
+    client.send(name, proton.Message(body="in a session", id="s", group_id="s1"))
+    client.conn.create_receiver(
+        name,
+        name="session-receiver",
+        options=[PeekLock(), Filter({proton.symbol("com.microsoft:session-filter"): "s1"})],
+    )
+    management = _Management(client, name)
+    txn = client.declare()
+    answer = management.request("set-session-state", {"session-id": "s1", "session-state": b"step 2"}, txn)
+    assert _status(answer)[0] == 200, _status(answer)
+    assert _session_state(server, name, "s1") is None  # held by the transaction
+    assert client.discharge(txn, fail=fail).state == proton.Delivery.ACCEPTED
+    assert _session_state(server, name, "s1") == (None if fail else b"step 2")
+
+
+def test_a_schedule_into_a_queue_created_again_before_the_commit_rolls_back(
+    server: InProcessServer, client: TxnClient
+) -> None:
+    """The sequence numbers a schedule answered are the queue's that existed then: a queue deleted and created again
+    before the commit has other numbers, so the transaction is rolled back rather than store messages under numbers
+    the new queue will give again."""
+    name = queue(server)
+    management = _Management(client, name)
+    txn = client.declare()
+    when = int(time.time() * 1000) + 3_600_000
+    answer = management.request("schedule-message", {"messages": [{"message": _scheduled("old", when)}]}, txn)
+    assert _status(answer)[0] == 200, _status(answer)
+
+    async def recreate() -> None:
+        await ns(server).delete_queue(name)
+        await ns(server).create_queue(name)
+
+    server.run(recreate)
+    answer = client.discharge(txn)
+    assert answer.state == REJECTED_STATE and answer.condition == "amqp:transaction:rollback", answer
+    assert "created again" in (answer.description or "")
+    assert _scheduled_numbers(server, name) == {}
+
+
+def test_a_schedule_on_a_topic_in_a_committed_transaction_waits_at_the_topic_then_fans_out(
+    server: InProcessServer, client: TxnClient
+) -> None:
+    name = f"t{next(_names)}"
+
+    async def topic() -> None:
+        await ns(server).create_topic(name)
+        await ns(server).create_subscription(name, "s")
+
+    server.run(topic)
+    management = _Management(client, name)
+    txn = client.declare()
+    when = server.run(_now_ms(ns(server))) + 3_600_000
+    answer = management.request("schedule-message", {"messages": [{"message": _scheduled("fan", when)}]}, txn)
+    (number,) = list(answer.body["sequence-numbers"])
+    assert client.discharge(txn).state == proton.Delivery.ACCEPTED
+
+    async def waiting() -> dict[int, Any]:  # a topic's scheduled messages wait at the topic until due
+        holder = ns(server)._entity(name).scheduled
+        assert holder is not None
+        return {seq: entry.state for seq, entry in holder.messages.items()}
+
+    assert server.run(waiting) == {number: MessageState.SCHEDULED}
+    server.run(_advance(ns(server), 3601))
+
+    async def tick() -> None:
+        ns(server).tick()  # due: through the topic's rules to the subscription, with its number
+
+    server.run(tick)
+    assert _active(server, f"{name}/Subscriptions/s") == {number: "fan"}
+
+
+def _now_ms(namespace: Namespace) -> Any:
+    async def now() -> int:
+        return namespace.clock.now_us() // 1000
+
+    return now
+
+
+def _active(server: InProcessServer, path: str) -> dict[int, str]:
+    async def active() -> dict[int, str]:
+        return {
+            m.sequence_number: bytes(m.body).decode()
+            for m in ns(server).peek_messages(path, 250)
+            if m.state == MessageState.ACTIVE
+        }
+
+    return dict(server.run(active))

@@ -120,6 +120,16 @@ OUTSIDE_TRANSACTIONS = frozenset(
         "com.microsoft:enumerate-rules",
     }
 )
+# $management operations that run inside the transaction their request's transfer names (transactional-state): held
+# until the commit and applied in its durable unit, as Service Bus does; any other that changes something is refused
+IN_TRANSACTIONS = frozenset(
+    {
+        "com.microsoft:update-disposition",
+        "com.microsoft:schedule-message",
+        "com.microsoft:cancel-scheduled-message",
+        "com.microsoft:set-session-state",
+    }
+)
 
 
 class SendLink:
@@ -675,12 +685,15 @@ class RequestLink:
             return
         properties: dict[Any, Any] = request.properties or {}
         operation = properties.get("operation")
-        if delivery.remote_state == TRANSACTIONAL_STATE and operation not in OUTSIDE_TRANSACTIONS:
+        operation = operation if isinstance(operation, str) else repr(operation)  # hashable, whatever was sent
+        if delivery.remote_state == TRANSACTIONAL_STATE and operation in IN_TRANSACTIONS:
+            cast(Any, request).oncebus_txn = _txn_id(delivery)  # run in the transaction (management.handle_request)
+        elif delivery.remote_state == TRANSACTIONAL_STATE and operation not in OUTSIDE_TRANSACTIONS:
             refused = InvalidArgumentError(  # rather refused than applied outside its transaction
                 f"{operation!s} on {self.node} inside a transaction (transactional-state on its transfer) is not "
-                "supported by oncebus: send and settle on the entity's links inside the transaction, and make "
-                "this request (scheduling, settling deferred messages by lock token, ...) outside it; lock "
-                "renewals, peeks and reads run inside one as outside"
+                "supported by oncebus: make this request outside the transaction; inside one oncebus runs "
+                "update-disposition, schedule-message, cancel-scheduled-message and set-session-state in the "
+                "transaction, and lock renewals, peeks and reads as outside"
             )
             self._reject(delivery, condition_of(refused))
             return

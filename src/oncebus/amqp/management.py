@@ -21,7 +21,7 @@ from oncebus.amqp.errors import condition_of, status_of
 from oncebus.amqp.rules import rule_from_amqp, rule_to_amqp
 from oncebus.amqp.values import text
 from oncebus.auth import LISTEN, MANAGE, SEND
-from oncebus.broker import address_path, parse_path
+from oncebus.broker import PendingSettlement, address_path, parse_path
 from oncebus.core.errors import InvalidArgumentError, SessionLockLostError, UnauthorizedError
 from oncebus.core.messages import Message, ServiceBusReceiveMode
 from oncebus.core.timeutil import datetime_to_us, us_to_datetime
@@ -75,13 +75,20 @@ def _ms(moment: datetime.datetime) -> proton.timestamp:
 
 class _Request:
     def __init__(
-        self, namespace: Namespace, conn: AmqpConnection, entity: str, body: Body, properties: dict[str, Any]
+        self,
+        namespace: Namespace,
+        conn: AmqpConnection,
+        entity: str,
+        body: Body,
+        properties: dict[str, Any],
+        txn_id: bytes | None = None,
     ) -> None:
         self.namespace = namespace
         self.conn = conn
         self.entity = entity
         self.body = body
         self.properties = properties
+        self.txn_id = txn_id  # the transaction the request was sent in (its transfer's transactional-state), if any
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.body.get(name, default)
@@ -120,7 +127,13 @@ async def _schedule(request: _Request) -> Body:
             )
         by_time.setdefault(when, []).append((position, message))
     numbers: list[int] = [0] * len(entries)
-    for when, group in by_time.items():
+    if request.txn_id is not None:  # held until the commit; the numbers are reserved now
+        held = [(message, datetime_to_us(when)) for when, group in by_time.items() for _, message in group]
+        order = [position for group in by_time.values() for position, _ in group]
+        reserved = request.namespace.transactions.schedule(request.txn_id, request.conn, request.entity, held)
+        for position, number in zip(order, reserved, strict=True):
+            numbers[position] = number
+    for when, group in by_time.items() if request.txn_id is None else ():
         sequence_numbers = await request.namespace.schedule_messages(
             request.entity, [message for _, message in group], when
         )
@@ -137,6 +150,9 @@ async def _schedule(request: _Request) -> Body:
 
 async def _cancel(request: _Request) -> None:
     numbers = [int(n) for n in _items(request.require("sequence-numbers"))]
+    if request.txn_id is not None:  # applied at the commit
+        request.namespace.transactions.cancel(request.txn_id, request.conn, request.entity, numbers)
+        return None
     await request.namespace.cancel_scheduled_messages(request.entity, numbers)
     return None
 
@@ -177,6 +193,10 @@ async def _update_disposition(request: _Request) -> None:
     status = _text(request.require("disposition-status"))
     tokens = [_uuid(t) for t in _items(request.require("lock-tokens"))]
     namespace = request.namespace
+    if request.txn_id is not None:  # held as the link settlements are: the locks checked now and at the commit
+        settlements = [_settlement(request, status, token) for token in tokens]
+        namespace.transactions.settle_many(request.txn_id, request.conn, settlements)
+        return None
     for token in tokens:
         if status == "completed":
             await namespace.complete(request.entity, token)
@@ -197,6 +217,26 @@ async def _update_disposition(request: _Request) -> None:
                 f"disposition-status {status!r} is not one of completed, abandoned, defered, suspended"
             )
     return None
+
+
+def _settlement(request: _Request, status: str | None, token: uuid.UUID) -> PendingSettlement:
+    """An update-disposition of ``token`` inside a transaction, as the settlement it holds until the commit."""
+    if status == "completed":
+        return PendingSettlement(request.entity, token, "complete")
+    if status == "abandoned":
+        modify = request.get("properties-to-modify")
+        return PendingSettlement(request.entity, token, "abandon", dict(modify) if modify else None)
+    if status == "defered":
+        return PendingSettlement(request.entity, token, "defer")
+    if status == "suspended":
+        return PendingSettlement(
+            request.entity,
+            token,
+            "dead_letter",
+            reason=_text(request.get("deadletter-reason")) or None,
+            error_description=_text(request.get("deadletter-description")) or None,
+        )
+    raise InvalidArgumentError(f"disposition-status {status!r} is not one of completed, abandoned, defered, suspended")
 
 
 async def _receive_by_sequence_number(request: _Request) -> Body | None:
@@ -235,6 +275,11 @@ async def _set_session_state(request: _Request) -> None:
     state = request.get("session-state")
     if isinstance(state, str):
         state = state.encode("utf-8")
+    if request.txn_id is not None:  # set at the commit
+        request.namespace.transactions.set_session_state(
+            request.txn_id, request.conn, _required_session(request), None if state is None else bytes(state)
+        )
+        return None
     await request.namespace.set_session_state(_required_session(request), None if state is None else bytes(state))
     return None
 
@@ -410,7 +455,8 @@ async def handle_request(
             )
         body = codec.copy_value(request.body) if isinstance(request.body, dict) else {}
         body = {str(k): v for k, v in body.items()}
-        result = await handler(_Request(namespace, conn, entity, body, properties))
+        txn_id: bytes | None = getattr(request, "oncebus_txn", None)  # set by the request link (TRANSACTIONAL)
+        result = await handler(_Request(namespace, conn, entity, body, properties, txn_id))
     except Exception as exc:
         _LOG.info("management %s on %r failed: %s", operation, entity, exc)
         condition = condition_of(exc)

@@ -71,8 +71,18 @@ class Sender:
                     f"(each message counts its size plus {QUOTA_BYTES_PER_MESSAGE} bytes)"
                 )
 
-    async def send(self, entity_name: str, batch: list[Message], scheduled_us: int | None) -> list[SendOutcome]:
+    async def send(
+        self,
+        entity_name: str,
+        batch: list[Message],
+        scheduled_us: int | None,
+        sequence_numbers: list[int] | None = None,
+    ) -> list[SendOutcome]:
+        """``sequence_numbers``: the numbers the messages take, reserved from the entity's counter before (a
+        transaction's schedule-message answered them at its request); None: the next ones now."""
         self.journal.check_alive()
+        if sequence_numbers is not None and len(sequence_numbers) != len(batch):
+            raise InvalidArgumentError(f"{len(sequence_numbers)} sequence numbers for {len(batch)} messages")
         if not batch:
             raise InvalidArgumentError("nothing to send: give at least one message")
         where = parse_path(entity_name)
@@ -94,7 +104,9 @@ class Sender:
         late_delays: list[int] = []
         resends: list[int] = []  # delays since each resent key's first acceptance (metrics)
         detector = entity.detector  # keys are None when duplicate detection is off
+        reserved = iter(sequence_numbers) if sequence_numbers is not None else None
         for message, given_id, key in zip(batch, checked.ids, checked.keys, strict=True):
+            reserved_seq = next(reserved) if reserved is not None else None
             message_id: MessageId = given_id if given_id is not None else uuid.uuid4().hex
             verdict = detector.judge(key, now) if key is not None else None
             if self.send_log is not None and key is not None:
@@ -121,8 +133,11 @@ class Sender:
                 deltas["late_resends"] += 1
                 late_delays.append(late)
                 resends.append(late)
-            seq = entity.next_sequence_number
-            entity.next_sequence_number += 1
+            if reserved_seq is not None:
+                seq = reserved_seq
+            else:
+                seq = entity.next_sequence_number
+                entity.next_sequence_number += 1
             deltas["accepted"] += 1
             record = stored_message(entity.properties, message, message_id, seq, now, scheduled_us)
             plan.dedup_key = None if key is None else (entity.path, key, now)  # written with the first copy

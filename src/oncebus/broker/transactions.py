@@ -11,6 +11,12 @@ destination's window at the commit (the second of two sends with one id in one t
 duplicate). A discharge with ``fail``, the timeout, the owner's connection closing or a crash
 before the commit leave nothing of the transaction.
 
+Four ``$management`` operations run in a transaction too: ``update-disposition`` is held as the link
+settlements are (``settle_many``); ``schedule-message`` takes its sequence numbers from the entity's counter
+at the request (its response gives them; a rollback leaves a gap) and stores the messages with them at the
+commit (``schedule``); ``cancel-scheduled-message`` and ``set-session-state`` are checked at the request and
+at the commit (``cancel``, ``set_session_state``).
+
 Azure's limits: at most ``MAX_OPERATIONS`` messages per transaction, ``TIMEOUT_US`` from the
 declare (then the transaction is rolled back and using its id says it timed out), and every
 operation of one transaction on one entity, except the sends that go through it (send-via).
@@ -26,11 +32,17 @@ from typing import Any, Literal, Protocol
 from oncebus.broker.clock import Clock
 from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path
-from oncebus.broker.receivable import Entry, Receivable
+from oncebus.broker.receivable import Entry, Receivable, SessionLock
 from oncebus.broker.registry import Entity, EntityKind
 from oncebus.broker.sending import Sender, SendOutcome
-from oncebus.core.errors import InvalidArgumentError, OncebusError, QuotaExceededError, ServerBusyError
-from oncebus.core.messages import Message
+from oncebus.core.errors import (
+    InvalidArgumentError,
+    MessageNotFoundError,
+    OncebusError,
+    QuotaExceededError,
+    ServerBusyError,
+)
+from oncebus.core.messages import Message, MessageState
 from oncebus.core.sending import validate_send
 from oncebus.core.tiers import TierQuotas
 
@@ -80,12 +92,44 @@ class PendingSettlement:
 
 
 @dataclass
+class PendingSchedule:
+    """Messages scheduled inside a transaction (``$management`` schedule-message), with the sequence numbers their
+    response gave: reserved from the entity's counter at the request (a rollback leaves a gap), stored at the commit."""
+
+    destination: str
+    messages: list[Message]
+    scheduled_us: int
+    sequence_numbers: list[int]
+    reserved_from: Entity | None = field(default=None, repr=False)  # the entity whose counter gave the numbers
+
+
+@dataclass
+class PendingCancel:
+    """Scheduled messages cancelled inside a transaction (``$management`` cancel-scheduled-message)."""
+
+    entity: str
+    sequence_numbers: list[int]
+
+
+@dataclass
+class PendingSessionState:
+    """A session state set inside a transaction (``$management`` set-session-state): the session lock must be held
+    at the request and at the commit."""
+
+    session: SessionLock
+    state: bytes | None
+
+
+Operation = PendingSend | PendingSettlement | PendingSchedule | PendingCancel | PendingSessionState
+
+
+@dataclass
 class Transaction:
     txn_id: bytes
     owner: object  # the connection that declared it: nobody else may use it
     declared_us: int
     entity: str | None = None  # the entity its operations are on (the via entity of a send-via)
-    operations: list[PendingSend | PendingSettlement] = field(default_factory=list)
+    operations: list[Operation] = field(default_factory=list)
     messages: int = 0
     held_bytes: int = 0
     tokens: set[uuid.UUID] = field(default_factory=set)
@@ -103,6 +147,11 @@ class Host(Protocol):
     _sender: Sender
 
     def _check_alive(self) -> None: ...
+    def _touch(self, path: str) -> None: ...
+    def _require_backlog(self) -> None: ...
+    def receivable(self, path: str) -> Receivable: ...
+    def _session_lock(self, receivable: Receivable, session: SessionLock) -> SessionLock: ...
+    async def set_session_state(self, session: SessionLock, state: bytes | None) -> None: ...
     def _entity(self, name: str, kind: EntityKind | None = None) -> Entity: ...
     def _check_status(self, path: str, operation: str) -> None: ...
     def _locked(self, path: str, lock_token: uuid.UUID | str) -> tuple[Receivable, Entry]: ...
@@ -122,6 +171,23 @@ def _check_settlement(namespace: Host, settlement: PendingSettlement) -> None:
     receivable, _ = namespace._locked(settlement.path, settlement.lock_token)
     if settlement.outcome == "dead_letter" and receivable.is_dead_letter:
         raise InvalidArgumentError("a message in a dead-letter queue cannot be dead-lettered again")
+
+
+def _check_cancel(namespace: Host, cancel: PendingCancel) -> None:
+    """What would refuse the cancel if it were applied now: a number that is not a scheduled message's."""
+    entity = namespace._entity(parse_path(cancel.entity).entity)
+    holders = [*entity.receivables(), *([entity.scheduled] if entity.scheduled is not None else [])]
+    for seq in cancel.sequence_numbers:
+        if any(seq in r.messages and r.messages[seq].state == MessageState.SCHEDULED for r in holders):
+            continue
+        if entity.kind == "topic" and 0 < seq < entity.next_sequence_number:
+            continue  # a topic's scheduled message no subscription took: cancelled as outside a transaction
+        raise MessageNotFoundError(f"no scheduled message with sequence number {seq} in {entity.properties.name!r}")
+
+
+def _check_session_state(namespace: Host, op: PendingSessionState) -> None:
+    """What would refuse the session state if it were set now: the session lock lost."""
+    namespace._session_lock(namespace.receivable(op.session.path), op.session)
 
 
 def _run_now(work: Coroutine[Any, Any, Any]) -> None:
@@ -231,30 +297,97 @@ class Transactions:
         namespace._check_status(destination, "send")
         checked = validate_send(entity.properties, entity.detector, messages, scheduled=False, quotas=namespace.quotas)
         self._admit(txn, via, len(messages))
-        if self.held_bytes + checked.total_bytes > self.max_held_bytes:
-            raise ServerBusyError(
-                f"the open transactions hold {self.held_bytes} bytes of messages in memory; this send's "
-                f"{checked.total_bytes} more would pass oncebus's bound of {self.max_held_bytes} bytes (discharge "
-                "transactions, then send again)"
-            )
+        self._hold_bytes(txn, checked.total_bytes)
         txn.operations.append(PendingSend(destination, list(messages)))
         txn.messages += len(messages)
-        txn.held_bytes += checked.total_bytes
-        self.held_bytes += checked.total_bytes
 
     def settle(self, txn_id: bytes, owner: object, settlement: PendingSettlement) -> None:
         """Hold a settlement until the commit: its lock must be held now (and at the commit)."""
+        self.settle_many(txn_id, owner, [settlement])
+
+    def settle_many(self, txn_id: bytes, owner: object, settlements: list[PendingSettlement]) -> None:
+        """Hold settlements of one entity (``$management`` update-disposition's lock tokens) until the commit: all
+        of them, or none if one is refused (its lock must be held now, and at the commit)."""
         namespace = self.namespace
         txn = self.get(txn_id, owner)
-        _check_settlement(namespace, settlement)
-        if settlement.lock_token in txn.tokens:
+        seen: set[uuid.UUID] = set()
+        for settlement in settlements:
+            _check_settlement(namespace, settlement)
+            if settlement.lock_token in txn.tokens or settlement.lock_token in seen:
+                raise InvalidArgumentError(
+                    f"the message with lock token {settlement.lock_token} was settled in {txn.describe()} already"
+                )
+            seen.add(settlement.lock_token)
+        if not settlements:
+            return
+        self._admit(txn, settlements[0].path, len(settlements))
+        txn.operations += settlements
+        txn.tokens |= seen
+        txn.messages += len(settlements)
+
+    def schedule(
+        self, txn_id: bytes, owner: object, destination: str, messages: list[tuple[Message, int]]
+    ) -> list[int]:
+        """Hold messages, each with the time it is scheduled for, until the commit; checked now (all of them or none).
+        Their sequence numbers are taken from the entity's counter now, in order (the response gives them; a
+        rollback leaves a gap, as Service Bus's numbers may have) and the commit stores the messages with them."""
+        namespace = self.namespace
+        txn = self.get(txn_id, owner)
+        namespace._check_alive()
+        where = parse_path(destination)
+        if where.subscription is not None or where.dead_letter:
             raise InvalidArgumentError(
-                f"the message with lock token {settlement.lock_token} was settled in {txn.describe()} already"
+                f"cannot schedule to {destination!r}: schedule to a queue or a topic, not to a subscription or a "
+                "dead-letter queue"
             )
-        self._admit(txn, settlement.path, 1)
-        txn.operations.append(settlement)
-        txn.tokens.add(settlement.lock_token)
+        entity = namespace._entity(where.entity)
+        namespace._check_status(destination, "send")
+        batch = [message for message, _ in messages]
+        checked = validate_send(entity.properties, entity.detector, batch, scheduled=True, quotas=namespace.quotas)
+        self._admit(txn, destination, len(batch))
+        self._hold_bytes(txn, checked.total_bytes)
+        numbers = list(range(entity.next_sequence_number, entity.next_sequence_number + len(batch)))
+        entity.next_sequence_number += len(batch)
+        by_time: dict[int, PendingSchedule] = {}
+        for (message, scheduled_us), number in zip(messages, numbers, strict=True):
+            held = by_time.setdefault(scheduled_us, PendingSchedule(destination, [], scheduled_us, [], entity))
+            held.messages.append(message)
+            held.sequence_numbers.append(number)
+        txn.operations += by_time.values()
+        txn.messages += len(batch)
+        return numbers
+
+    def cancel(self, txn_id: bytes, owner: object, entity: str, sequence_numbers: list[int]) -> None:
+        """Hold a cancel of scheduled messages until the commit: each must be scheduled now (and at the commit)."""
+        txn = self.get(txn_id, owner)
+        self.namespace._check_alive()
+        self.namespace._require_backlog()  # the scheduled messages are known
+        cancel = PendingCancel(entity, list(sequence_numbers))
+        _check_cancel(self.namespace, cancel)
+        self._admit(txn, entity, len(cancel.sequence_numbers))
+        txn.operations.append(cancel)
+        txn.messages += len(cancel.sequence_numbers)
+
+    def set_session_state(self, txn_id: bytes, owner: object, session: SessionLock, state: bytes | None) -> None:
+        """Hold a session state until the commit: the session lock must be held now (and at the commit)."""
+        txn = self.get(txn_id, owner)
+        self.namespace._check_alive()
+        op = PendingSessionState(session, None if state is None else bytes(state))
+        _check_session_state(self.namespace, op)
+        self._admit(txn, session.path, 1)
+        self._hold_bytes(txn, 0 if op.state is None else len(op.state))
+        txn.operations.append(op)
         txn.messages += 1
+
+    def _hold_bytes(self, txn: Transaction, total: int) -> None:
+        if self.held_bytes + total > self.max_held_bytes:
+            raise ServerBusyError(
+                f"the open transactions hold {self.held_bytes} bytes of messages in memory; this send's "
+                f"{total} more would pass oncebus's bound of {self.max_held_bytes} bytes (discharge "
+                "transactions, then send again)"
+            )
+        txn.held_bytes += total
+        self.held_bytes += total
 
     # ------------------------------------------------------------------------------ discharge
     async def discharge(self, txn_id: bytes, owner: object, fail: bool) -> str | None:
@@ -272,11 +405,24 @@ class Transactions:
             for op in txn.operations:  # every lock still held, every destination still there and with room
                 if isinstance(op, PendingSettlement):
                     _check_settlement(namespace, op)
+                elif isinstance(op, PendingCancel):
+                    _check_cancel(namespace, op)
+                elif isinstance(op, PendingSessionState):
+                    _check_session_state(namespace, op)
                 else:
                     entity = namespace._entity(parse_path(op.destination).entity)
+                    if isinstance(op, PendingSchedule) and entity is not op.reserved_from:
+                        raise InvalidArgumentError(
+                            f"{entity.properties.name!r} was deleted and created again since its messages were "
+                            f"scheduled in the transaction: their sequence numbers {op.sequence_numbers} are not its"
+                        )
                     namespace._check_status(op.destination, "send")
                     checked = validate_send(
-                        entity.properties, entity.detector, op.messages, scheduled=False, quotas=namespace.quotas
+                        entity.properties,
+                        entity.detector,
+                        op.messages,
+                        scheduled=isinstance(op, PendingSchedule),
+                        quotas=namespace.quotas,
                     )
                     _, total, count = needed.get(entity.path, (entity, 0, 0))
                     needed[entity.path] = (entity, total + checked.total_bytes, count + len(op.messages))
@@ -298,10 +444,17 @@ class Transactions:
         self.committed += 1
         return txn.entity
 
-    async def _apply(self, op: PendingSend | PendingSettlement) -> None:
+    async def _apply(self, op: Operation) -> None:
         namespace = self.namespace
         if isinstance(op, PendingSend):
             await namespace.send(op.destination, op.messages)
+        elif isinstance(op, PendingSchedule):
+            namespace._touch(parse_path(op.destination).entity)
+            await namespace._sender.send(op.destination, op.messages, op.scheduled_us, op.sequence_numbers)
+        elif isinstance(op, PendingCancel):
+            await namespace._sender.cancel_scheduled(op.entity, op.sequence_numbers)
+        elif isinstance(op, PendingSessionState):
+            await namespace.set_session_state(op.session, op.state)
         elif op.outcome == "complete":
             await namespace.complete(op.path, op.lock_token)
         elif op.outcome == "abandon":

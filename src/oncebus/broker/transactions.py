@@ -43,7 +43,7 @@ from oncebus.core.errors import (
     ServerBusyError,
 )
 from oncebus.core.messages import Message, MessageState
-from oncebus.core.sending import validate_send
+from oncebus.core.sending import CheckedSend, validate_send
 from oncebus.core.tiers import TierQuotas
 
 MAX_OPERATIONS = 100
@@ -282,20 +282,29 @@ class Transactions:
             )
         txn.entity = top
 
-    def send(self, txn_id: bytes, owner: object, via: str, destination: str, messages: list[Message]) -> None:
-        """Hold a send of ``messages`` to ``destination`` (through ``via``) until the commit; checked now."""
+    def _destination(
+        self, destination: str, messages: list[Message], verb: str, *, scheduled: bool
+    ) -> tuple[Entity, CheckedSend]:
+        """The queue or topic ``messages`` go to, checked as a send to it is (exists, status, sizes, ids)."""
         namespace = self.namespace
-        txn = self.get(txn_id, owner)
         namespace._check_alive()
         where = parse_path(destination)
         if where.subscription is not None or where.dead_letter:
             raise InvalidArgumentError(
-                f"cannot send to {destination!r}: send to a queue or a topic, not to a subscription or a dead-letter "
-                "queue"
+                f"cannot {verb} to {destination!r}: {verb} to a queue or a topic, not to a subscription or a "
+                "dead-letter queue"
             )
         entity = namespace._entity(where.entity)
         namespace._check_status(destination, "send")
-        checked = validate_send(entity.properties, entity.detector, messages, scheduled=False, quotas=namespace.quotas)
+        checked = validate_send(
+            entity.properties, entity.detector, messages, scheduled=scheduled, quotas=namespace.quotas
+        )
+        return entity, checked
+
+    def send(self, txn_id: bytes, owner: object, via: str, destination: str, messages: list[Message]) -> None:
+        """Hold a send of ``messages`` to ``destination`` (through ``via``) until the commit; checked now."""
+        txn = self.get(txn_id, owner)
+        _, checked = self._destination(destination, messages, "send", scheduled=False)
         self._admit(txn, via, len(messages))
         self._hold_bytes(txn, checked.total_bytes)
         txn.operations.append(PendingSend(destination, list(messages)))
@@ -331,19 +340,9 @@ class Transactions:
         """Hold messages, each with the time it is scheduled for, until the commit; checked now (all of them or none).
         Their sequence numbers are taken from the entity's counter now, in order (the response gives them; a
         rollback leaves a gap, as Service Bus's numbers may have) and the commit stores the messages with them."""
-        namespace = self.namespace
         txn = self.get(txn_id, owner)
-        namespace._check_alive()
-        where = parse_path(destination)
-        if where.subscription is not None or where.dead_letter:
-            raise InvalidArgumentError(
-                f"cannot schedule to {destination!r}: schedule to a queue or a topic, not to a subscription or a "
-                "dead-letter queue"
-            )
-        entity = namespace._entity(where.entity)
-        namespace._check_status(destination, "send")
         batch = [message for message, _ in messages]
-        checked = validate_send(entity.properties, entity.detector, batch, scheduled=True, quotas=namespace.quotas)
+        entity, checked = self._destination(destination, batch, "schedule", scheduled=True)
         self._admit(txn, destination, len(batch))
         self._hold_bytes(txn, checked.total_bytes)
         numbers = list(range(entity.next_sequence_number, entity.next_sequence_number + len(batch)))

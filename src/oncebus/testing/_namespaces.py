@@ -3,23 +3,11 @@
 
 from __future__ import annotations
 
-import warnings
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from oncebus.core.timeutil import us_to_datetime
-from oncebus.testing._entities import (
-    Config,
-    Declared,
-    config_topology,
-    declared_topology,
-    json_properties,
-    merged,
-    normalized_properties,
-)
-
-if TYPE_CHECKING:
-    from oncebus.server.topology import Topology
+from oncebus.testing._calls import ControlCalls
 
 
 class Broker(Protocol):
@@ -31,7 +19,7 @@ class Broker(Protocol):
     def control(self, op: str, **args: Any) -> Any: ...
 
 
-class IsolatedNamespace:
+class IsolatedNamespace(ControlCalls):
     """A namespace created on a running broker: its own entities, messages, dedup history, faults and clock.
 
     ``connection_string`` is the broker's with ``@<name>`` appended to the key name: give it to any SDK.
@@ -49,61 +37,13 @@ class IsolatedNamespace:
         """One control operation run on this namespace (``oncebus.server.control``)."""
         return self.server.control(op, namespace=self.name, **args)
 
-    # ------------------------------------------------------------------------------ entities
-    def create_queue(self, name: str, **properties: Any) -> dict[str, Any]:
-        props = json_properties(normalized_properties("queue", properties))
-        return dict(self.control("queue.create", name=name, properties=props))
-
-    def create_topic(self, name: str, **properties: Any) -> dict[str, Any]:
-        props = json_properties(normalized_properties("topic", properties))
-        return dict(self.control("topic.create", name=name, properties=props))
-
-    def create_subscription(self, topic: str, name: str, **properties: Any) -> dict[str, Any]:
-        props = json_properties(normalized_properties("subscription", properties))
-        return dict(self.control("subscription.create", topic=topic, name=name, properties=props))
-
-    def create_entities(
-        self, config: Config | None = None, *, queues: Declared = None, topics: Declared = None
-    ) -> None:
-        parts = [config_topology(config)] if config is not None else []
-        self.create_topology(merged(*parts, declared_topology(queues, topics)))
-
-    def create_topology(self, topology: Topology) -> None:
-        for warning in topology.warnings:
-            warnings.warn(f"oncebus: {warning}", stacklevel=3)
-        if not (topology.queues or topology.topics or topology.subscriptions):
-            return
-        self.control(
-            "entities.create",
-            queues=[[q.name, json_properties(q.properties)] for q in topology.queues],
-            topics=[[t.name, json_properties(t.properties)] for t in topology.topics],
-            subscriptions=[[s.topic, s.name, json_properties(s.properties)] for s in topology.subscriptions],
-        )
-
-    # ------------------------------------------------------------------------------ reading, faults
-    def stats(self, name: str | None = None) -> Any:
-        rows = self.control("stats", name=name)
-        if name is not None:
-            return rows[0]
-        return {row["name"]: row for row in rows}
-
-    def peek(self, path: str, max_message_count: int = 10) -> list[dict[str, Any]]:
-        return list(self.control("peek", path=path, max_message_count=max_message_count))
-
+    # ------------------------------------------------------------------------------ faults, its own clock
     def arm_fault(self, kind: str, entity: str | None = None, **spec: Any) -> str:
         """As :meth:`OncebusServer.arm_fault`, on this namespace only."""
         fault: dict[str, Any] = {"kind": kind, "entity": entity}
         for key, value in spec.items():
             fault[key] = value.total_seconds() if isinstance(value, timedelta) else value
         return str(self.control("fault.arm", fault={k: v for k, v in fault.items() if v is not None})["id"])
-
-    def clear_faults(self, fault_id: str | None = None) -> int:
-        return int(self.control("fault.clear", id=fault_id)["cleared"])
-
-    # ------------------------------------------------------------------------------ its own clock
-    def now(self) -> datetime:
-        """This namespace's time (UTC)."""
-        return us_to_datetime(self.control("clock.tick")["now_us"])
 
     def advance(self, delta: timedelta | float) -> datetime:
         """Move this namespace's time forward (no other namespace's) and apply what falls due, without sleeping."""

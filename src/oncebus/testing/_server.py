@@ -14,7 +14,6 @@ import tempfile
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -23,17 +22,11 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from oncebus.auth import KEYS_ENV
 from oncebus.core.timeutil import us_to_datetime
-from oncebus.server.topology import Topology
+from oncebus.testing._calls import ControlCalls
 from oncebus.testing._client import BrokerGoneError, ControlClient
 from oncebus.testing._entities import (
     Config,
-    Declared,
     config_file_text,
-    config_topology,
-    declared_topology,
-    json_properties,
-    merged,
-    normalized_properties,
 )
 from oncebus.testing._launch import _OUTPUT_LINES, BrokerStartError, Launch
 
@@ -158,7 +151,7 @@ class _SubprocessBroker:
                 self.process.stdin.close()
 
 
-class OncebusServer:
+class OncebusServer(ControlCalls):
     """A running broker under test: where to connect, entity helpers, statistics and the test clock."""
 
     def __init__(
@@ -233,10 +226,6 @@ class OncebusServer:
         """The faults armed now (a counted one leaves the list once it has fired its count)."""
         return list(self.control("fault.list"))
 
-    def clear_faults(self, fault_id: str | None = None) -> int:
-        """Disarm one fault, or all of them (``reset()`` and the plugin's fresh namespace do too)."""
-        return int(self.control("fault.clear", id=fault_id)["cleared"])
-
     def crash(self) -> None:
         """Kill the broker process (SIGKILL) and start it again on the same data directory and ports (subprocess
         mode only): what was acknowledged is there again, what was not is not; armed faults are gone."""
@@ -250,20 +239,6 @@ class OncebusServer:
         )
 
     # ------------------------------------------------------------------------------ entities
-    def create_queue(self, name: str, **properties: Any) -> dict[str, Any]:
-        """Create a queue; properties as the SDK's administration client names them (``requires_duplicate_detection
-        =True``, ``duplicate_detection_history_time_window=timedelta(minutes=10)``) or as in the emulator's config."""
-        props = json_properties(normalized_properties("queue", properties))
-        return dict(self.control("queue.create", name=name, properties=props))
-
-    def create_topic(self, name: str, **properties: Any) -> dict[str, Any]:
-        props = json_properties(normalized_properties("topic", properties))
-        return dict(self.control("topic.create", name=name, properties=props))
-
-    def create_subscription(self, topic: str, name: str, **properties: Any) -> dict[str, Any]:
-        props = json_properties(normalized_properties("subscription", properties))
-        return dict(self.control("subscription.create", topic=topic, name=name, properties=props))
-
     def delete_queue(self, name: str) -> None:
         self.control("queue.delete", name=name)
 
@@ -273,39 +248,7 @@ class OncebusServer:
     def delete_subscription(self, topic: str, name: str) -> None:
         self.control("subscription.delete", topic=topic, name=name)
 
-    def create_entities(
-        self, config: Config | None = None, *, queues: Declared = None, topics: Declared = None
-    ) -> None:
-        """Create what an emulator-format config (dict or path) and/or ``queues=`` / ``topics=`` declare."""
-        parts = [config_topology(config)] if config is not None else []
-        self.create_topology(merged(*parts, declared_topology(queues, topics)))
-
-    def create_topology(self, topology: Topology) -> None:
-        """Create the entities of a parsed topology (``oncebus.server.topology.Topology``)."""
-        for warning in topology.warnings:
-            warnings.warn(f"oncebus: {warning}", stacklevel=3)
-        if not (topology.queues or topology.topics or topology.subscriptions):
-            return
-        self.control(
-            "entities.create",
-            queues=[[q.name, json_properties(q.properties)] for q in topology.queues],
-            topics=[[t.name, json_properties(t.properties)] for t in topology.topics],
-            subscriptions=[[s.topic, s.name, json_properties(s.properties)] for s in topology.subscriptions],
-        )
-
     # ------------------------------------------------------------------------------ reading
-    def stats(self, name: str | None = None) -> Any:
-        """``oncebus stats`` as data: one entity's dict (accepted, duplicates_dropped, keys_held, late_resends,
-        active ...), or without a name ``{entity name: dict}`` for all."""
-        rows = self.control("stats", name=name)
-        if name is not None:
-            return rows[0]
-        return {row["name"]: row for row in rows}
-
-    def peek(self, path: str, max_message_count: int = 10) -> list[dict[str, Any]]:
-        """Messages waiting on a queue or ``topic/Subscriptions/sub`` (``…/$DeadLetterQueue`` too), left in place."""
-        return list(self.control("peek", path=path, max_message_count=max_message_count))
-
     # ------------------------------------------------------------------------------ namespaces of their own
     def create_namespace(self, name: str | None = None) -> IsolatedNamespace:
         """A new namespace on this broker (in memory), isolated from the others: its own entities, messages, dedup
@@ -329,10 +272,6 @@ class OncebusServer:
         self.control("namespace.reset")
 
     # ------------------------------------------------------------------------------ the test clock
-    def now(self) -> datetime:
-        """The broker's time (UTC; asking applies what is due at that time, as the broker's timer would)."""
-        return us_to_datetime(self.control("clock.tick")["now_us"])
-
     def advance(self, delta: timedelta | float) -> datetime:
         """Move the broker's time forward (a ``timedelta`` or seconds) without sleeping, and apply at once what
         falls due: duplicate-detection windows, locks, TTLs, scheduled messages. The time keeps running after."""

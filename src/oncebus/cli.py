@@ -119,6 +119,13 @@ def _open_target(data_dir: Path) -> _Remote | _Local:
         if datadir.try_lock():
             return _Local(datadir)
         info = datadir.read_server_info()
+        if info is not None and info.get("role") == "standby":
+            raise CliError(
+                f"{data_dir} is served by a standby node of a cluster (oncebus serve --cluster), which forwards its "
+                "clients to the leader and holds no broker of its own: run the command with the leader's data "
+                "directory, or use the administration API through any node's port",
+                EXIT_BUSY,
+            )
         if info is not None:
             return _Remote(info)
         if time.monotonic() > deadline:  # locked, but nobody serves: another CLI command or a starting server
@@ -149,6 +156,8 @@ def _serve(args: argparse.Namespace) -> int:
         clock_file=os.environ.get("ONCEBUS_CLOCK_FILE"),  # tests only: time read from a file
         store=_store(args),
         tier=args.tier,
+        cluster=args.cluster,
+        advertise=args.advertise,
     )
     try:
         return asyncio.run(run(options, install_signal_handlers=True))
@@ -635,6 +644,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--store",
         help="where messages and dedup keys are kept: a postgresql://user:password@host:port/database URL, or sqlite "
         "(default: $ONCEBUS_STORE, else oncebus.db in the data directory)",
+    )
+    serve.add_argument(
+        "--cluster",
+        action="store_true",
+        help="one node of several on the same PostgreSQL store: one leads, the others forward their clients to it "
+        "and take over when it stops (see the README's cluster section)",
+    )
+    serve.add_argument(
+        "--advertise",
+        metavar="HOST",
+        help="with --cluster: the name or address other nodes reach this one at (default: --host, or this "
+        "machine's name when --host is 0.0.0.0 or ::)",
     )
     serve.add_argument("--log-format", choices=["text", "json"], default="text", help="stderr log lines: text or json")
     serve.add_argument(

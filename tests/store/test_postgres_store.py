@@ -225,6 +225,7 @@ def test_a_version_1_database_gets_session_state_times_and_its_states_count_as_s
     store.close()
     with psycopg.connect(url, autocommit=True) as db:  # as version 1 left it
         db.execute("ALTER TABLE oncebus_session_state DROP COLUMN updated_us")
+        db.execute("DROP TABLE oncebus_node")
         db.execute("UPDATE oncebus_schema SET version = 1")
     store = PostgresStore(url)
     try:
@@ -237,7 +238,32 @@ def test_a_version_1_database_gets_session_state_times_and_its_states_count_as_s
     finally:
         store.close()
     with psycopg.connect(url) as db:
-        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (2,)
+        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (3,)
+
+
+def test_a_version_2_database_gets_the_cluster_table_and_keeps_its_messages(
+    postgres_cluster: PostgresCluster,
+) -> None:
+    """Version 3 adds ``oncebus_node`` (where a cluster's leader serves); a version 2 database (as the previous
+    release wrote it: no such table) is migrated in place and keeps what it held."""
+    url = postgres_cluster.fresh_url()
+    store = PostgresStore(url)
+    store.submit([PutEntity("q", "queue", {}), PutSessionState("q", "s1", b"kept", 7)]).result()
+    store.close()
+    with psycopg.connect(url, autocommit=True) as db:  # as version 2 left it
+        db.execute("DROP TABLE oncebus_node")
+        db.execute("UPDATE oncebus_schema SET version = 2")
+    store = PostgresStore(url)
+    try:
+        snapshot = store.load()
+        assert [e.path for e in snapshot.entities] == ["q"]
+        assert [(s.session_id, s.state, s.updated_us) for s in snapshot.session_states] == [("s1", b"kept", 7)]
+        store.announce("n1", {"host": "127.0.0.1", "amqp": 1})  # the new table takes the leader's address
+    finally:
+        store.close()
+    with psycopg.connect(url) as db:
+        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (3,)
+        assert db.execute("SELECT node FROM oncebus_node").fetchall() == [("n1",)]
 
 
 def test_after_a_cut_connection_the_node_takes_its_lock_back_from_its_own_old_session(

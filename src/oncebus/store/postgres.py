@@ -49,6 +49,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import Connection
 from psycopg.pq import TransactionStatus
+from psycopg.types.json import Jsonb
 
 from oncebus.core.errors import StoreError, StoreWriteError
 from oncebus.core.messages import StoredMessage
@@ -79,9 +80,24 @@ _CONNECTION_SETTINGS: dict[str, Any] = {
     "keepalives_count": 3,
     "tcp_user_timeout": 10_000,
 }
+LEADERSHIP_POLL_SECONDS = 0.2  # a standby tries the node lock this often (--cluster)
+LEADER_CHECK_SECONDS = 1.0  # a leader checks its session this often when idle (--cluster)
 NODE_LOCK_WAIT_SECONDS = 3.0  # a node killed a moment ago: its session (and lock) ends when the server notices
 MAX_IMAGE_BYTES = 512 * 2**20  # a larger dedup index image is not stored (the entity is rebuilt from its rows)
 SCHEMA_VERSION = layout.SCHEMA_VERSION
+
+
+class LeadershipCancelled(Exception):
+    """Waiting for the cluster's leadership was given up (the node stops)."""
+
+
+def leader_of(db: Connection[Any]) -> tuple[str, dict[str, Any], int] | None:
+    """The cluster's leader as ``db``'s schema knows it now: its node name, address and session's server process;
+    None while no node leads (between one's death and the next one's start)."""
+    row = db.execute(layout.LEADER, (layout.NODE_LOCK,)).fetchone()
+    if row is None:
+        return None
+    return str(row[0]), dict(row[1]), int(row[2])
 
 
 def display_url(url: str) -> str:
@@ -118,25 +134,37 @@ def _reason(exc: BaseException) -> str:
 class PostgresStore(GroupCommitWriter):
     """The PostgreSQL store: its database's part of the shared group-commit writer (``store/writer.py``)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, leadership: threading.Event | None = None) -> None:
+        """Open the store at ``url``, holding its node lock. ``leadership`` (a node of a cluster, ``oncebus serve
+        --cluster``): wait for the lock as long as another node holds it (the cluster's leader), checking every
+        ``LEADERSHIP_POLL_SECONDS``, until it is taken or the event is set (``LeadershipCancelled``); a store
+        opened so loses its leadership with its writer session (``on_deposed`` is called; it never reconnects)."""
         self._init_writer()
         self.url = url
         self.display = display_url(url)
         self.where = self.display
         self.reconnects = 0
         self.keys_read = 0  # dedup key rows read by load() and keys_of (what a start replayed)
-        try:
-            self._db: Connection[Any] | None = self._connect()
-        except psycopg.Error as exc:
-            raise _open_error(self.display, exc) from None
-        try:
-            self._prepare(self._db)
-            self._take_node_lock(self._db, wait=NODE_LOCK_WAIT_SECONDS)
-        except BaseException as exc:
-            self._db.close()
-            if isinstance(exc, psycopg.Error):
-                raise StoreError(f"cannot prepare the oncebus tables in {self.display}: {_reason(exc)}") from None
-            raise
+        self.cluster = leadership is not None
+        self.deposed: str | None = None  # why this node lost its leadership (cluster only)
+        self.on_deposed: Callable[[str], None] | None = None  # called once, on any thread, when it does
+        if self.cluster:
+            self.idle_seconds = LEADER_CHECK_SECONDS  # a leader checks its session when idle (_idle)
+        if leadership is not None:
+            self._db: Connection[Any] | None = self._await_leadership(leadership)
+        else:
+            try:
+                self._db = self._connect()
+            except psycopg.Error as exc:
+                raise _open_error(self.display, exc) from None
+            try:
+                self._prepare(self._db)
+                self._take_node_lock(self._db, wait=NODE_LOCK_WAIT_SECONDS)
+            except BaseException as exc:
+                self._db.close()
+                if isinstance(exc, psycopg.Error):
+                    raise StoreError(f"cannot prepare the oncebus tables in {self.display}: {_reason(exc)}") from None
+                raise
         self._ops = layout.OpWriter()
         self._quoting: psycopg.ClientCursor[Any] | None = None
         self._backend = self._db.info.backend_pid  # the writer connection's server process
@@ -222,6 +250,58 @@ class PostgresStore(GroupCommitWriter):
                     ) from None
                 _LOG.warning("migrating %s from store schema %d to %d", self.display, version, SCHEMA_VERSION)
 
+    def _await_leadership(self, cancelled: threading.Event) -> Connection[Any]:
+        """A connection holding the node lock, once no other node holds it (a connection lost meanwhile, as when
+        the server restarts, is opened again); raises ``LeadershipCancelled`` once ``cancelled`` is set."""
+        failure: str | None = None
+        while not cancelled.is_set():
+            db = None
+            try:
+                db = self._connect()
+                self._prepare(db)
+                while not cancelled.is_set():
+                    if self._try_node_lock(db):
+                        db.execute(layout.FORGET_ENDED)
+                        held, db = db, None
+                        return held
+                    cancelled.wait(LEADERSHIP_POLL_SECONDS)
+            except psycopg.Error as exc:
+                reason = _reason(exc)
+                if reason != failure:  # once per cause, not every second
+                    _LOG.warning("waiting for PostgreSQL at %s: %s", self.display, reason)
+                    failure = reason
+                cancelled.wait(1.0)
+            finally:
+                if db is not None:
+                    db.close()
+        raise LeadershipCancelled()
+
+    def announce(self, node: str, address: dict[str, Any]) -> None:
+        """Publish where this node serves, as the cluster's leader (in the session holding the lock)."""
+        with self._lock:
+            db = self._writer_connection()
+            db.execute(layout.ANNOUNCE, (node, Jsonb(address)))
+
+    def _depose(self, reason: str) -> None:
+        if self.deposed is not None:
+            return
+        self.deposed = reason
+        _LOG.warning("this node is no longer the cluster's leader: %s", reason)
+        if self.on_deposed is not None:
+            self.on_deposed(reason)
+
+    def _idle(self) -> None:
+        """A leader's check of its session, when nothing was written for a while: a session that ended (the server
+        restarted, the connection was cut) has let go of the lock another node may hold now."""
+        db = self._db
+        if not self.cluster or db is None or self.deposed is not None:
+            return
+        try:
+            db.execute("SELECT 1")
+        except psycopg.Error as exc:
+            self._drop_connection()
+            self._depose(f"its session with PostgreSQL ended ({_reason(exc)})")
+
     def _try_node_lock(self, db: Connection[Any]) -> bool:
         row = db.execute("SELECT pg_try_advisory_lock(%s, hashtext(current_schema()))", (layout.NODE_LOCK,)).fetchone()
         return row is not None and bool(row[0])
@@ -249,17 +329,21 @@ class PostgresStore(GroupCommitWriter):
             else f" (server process {holder[0]}, client {holder[1] or 'local'}, since {holder[2]:%Y-%m-%d %H:%M:%S})"
         )
         raise StoreError(
-            f"another oncebus serves {self.display}{who}: one oncebus process per database schema (several nodes "
-            "on one database are not supported yet); stop it, or give this one another database or schema"
+            f"another oncebus serves {self.display}{who}: one oncebus process per database schema, unless every "
+            "node runs with --cluster (one leads, the others forward to it); stop it, give this one another "
+            "database or schema, or start every node with --cluster"
         )
 
     def _drop_connection(self) -> None:
-        """Close the writer's connection after it failed (it is opened again for the next transaction)."""
+        """Close the writer's connection after it failed (it is opened again for the next transaction; not in a
+        cluster, where the node lost its leadership with it)."""
         db, self._db = self._db, None
         if db is None:
             return
         self._old_backend = self._backend
         db.close()
+        if self.cluster:
+            self._depose("its session with PostgreSQL failed, and with it the lock another node may take now")
 
     def _writer_connection(self) -> Connection[Any]:
         """The writer's connection, opened again if it was lost (raises ``psycopg.Error`` if it cannot be)."""
@@ -268,6 +352,12 @@ class PostgresStore(GroupCommitWriter):
             return db
         if db is not None:
             self._drop_connection()
+        if self.cluster:  # never again: another node may lead now, with what it wrote since
+            raise StoreWriteError(
+                f"could not write to {self.display}: this node lost its session with PostgreSQL and with it the "
+                f"cluster's leadership ({self.deposed}); it stops serving and forwards to the leader; "
+                "nothing of this call was stored; reconnect"
+            )
         old_backend, self._old_backend = self._old_backend, None
         db = self._connect()
         try:
@@ -540,3 +630,31 @@ def _open_error(display: str, exc: BaseException) -> StoreError:
         f"cannot connect to PostgreSQL at {display} ({_reason(exc)}): check that the server runs and accepts "
         "connections from here, and the URL's host, port, database, user and password"
     )
+
+
+class LeaderReader:
+    """Reads where the cluster's leader serves (``leader_of``) on a connection of its own, opened again after a
+    failure (which is raised: the caller knows no leader until the database answers)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._db: Connection[Any] | None = None
+
+    def read(self) -> tuple[str, dict[str, Any], int] | None:
+        db = self._db
+        if db is None or db.closed or db.broken:
+            if db is not None:
+                db.close()
+            self._db = None
+            db = self._db = psycopg.connect(self.url, autocommit=True, **_CONNECTION_SETTINGS)
+        try:
+            return leader_of(db)
+        except psycopg.Error:
+            db.close()
+            self._db = None
+            raise
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None

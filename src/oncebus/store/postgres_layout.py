@@ -16,6 +16,10 @@ Schema versions (table ``oncebus_schema``, one row):
 - 2: ``oncebus_session_state.updated_us``: when the state was set (what ``get-message-sessions`` with a
   last-updated time compares). A version 1 database's states get NULL: not known, they count as set at the start
   that reads them.
+- 3: ``oncebus_node``: the address a cluster's leader serves on (``oncebus serve --cluster``), one row per
+  leadership, keyed by the server process of the session that holds the node lock; standbys find the leader by
+  joining it with ``pg_locks`` (see ``LEADER``), so a row left by a node that died is never taken for the leader's.
+  A version 2 database gets the table, empty.
 
 ``MIGRATIONS[n]`` brings version ``n`` to ``n + 1``; a database at an older version is migrated in one
 transaction at start (PostgreSQL's DDL is transactional: all of it or none), a newer one is refused.
@@ -52,7 +56,7 @@ from oncebus.store.base import (
 )
 from oncebus.store.sqlite_layout import message_rows
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 VERSION_TABLE = "oncebus_schema"
 TABLES = (
     "oncebus_entity",
@@ -62,9 +66,18 @@ TABLES = (
     "oncebus_counters",
     "oncebus_rules",
     "oncebus_dedup_image",
+    "oncebus_node",
 )
 SCHEMA_LOCK = 0x6F6E63656275  # pg_advisory_xact_lock key: nodes starting together create or migrate once
 NODE_LOCK = 0x6F6E6365  # pg_try_advisory_lock(NODE_LOCK, hashtext(schema)): the one node serving a schema
+
+# a cluster's leader (oncebus serve --cluster): where it serves, keyed by its writer session's server process
+NODE_TABLE = """CREATE TABLE oncebus_node (
+    backend_pid integer PRIMARY KEY,
+    node text NOT NULL,
+    address jsonb NOT NULL,
+    since timestamptz NOT NULL DEFAULT now()
+)"""
 
 CREATE = f"""
 CREATE TABLE {VERSION_TABLE} (
@@ -126,13 +139,27 @@ CREATE TABLE oncebus_dedup_image (
     crc bigint NOT NULL,
     since_us bigint NOT NULL
 );
+{NODE_TABLE};
 INSERT INTO {VERSION_TABLE} (version) VALUES ({SCHEMA_VERSION});
 """
 
-# version n -> the statements that bring it to n + 1 (none yet: 1 is the first layout)
+# version n -> the statements that bring it to n + 1
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE oncebus_session_state ADD COLUMN updated_us bigint",),
+    2: (NODE_TABLE,),
 }
+# the leader of this schema's cluster: the node row of the session holding the node lock (none: no leader now)
+LEADER = (
+    "SELECT n.node, n.address, n.backend_pid FROM pg_locks AS l JOIN oncebus_node AS n ON n.backend_pid = l.pid"
+    " WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objsubid = 2"
+    " AND l.objid = hashtext(current_schema())::oid"
+)
+# the leader's announcement, in the session holding the lock; rows of sessions that ended go
+ANNOUNCE = (
+    "INSERT INTO oncebus_node (backend_pid, node, address) VALUES (pg_backend_pid(), %s, %s)"
+    " ON CONFLICT (backend_pid) DO UPDATE SET node = EXCLUDED.node, address = EXCLUDED.address, since = now()"
+)
+FORGET_ENDED = "DELETE FROM oncebus_node WHERE backend_pid NOT IN (SELECT pid FROM pg_stat_activity)"
 
 _MESSAGE_COLUMNS = (
     "path, sequence_number, state, delivery_count, enqueued_time_us, expires_at_us, size, session_id,"

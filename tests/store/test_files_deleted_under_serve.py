@@ -23,14 +23,14 @@ ONCEBUS = [sys.executable, "-m", "oncebus.cli"]
 
 
 class Serve:
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> None:
         self.data_dir = data_dir
         self.output: list[str] = []
         self.connection_string = ""
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         env.pop("ONCEBUS_CLOCK_FILE", None)
         self.process = subprocess.Popen(
-            [*ONCEBUS, "--data-dir", str(data_dir), "serve", "--port", "0"],
+            [*ONCEBUS, "--data-dir", str(data_dir), "serve", "--port", "0", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -83,10 +83,13 @@ def wait_for_port(port: int, process: subprocess.Popen[Any], what: str) -> None:
 
 
 def start_oncebus(
-    workdir: Path, receive_window: str | None = None, receive_properties: dict[str, object] | None = None
+    workdir: Path,
+    receive_window: str | None = None,
+    receive_properties: dict[str, object] | None = None,
+    serve_args: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen[str], str]:
     """``oncebus serve`` on a free port with the bench's queues ('receive' with ``receive_window`` and
-    ``receive_properties`` if given)."""
+    ``receive_properties`` if given), and ``serve_args``."""
     receive: dict[str, object] = {"RequiresDuplicateDetection": True, **(receive_properties or {})}
     if receive_window is not None:
         receive["DuplicateDetectionHistoryTimeWindow"] = receive_window
@@ -107,7 +110,7 @@ def start_oncebus(
     config_file = workdir / "config.json"
     config_file.write_text(json.dumps(config))
     command = [sys.executable, "-c", "import sys; from oncebus.cli import main; sys.exit(main())"]
-    command += ["--data-dir", str(workdir / "data"), "serve", "--port", "0", "--config", str(config_file)]
+    command += ["--data-dir", str(workdir / "data"), "serve", "--port", "0", "--config", str(config_file), *serve_args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
     connection_string = ""

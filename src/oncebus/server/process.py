@@ -380,6 +380,7 @@ async def _run_node(serving: _Serving) -> None:
                 return
             if relay is not None:
                 await relay.close()
+                started = store.led_since  # the start of its term, not of its wait
                 say("this node leads the cluster now (the leader before it stopped)")
             deposed = asyncio.Event()
             store.on_deposed = lambda _reason, event=deposed: loop.call_soon_threadsafe(event.set)

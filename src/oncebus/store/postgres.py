@@ -148,6 +148,7 @@ class PostgresStore(GroupCommitWriter):
         self.cluster = leadership is not None
         self.deposed: str | None = None  # why this node lost its leadership (cluster only)
         self.on_deposed: Callable[[str], None] | None = None  # called once, on any thread, when it does
+        self.led_since = time.monotonic()  # when this node took the lock (monotonic)
         if self.cluster:
             self.idle_seconds = LEADER_CHECK_SECONDS  # a leader checks its session when idle (_idle)
         if leadership is not None:
@@ -261,6 +262,7 @@ class PostgresStore(GroupCommitWriter):
                 self._prepare(db)
                 while not cancelled.is_set():
                     if self._try_node_lock(db):
+                        self.led_since = time.monotonic()
                         db.execute(layout.FORGET_ENDED)
                         held, db = db, None
                         return held

@@ -403,7 +403,7 @@ class ReceiveLink:
     async def _let_go(self, messages: list[ReceivedMessage]) -> None:
         for message in messages:
             if message.lock_token is not None:
-                await self.namespace.abandon(self.path, message.lock_token)
+                await self.namespace.abandon(self.path, message.lock_token, failed=False)  # never sent
 
     def _transfer(self, message: ReceivedMessage) -> None:
         payload = outgoing.encode_received(message, lock_annotations=self.session is None)
@@ -487,7 +487,9 @@ class ReceiveLink:
                 error_description=None if description is None else str(description),
             )
         modify = {str(k): v for k, v in annotations.items()} or None
-        return lambda: namespace.abandon(path, token, modify)
+        # released, or modified without delivery-failed: no delivery attempt (AMQP 1.0 3.4.4, 3.4.5)
+        counted = state == proton.Delivery.MODIFIED and failed
+        return lambda: namespace.abandon(path, token, modify, failed=counted)
 
     def _settle_in_transaction(self, delivery: proton.Delivery, token: uuid.UUID) -> None:
         """A settlement under a transaction: held (the message stays locked) until the transaction commits."""
@@ -600,7 +602,8 @@ def _transactional_settlement(path: str, token: uuid.UUID, code: int | None, fie
     if code in (0x26, 0x27):
         annotations = fields[2] if code == 0x27 and len(fields) > 2 and isinstance(fields[2], dict) else {}
         modify = {str(k): codec.copy_value(v) for k, v in annotations.items()}  # held past this disposition
-        return PendingSettlement(path, token, "abandon", modify or None)
+        failed = code == 0x27 and bool(fields and fields[0])  # released, modified without delivery-failed: no attempt
+        return PendingSettlement(path, token, "abandon", modify or None, failed=failed)
     raise InvalidArgumentError(
         "a transactional disposition carries an outcome: accepted (complete), rejected (dead-letter), released or "
         f"modified (abandon; modified with undeliverable-here: defer), not {code!r}"

@@ -215,13 +215,21 @@ class Delivery:
         return ops
 
     async def abandon(
-        self, path: str, lock_token: uuid.UUID | str, properties_to_modify: dict[str, Any] | None = None
+        self,
+        path: str,
+        lock_token: uuid.UUID | str,
+        properties_to_modify: dict[str, Any] | None = None,
+        *,
+        failed: bool = True,
     ) -> None:
         receivable, message = self._locked(path, lock_token)
+        if not failed and message.delivery_count > 0:  # released: this delivery was no attempt (counted at lock)
+            message.delivery_count -= 1
         if properties_to_modify:
             self._contents.discard(receivable.path, message.sequence_number)  # read again, modified
         self._drop_session_token(receivable, message)
-        receivable.counters.abandoned += 1
+        if failed:
+            receivable.counters.abandoned += 1
         seq = message.sequence_number
         # its delivery count (and modified properties) first: they go along if it moves to the dead letters
         ops: list[Op] = [

@@ -77,8 +77,16 @@ class Messaging(Protocol):
         ...
 
     async def abandon(
-        self, path: str, lock_token: uuid.UUID | str, properties_to_modify: dict[str, Any] | None = None
-    ) -> None: ...
+        self,
+        path: str,
+        lock_token: uuid.UUID | str,
+        properties_to_modify: dict[str, Any] | None = None,
+        *,
+        failed: bool = True,
+    ) -> None:
+        """Let the message go (available again); ``failed=False``: not a delivery attempt (AMQP's ``released``, or
+        ``modified`` without delivery-failed: its delivery count is as before this delivery)."""
+        ...
 
     async def defer(self, path: str, lock_token: uuid.UUID | str) -> None: ...
 

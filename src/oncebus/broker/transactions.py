@@ -89,6 +89,7 @@ class PendingSettlement:
     properties_to_modify: dict[str, Any] | None = None
     reason: str | None = None
     error_description: str | None = None
+    failed: bool = True  # abandon: a delivery attempt (False: released, not counted)
 
 
 @dataclass
@@ -158,7 +159,12 @@ class Host(Protocol):
     async def send(self, entity_name: str, messages: Message | list[Message]) -> list[SendOutcome]: ...
     async def complete(self, path: str, lock_token: uuid.UUID | str) -> None: ...
     async def abandon(
-        self, path: str, lock_token: uuid.UUID | str, properties_to_modify: dict[str, Any] | None = None
+        self,
+        path: str,
+        lock_token: uuid.UUID | str,
+        properties_to_modify: dict[str, Any] | None = None,
+        *,
+        failed: bool = True,
     ) -> None: ...
     async def defer(self, path: str, lock_token: uuid.UUID | str) -> None: ...
     async def dead_letter(
@@ -457,7 +463,7 @@ class Transactions:
         elif op.outcome == "complete":
             await namespace.complete(op.path, op.lock_token)
         elif op.outcome == "abandon":
-            await namespace.abandon(op.path, op.lock_token, op.properties_to_modify)
+            await namespace.abandon(op.path, op.lock_token, op.properties_to_modify, failed=op.failed)
         elif op.outcome == "defer":
             await namespace.defer(op.path, op.lock_token)
         else:

@@ -22,7 +22,7 @@ from typing import Any
 from oncebus import __version__
 from oncebus.auth import DEFAULT_KEYS, KEYS_ENV, KeyRing, is_loopback, uses_public_key
 from oncebus.broker import FileClock, Namespace, SystemClock
-from oncebus.core.errors import InvalidArgumentError, OncebusError
+from oncebus.core.errors import InvalidArgumentError, OncebusError, StoreError, StoreWriteError
 from oncebus.core.tiers import Tier, TierQuotas
 from oncebus.http.server import ASGIApp
 from oncebus.server.certs import ensure_certificates
@@ -392,13 +392,26 @@ async def _run_node(serving: _Serving) -> None:
                 address["http"] = info["http_port"]
                 store.announce(node, address)
 
-            await serving.serve(store, started, deposed=deposed, announce=announce)
+            try:
+                await serving.serve(store, started, deposed=deposed, announce=announce)
+            except (StoreError, StoreWriteError) as exc:  # the database went away as this term started: wait again
+                if store.deposed is None and not isinstance(exc, StoreWriteError) and not _lost_database(exc):
+                    raise
+                say(f"this node could not start its term as the cluster's leader ({exc}): it waits to lead again")
+                await asyncio.sleep(1.0)
+                continue
             if deposed.is_set() and not stop.is_set():
                 say(f"this node is no longer the cluster's leader ({store.deposed}): it forwards to the next one")
     finally:
         stopping.cancel()
         await watch.close()
         await asyncio.to_thread(reader.close)
+
+
+def _lost_database(exc: StoreError) -> bool:
+    """Whether a start failed because the database could not be read (``PostgresStore.load``), not a refusal of
+    what it holds, so waiting for it is the remedy."""
+    return str(exc).startswith("could not read the store")
 
 
 def _standby_lines(serving: _Serving, leader: Any, url: str) -> None:

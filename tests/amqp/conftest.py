@@ -53,9 +53,11 @@ class ServerProcess:
         *,
         clock_file: Path | None = None,
         env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.data_dir = data_dir
         self.env = dict(env or {})
+        self.args = args  # more serve options (e.g. --cluster)
         self.config_file: Path | None = None
         if config is not None:
             self.config_file = data_dir.parent / f"{data_dir.name}-config.json"
@@ -68,7 +70,7 @@ class ServerProcess:
     def command(self) -> list[str]:
         cmd = [sys.executable, "-c", "import sys; from oncebus.cli import main; sys.exit(main())"]
         cmd += ["--data-dir", str(self.data_dir), "serve", "--port", "0"]
-        return cmd + (["--config", str(self.config_file)] if self.config_file else [])
+        return cmd + (["--config", str(self.config_file)] if self.config_file else []) + list(self.args)
 
     def start(self) -> ServerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")

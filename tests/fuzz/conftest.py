@@ -15,6 +15,7 @@ from tests.fuzz.sessions import (
     record_transaction_session,
 )
 from tests.js.test_js_sdk import node_ready
+from tests.store.conftest import postgres_cluster  # noqa: F401  (the relay's fuzz test: a cluster on PostgreSQL)
 
 QUEUES = {
     "fuzz": {"RequiresDuplicateDetection": True, "LockDuration": "PT5S", "MaxDeliveryCount": 3},

@@ -16,15 +16,18 @@ explores new examples instead of the fixed (derandomized) CI set.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.amqp.conftest import ServerProcess
+from tests.amqp.conftest import ServerProcess, topology
 from tests.amqp.raw import vmrss_kib
+from tests.fuzz.conftest import QUEUES, TOPICS
 from tests.fuzz.mutations import apply, mutations
 from tests.fuzz.sessions import Checker, Recording, drain_ids, replay, writes_of
+from tests.postgres_cluster import PostgresCluster
 
 EXAMPLES = int(os.environ.get("ONCEBUS_FUZZ_EXAMPLES", "250"))
 MEMORY_HEADROOM_KIB = 96 * 1024  # over the server's size once the recordings ran
@@ -83,3 +86,45 @@ def test_mutated_sdk_sessions_never_hurt_the_server_or_other_clients(
     # nothing acknowledged was lost, also across a restart
     fuzz_server.restart()
     assert sorted(drain_ids(fuzz_server.connection_string, "ledger")) == sorted(checker.acknowledged)
+
+
+def test_mutated_sdk_sessions_through_a_standby_never_hurt_the_cluster(
+    recordings: list[Recording], tmp_path: Path, postgres_cluster: PostgresCluster
+) -> None:
+    """The same mutated sessions thrown at a cluster's standby (``serve --cluster``), which forwards them byte for
+    byte to the leader: after every example both nodes are alive and logged no traceback, another client's send
+    through the standby is acknowledged, the standby's memory stays bounded, and at the end every acknowledged send
+    is there."""
+    env = {"ONCEBUS_STORE": postgres_cluster.fresh_url(), "ONCEBUS_AMQP_HANDSHAKE_TIMEOUT": "2"}
+    config = topology(QUEUES, TOPICS)
+    leader = ServerProcess(tmp_path / "leader", config, env=env, args=("--cluster",)).start()
+    standby = ServerProcess(tmp_path / "standby", env=env, args=("--cluster",)).start()
+    checker = Checker(standby.connection_string)
+    try:
+        assert any("a standby of the cluster" in line for line in standby.output), standby.output
+        checker.check()
+        baseline = vmrss_kib(standby.pid)
+        seen = {id(leader): len(leader.output), id(standby): len(standby.output)}
+        stats = {"examples": 0}
+
+        @settings(_settings(), max_examples=max(EXAMPLES // 5, 20))
+        @given(recording=st.sampled_from(recordings), ops=st.lists(mutations, min_size=1, max_size=4))
+        def example(recording: Recording, ops: list[tuple[Any, ...]]) -> None:
+            replay(standby.port, apply(writes_of(recording), ops))
+            stats["examples"] += 1
+            for node in (leader, standby):
+                assert node.alive(), "a node died:\n" + "\n".join(node.output[-40:])
+                new_output = node.output[seen[id(node)] :]
+                seen[id(node)] = len(node.output)
+                assert not [line for line in new_output if "Traceback" in line], "\n".join(new_output[-60:])
+            checker.check()
+            grown = vmrss_kib(standby.pid) - baseline
+            assert grown < MEMORY_HEADROOM_KIB, f"the standby's memory grew by {grown // 1024} MiB"
+
+        example()
+        assert stats["examples"] >= 20
+        assert sorted(drain_ids(standby.connection_string, "ledger")) == sorted(checker.acknowledged)
+    finally:
+        checker.close()
+        standby.stop()
+        leader.stop()

@@ -282,7 +282,11 @@ class PostgresStore(GroupCommitWriter):
         """Publish where this node serves, as the cluster's leader (in the session holding the lock)."""
         with self._lock:
             db = self._writer_connection()
-            db.execute(layout.ANNOUNCE, (node, Jsonb(address)))
+            try:
+                db.execute(layout.ANNOUNCE, (node, Jsonb(address)))
+            except psycopg.Error as exc:  # the session is gone (and with it the lock): this term ends
+                self._drop_connection()
+                raise StoreWriteError(f"could not write to {self.display}: {_reason(exc)}") from None
 
     def _depose(self, reason: str) -> None:
         if self.deposed is not None:

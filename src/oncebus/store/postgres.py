@@ -23,9 +23,12 @@ what the store holds before it accepts more work (a resend of such a send is the
 if it landed). A server that cannot be reached or a database written by a newer oncebus gives a one-line
 :class:`StoreError` at start.
 
-One node only: the broker decides duplicates, locks and sequence numbers in memory, so two ``serve``
-processes must not share one database schema (the writer's session holds an advisory lock: see
-``_take_node_lock``). Dedup index images are stored while serving (``checkpoint_dedup``: a forked child
+One writer per schema: the broker decides duplicates, locks and sequence numbers in memory, so two ``serve``
+processes must not both write one database schema (the writer's session holds an advisory lock: see
+``_take_node_lock``). A cluster's node (``leadership``, ``oncebus serve --cluster``: ``oncebus.server.cluster``)
+waits for that lock instead of being refused, announces where it serves once it holds it, and gives up its
+leadership with its writer session (it never reconnects it: another node may lead by then).
+Dedup index images are stored while serving (``checkpoint_dedup``: a forked child
 writes them to a temporary file, the writer stores them) and at a clean stop (``keep_dedup_images``): a start
 reads them, then the key rows accepted since their mark.
 Layout and schema versions: ``oncebus.store.postgres_layout``.

@@ -33,39 +33,20 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]
 
-from amqp_send import load, sdk_fill  # noqa: E402  (bench/ is not a package)
-
-ONCEBUS = [sys.executable, "-c", "import sys; from oncebus.cli import main; sys.exit(main())"]
-CONFIG = {
-    "UserConfig": {
-        "Namespaces": [
-            {"Name": "bench", "Queues": [{"Name": "receive", "Properties": {"RequiresDuplicateDetection": True}}]}
-        ]
-    }
-}
+from amqp_send import load, sdk_fill, start_oncebus  # noqa: E402  (bench/ is not a package)
 
 
 class Node:
-    def __init__(self, data: Path, url: str, *args: str) -> None:
-        self.data = data
-        config = data.parent / f"{data.name}-config.json"
-        config.write_text(json.dumps(CONFIG))
-        env = dict(os.environ, ONCEBUS_STORE=url, PYTHONUNBUFFERED="1")
-        command = [*ONCEBUS, "--data-dir", str(data), "serve", "--config", str(config), *args]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.connection_string = ""
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.startswith("connection string: "):
-                self.connection_string = line.split(": ", 1)[1].strip()
-            if line.strip() == "ready":
-                break
-        if not self.connection_string:
-            raise SystemExit("oncebus serve did not start")
-        import collections
-        import threading
+    """``oncebus serve`` on ``workdir`` with ``$ONCEBUS_STORE`` = ``url`` (bench/amqp_send.py's start_oncebus)."""
 
-        threading.Thread(target=lambda: collections.deque(self.process.stdout or (), maxlen=0), daemon=True).start()
+    def __init__(self, workdir: Path, url: str, *args: str) -> None:
+        workdir.mkdir(exist_ok=True)
+        self.data = workdir / "data"
+        os.environ["ONCEBUS_STORE"] = url  # start_oncebus's serve inherits the environment
+        try:
+            self.process, self.connection_string = start_oncebus(workdir, serve_args=args)
+        finally:
+            del os.environ["ONCEBUS_STORE"]
 
     @property
     def port(self) -> str:
@@ -130,8 +111,8 @@ def main() -> None:
         cluster.start()
         # failover
         url = cluster.fresh_url()
-        leader = Node(workdir / "a", url, "--port", "0", "--cluster")
-        standby = Node(workdir / "b", url, "--port", "0", "--cluster")
+        leader = Node(workdir / "a", url, "--cluster")
+        standby = Node(workdir / "b", url, "--cluster")
         nodes += [leader, standby]
         sdk_fill(leader.connection_string, "receive", "fill", args.messages)
         killed = time.monotonic()
@@ -145,7 +126,7 @@ def main() -> None:
         results["no fault"] = (0.0, *first_send_and_receive(standby.connection_string, time.monotonic(), "steady"))
         # restart of a single node on the same kind of store
         url = cluster.fresh_url()
-        single = Node(workdir / "s", url, "--port", "0")
+        single = Node(workdir / "s", url)
         nodes.append(single)
         sdk_fill(single.connection_string, "receive", "fill", args.messages)
         port = single.port

@@ -20,6 +20,7 @@ from oncebus.store.base import (
     SETTLEMENT_SYNC_SECONDS,
     AddCounters,
     DeleteMessage,
+    Op,
     PutEntity,
     PutMessage,
     PutSessionState,
@@ -215,18 +216,30 @@ def test_an_older_schema_is_migrated_in_one_transaction_or_left_as_it_was(
         assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (new,)
 
 
+def _written_as(url: str, version: int, ops: list[Op], *undo: str) -> None:
+    """``ops`` stored, then the database taken back to how store schema ``version`` left it (``undo``: the
+    statements that remove what later versions added)."""
+    store = PostgresStore(url)
+    store.submit(ops).result()
+    store.close()
+    with psycopg.connect(url, autocommit=True) as db:
+        for statement in undo:
+            db.execute(statement)
+        db.execute("UPDATE oncebus_schema SET version = %s", (version,))
+
+
 def test_a_version_1_database_gets_session_state_times_and_its_states_count_as_set_at_the_start(
     postgres_cluster: PostgresCluster,
 ) -> None:
     """Version 2 stores when a session state was set; a version 1 database's states have no time (None)."""
     url = postgres_cluster.fresh_url()
-    store = PostgresStore(url)
-    store.submit([PutEntity("q", "queue", {}), PutSessionState("q", "s1", b"old", 123)]).result()
-    store.close()
-    with psycopg.connect(url, autocommit=True) as db:  # as version 1 left it
-        db.execute("ALTER TABLE oncebus_session_state DROP COLUMN updated_us")
-        db.execute("DROP TABLE oncebus_node")
-        db.execute("UPDATE oncebus_schema SET version = 1")
+    _written_as(
+        url,
+        1,
+        [PutEntity("q", "queue", {}), PutSessionState("q", "s1", b"old", 123)],
+        "ALTER TABLE oncebus_session_state DROP COLUMN updated_us",
+        "DROP TABLE oncebus_node",
+    )
     store = PostgresStore(url)
     try:
         assert [(s.session_id, s.state, s.updated_us) for s in store.load().session_states] == [("s1", b"old", None)]
@@ -247,12 +260,8 @@ def test_a_version_2_database_gets_the_cluster_table_and_keeps_its_messages(
     """Version 3 adds ``oncebus_node`` (where a cluster's leader serves); a version 2 database (as the previous
     release wrote it: no such table) is migrated in place and keeps what it held."""
     url = postgres_cluster.fresh_url()
-    store = PostgresStore(url)
-    store.submit([PutEntity("q", "queue", {}), PutSessionState("q", "s1", b"kept", 7)]).result()
-    store.close()
-    with psycopg.connect(url, autocommit=True) as db:  # as version 2 left it
-        db.execute("DROP TABLE oncebus_node")
-        db.execute("UPDATE oncebus_schema SET version = 2")
+    kept = [PutEntity("q", "queue", {}), PutSessionState("q", "s1", b"kept", 7)]
+    _written_as(url, 2, kept, "DROP TABLE oncebus_node")
     store = PostgresStore(url)
     try:
         snapshot = store.load()

@@ -30,6 +30,11 @@ from oncebus.server.listener import ALL_KINDS, HTTP, TLS, Doors, Listener
 from oncebus.server.namespaces import Namespaces
 
 
+def client_host(host: str) -> str:
+    """The address a client on this machine reaches ``host`` at (a wildcard address: loopback)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
 @dataclass
 class Front:
     amqp: AmqpServer
@@ -43,7 +48,7 @@ class Front:
 
     @property
     def client_host(self) -> str:
-        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return client_host(self.host)
 
     @property
     def connection_string(self) -> str:

@@ -28,7 +28,7 @@ from oncebus.http.server import ASGIApp
 from oncebus.server.certs import ensure_certificates
 from oncebus.server.control import ControlServer
 from oncebus.server.datadir import DataDir
-from oncebus.server.front import Front, open_front
+from oncebus.server.front import Front, client_host, open_front
 from oncebus.server.namespaces import Namespaces, max_namespaces_from_env
 from oncebus.server.runtime import freeze_again, tune_gc
 from oncebus.store.postgres_url import open_store
@@ -395,7 +395,7 @@ async def _run_node(serving: _Serving) -> None:
             try:
                 await serving.serve(store, started, deposed=deposed, announce=announce)
             except (StoreError, StoreWriteError) as exc:  # the database went away as this term started: wait again
-                if store.deposed is None and not isinstance(exc, StoreWriteError) and not _lost_database(exc):
+                if store.deposed is None:  # a refusal of what the database holds, not its session lost
                     raise
                 say(f"this node could not start its term as the cluster's leader ({exc}): it waits to lead again")
                 await asyncio.sleep(1.0)
@@ -408,19 +408,13 @@ async def _run_node(serving: _Serving) -> None:
         await asyncio.to_thread(reader.close)
 
 
-def _lost_database(exc: StoreError) -> bool:
-    """Whether a start failed because the database could not be read (``PostgresStore.load``), not a refusal of
-    what it holds, so waiting for it is the remedy."""
-    return str(exc).startswith("could not read the store")
-
-
 def _standby_lines(serving: _Serving, leader: Any, url: str) -> None:
     """A standby's start-up lines and server info (printed at each term as a standby)."""
     from oncebus.auth import connection_string
     from oncebus.store.postgres import display_url
 
     options, ports, say = serving.options, serving.ports, serving.say
-    host = "127.0.0.1" if options.host in ("0.0.0.0", "::", "") else options.host
+    host = client_host(options.host)
     key = serving.keys.printed()
     info: dict[str, Any] = {
         "pid": os.getpid(),

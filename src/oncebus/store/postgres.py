@@ -392,6 +392,9 @@ class PostgresStore(GroupCommitWriter):
             try:
                 return self._load()
             except psycopg.Error as exc:
+                db = self._db
+                if _connection_error(exc) or db is None or db.closed or db.broken:  # as a write's: opened again
+                    self._drop_connection()  # (in a cluster: the leadership goes with it)
                 raise StoreError(f"could not read the store from {self.display}: {_reason(exc)}") from None
 
     def _load(self) -> Snapshot:

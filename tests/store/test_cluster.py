@@ -17,7 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.exceptions import ServiceBusAuthenticationError
 
 from tests.postgres_cluster import PostgresCluster
 from tests.store.test_files_deleted_under_serve import ONCEBUS, Serve, _drain, cli
@@ -65,6 +67,12 @@ def test_two_nodes_answer_as_one_namespace(tmp_path: Path, postgres_cluster: Pos
         assert _drain(b.connection_string) == []  # each completed once, through either node
         stats = json.loads(cli(a.data_dir, "stats", "q", "--json"))[0]
         assert stats["accepted"] == 2 and stats["duplicates_dropped"] == 1
+        # the standby holds no keys of its own to check: the leader checks every token that comes through it
+        wrong = b.connection_string.replace("SharedAccessKey=SAS_KEY_VALUE", "SharedAccessKey=not-the-key")
+        with ServiceBusClient.from_connection_string(wrong, retry_total=0) as client:
+            with pytest.raises(ServiceBusAuthenticationError):
+                with client.get_queue_sender("q") as sender:
+                    sender.send_messages(ServiceBusMessage(b"x", message_id="intruder"))
         refused = subprocess.run(
             [*ONCEBUS, "--data-dir", str(b.data_dir), "queue", "list"], capture_output=True, text=True, timeout=60
         )

@@ -55,9 +55,10 @@ from oncebus.core.dedup import DedupIndex
 from oncebus.store import dedup_images
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident memory now, or with ``field="VmHWM"`` the most it has had."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -227,7 +228,8 @@ def main() -> None:
         filled = run_workers(sdk_sender, jobs, process.pid)
         print(
             f"filled in {time.perf_counter() - started:.0f} s: {describe(filled)}; "
-            f"server RSS {rss_mb(process.pid):.0f} MB (idle before: {idle:.0f} MB)"
+            f"server RSS {rss_mb(process.pid):.0f} MB, at most {rss_mb(process.pid, 'VmHWM'):.0f} MB throughout "
+            f"(idle before: {idle:.0f} MB)"
         )
     finally:
         stop(process)

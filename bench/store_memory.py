@@ -70,11 +70,16 @@ async def fill(messages: int, directory: Path) -> None:
             print(f"  {stat.size_diff / messages:6.1f} B/msg  {stat.count_diff / messages:5.2f} blocks/msg  {where}")
         receivable = namespace._registry.receivable_by_path("q")
         assert receivable is not None
-        entry = next(iter(receivable.messages.values()))
+        held = receivable.messages
+        columns = sum(
+            sys.getsizeof(column) for column in (held.run.seqs, held.run.enqueued, held.run.sizes, held.run.counts)
+        )
+        entry = next(iter(held.values()))
         print(
-            f"one Entry and what its slots hold: {deep_size(entry, set())} bytes "
-            f"({sys.getsizeof(entry)} the object itself); the messages dict: "
-            f"{sys.getsizeof(receivable.messages) / len(receivable.messages):.1f} bytes a message"
+            f"held as columns: {held.run.live:,} of {len(held):,} messages, "
+            f"{columns / max(held.run.live, 1):.1f} bytes a message; as objects: {len(held.entries):,}, "
+            "an Entry with what its slots hold "
+            f"{deep_size(entry, set())} bytes ({sys.getsizeof(entry)} the object itself)"
         )
         index = namespace._registry.entities["q"].detector.index
         print(f"the dedup index's held keys: {index.nbytes() / messages:.1f} bytes a key")

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from oncebus.broker import Message, ServiceBusReceiveMode
+from oncebus.broker.entries import HeldMessages
 from oncebus.core.timeutil import us_to_datetime
 from tests.http.observe_server import ObservedBroker, samples
 
@@ -215,11 +216,13 @@ def test_metrics_after_a_known_sequence(tmp_path: Path) -> None:
 def test_scrape_never_walks_the_messages(tmp_path: Path) -> None:
     """O(entities): a scrape with thousands of messages held reads none of them."""
 
-    class Untouchable(dict):  # type: ignore[type-arg]
+    class Untouchable(HeldMessages):
+        __slots__ = ()
+
         def _refuse(self, *args: object) -> None:
             raise AssertionError("a scrape walked the messages")
 
-        __iter__ = values = items = keys = _refuse  # type: ignore[assignment]
+        __iter__ = values = items = keys = objects = first_from = get = _refuse  # type: ignore[assignment]
 
     with ObservedBroker(tmp_path) as broker:
 
@@ -230,8 +233,7 @@ def test_scrape_never_walks_the_messages(tmp_path: Path) -> None:
 
         broker.call(fill)
         receivable = broker.sync(lambda: broker.ns.receivable("big"))
-        guarded = Untouchable(receivable.messages)
-        receivable.messages = guarded
+        receivable.messages.__class__ = Untouchable  # the same messages, any walk refused
         status, _, body = broker.get("/metrics")
         assert status == 200, body
         got = samples(text_string_to_metric_families(body.decode()))

@@ -11,7 +11,6 @@ for one receiver at a time and keep its state.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -342,15 +341,7 @@ class Delivery:
         self._require_backlog()
         receivable = self.receivable(path)
         count = max(0, min(max_message_count, MAX_PEEK_MESSAGES))
-        chosen = heapq.nsmallest(
-            count,
-            (
-                seq
-                for seq, m in receivable.messages.items()
-                if seq >= sequence_number and (session_id is None or m.session_id == session_id)
-            ),
-        )
-        entries = [receivable.messages[seq] for seq in chosen]
+        entries = receivable.messages.first_from(sequence_number, count, session_id)
         return [ReceivedMessage.of(record, entry) for entry, record in self._contents_of(receivable, entries)]
 
     # ------------------------------------------------------------------------------ sessions

@@ -3,8 +3,9 @@
 Pure bookkeeping on the broker's thread: which messages are available (in
 (enqueued time, sequence number) order, per session where sessions are
 required), scheduled, locked, deferred; which expire when. Per message only an
-:class:`Entry` is held (about 200 bytes with its indexes): its content (body,
-wire encoding, properties) stays in the store and is read when it is delivered.
+:class:`Entry` is held, or for a plain waiting message four numbers in columns
+(``broker/entries.py``): its content (body, wire encoding, properties) stays in
+the store and is read when it is delivered.
 Persistence is the namespace's job: methods return the store operations their
 changes need.
 """
@@ -19,86 +20,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from oncebus.broker.counters import ReceivableCounters
+from oncebus.broker.entries import Entry, HeldMessages
 from oncebus.broker.signals import ChangeSignal
 from oncebus.core.messages import MessageState, StoredMessage
 from oncebus.core.timeutil import MAX_US, clamp_us
 from oncebus.store.base import DeleteMessage, MessageRow, MoveMessage, Op
+
+__all__ = ["Entry", "Receivable", "ReceivableSettings", "SessionLock"]
 
 LOST_TOKENS_KEPT = 10_000
 _ACTIVE = MessageState.ACTIVE
 _SCHEDULED = MessageState.SCHEDULED
 _DEAD_LETTERED = MessageState.DEAD_LETTERED
 _TIE = itertools.count()  # heap entries with equal keys (a sequence number added again) never compare entries
-
-
-_SIZES: dict[int, int] = {}
-_SIZES_KEPT = 65_536
-
-
-def _shared_size(size: int) -> int:
-    """One int object per distinct size (up to :data:`_SIZES_KEPT` of them): messages of a backlog mostly share
-    a few sizes, and each int held apart costs 32 bytes a message."""
-    shared = _SIZES.get(size)
-    if shared is not None:
-        return shared
-    if len(_SIZES) < _SIZES_KEPT:
-        _SIZES[size] = size
-    return size
-
-
-class Entry:
-    """What the broker holds of one message: its place, state, lock and size (its content is in the store)."""
-
-    __slots__ = (
-        "available",
-        "delivery_count",
-        "enqueued_time_us",  # for a scheduled message: when it is due
-        "expires_at_us",
-        "lock_token",
-        "locked_until_us",
-        "sequence_number",
-        "session_id",
-        "size",
-        "state",
-    )
-
-    def __init__(
-        self,
-        sequence_number: int,
-        state: MessageState,
-        enqueued_time_us: int,
-        expires_at_us: int | None,
-        size: int,
-        session_id: str | None,
-        delivery_count: int = 0,
-    ) -> None:
-        self.sequence_number = sequence_number
-        self.state = state
-        self.enqueued_time_us = enqueued_time_us
-        self.expires_at_us = expires_at_us
-        self.size = _shared_size(size)
-        self.session_id = session_id
-        self.delivery_count = delivery_count
-        self.lock_token: uuid.UUID | None = None
-        self.locked_until_us: int | None = None
-        self.available = False
-
-    @classmethod
-    def of(cls, record: StoredMessage) -> Entry:
-        return cls(
-            record.sequence_number,
-            record.state,
-            record.enqueued_time_us,
-            record.expires_at_us,
-            record.size,
-            record.session_id,
-            record.delivery_count,
-        )
-
-    @classmethod
-    def of_row(cls, row: MessageRow) -> Entry:
-        _, seq, state, count, enqueued, expires, size, session_id = row
-        return cls(seq, MessageState(state), enqueued, expires, size, session_id, count)
 
 
 class _Ready:
@@ -109,18 +43,14 @@ class _Ready:
     commits) go to a heap. Entries no longer available are skipped when they reach the front.
     """
 
-    __slots__ = ("heap", "heap_only", "run")
+    __slots__ = ("heap", "run")
 
     def __init__(self) -> None:
         self.run: deque[Entry] = deque()
         self.heap: list[tuple[int, int, int, Entry]] = []  # (enqueued, sequence number, tie-break, entry)
-        self.heap_only = False  # while a backlog is restored before the run (Receivable.begin_restore)
 
     def push(self, entry: Entry) -> None:
         run = self.run
-        if self.heap_only:
-            heapq.heappush(self.heap, (entry.enqueued_time_us, entry.sequence_number, next(_TIE), entry))
-            return
         if run:
             last = run[-1]
             if (last.enqueued_time_us, last.sequence_number) > (entry.enqueued_time_us, entry.sequence_number):
@@ -192,7 +122,7 @@ class Receivable:
         self.path = path
         self.settings = settings
         self.is_dead_letter = dead_letter
-        self.messages: dict[int, Entry] = {}
+        self.messages = HeldMessages(_DEAD_LETTERED if dead_letter else _ACTIVE)
         self.size_bytes = 0
         self._available = _Ready()
         self._session_available: dict[str, _Ready] = {}
@@ -206,9 +136,9 @@ class Receivable:
         self.session_states: dict[str, bytes] = {}
         # when each session's state was last set (broker time, us; a state restored at start: the start's time)
         self.session_state_times: dict[str, int] = {}
+        self._restoring = False  # between begin_restore and end_restore
         self.counters = counters if counters is not None else ReceivableCounters()  # shared with the dead-letter queue
         self._state_counts = [0] * len(MessageState)  # messages by state, kept as they change (counts() is O(1))
-        self._restoring: deque[Entry] | None = None  # the stored backlog's run, while restored in steps
         self.dead_letter_queue: Receivable | None = (
             None
             if dead_letter
@@ -222,8 +152,7 @@ class Receivable:
 
     # --- adding -----------------------------------------------------------------------------
     def add(self, entry: Entry, now_us: int) -> None:
-        replaced = self.messages.get(entry.sequence_number)
-        if replaced is not None:
+        if entry.sequence_number in self.messages:
             self._forget(entry.sequence_number)
         self.messages[entry.sequence_number] = entry
         self._state_counts[entry.state] += 1
@@ -236,30 +165,24 @@ class Receivable:
             self._make_available(entry)
 
     def add_records(self, records: Iterable[StoredMessage], now_us: int) -> None:
-        """``add`` for the messages of a committed send, the usual one (available, no expiry, in order) inline."""
+        """``add`` for the messages of a committed send; the usual one (available, no expiry or session id, in
+        order) is held as a slot of the columns (``HeldMessages.append``)."""
         messages = self.messages
-        in_order = not (self.settings.requires_session and not self.is_dead_letter)
-        run = self._available.run
-        last_enqueued, last_seq = (run[-1].enqueued_time_us, run[-1].sequence_number) if run else (-1, -1)
+        in_order = not self.settings.requires_session and not self.is_dead_letter  # slots are active messages
         added = 0
         total = 0
         for r in records:
             seq = r.sequence_number
-            enqueued = r.enqueued_time_us
             if (
                 r.state is _ACTIVE
                 and r.expires_at_us is None
+                and r.session_id is None
                 and in_order
-                and (enqueued > last_enqueued or (enqueued == last_enqueued and seq > last_seq))
                 and seq not in messages
+                and messages.append(seq, r.enqueued_time_us, r.size, r.delivery_count)
             ):
-                entry = Entry(seq, _ACTIVE, enqueued, None, r.size, r.session_id, r.delivery_count)
-                entry.available = True
-                messages[seq] = entry
-                run.append(entry)
                 added += 1
-                total += entry.size
-                last_enqueued, last_seq = enqueued, seq
+                total += r.size
             else:
                 self.add(Entry.of(r), now_us)
         self._state_counts[_ACTIVE] += added
@@ -269,57 +192,41 @@ class Receivable:
 
     def begin_restore(self) -> None:
         """Restore the stored backlog in several ``restore`` calls while new messages arrive (start-up in the
-        background): the backlog's usual entries gather in a run of their own, spliced before the messages
-        added meanwhile (all newer) by ``end_restore``; any other available entry goes to the heap meanwhile."""
-        self._restoring = deque()
-        self._available.heap_only = True
+        background): the backlog's usual messages gather in columns of their own, joined before the messages
+        added meanwhile (all newer) by ``end_restore``."""
+        self.messages.begin_restore()
+        self._restoring = True
 
     def end_restore(self) -> None:
-        restored, self._restoring = self._restoring, None
-        self._available.heap_only = False
-        if restored:
-            restored.extend(self._available.run)
-            self._available.run = restored
+        self._restoring = False
+        for entry in self.messages.end_restore():
+            self._available.push(entry)
 
     def restore(self, rows: Iterable[MessageRow], now_us: int) -> None:
-        """An entry for each stored message of this receivable (start-up), rows in sequence order.
-
-        The usual row (available, no expiry, arriving in order) is handled inline; equal enqueue times,
-        sizes and session ids share one object, as they do for messages sent together."""
+        """An entry for each stored message of this receivable (start-up), rows in sequence order; the usual
+        row (available, no expiry or session id, in order) is held as a slot of the columns."""
         messages = self.messages
         counts = self._state_counts
         in_order = not (self.settings.requires_session and not self.is_dead_letter)
-        run = self._available.run if self._restoring is None else self._restoring
         usual = int(_DEAD_LETTERED if self.is_dead_letter else _ACTIVE)
-        usual_state = MessageState(usual)
-        last_enqueued, last_seq = (run[-1].enqueued_time_us, run[-1].sequence_number) if run else (-1, -1)
-        shared: dict[object, object] = {}
+        restoring = self._restoring
+        appended = 0
         total = 0
         for _, seq, state, count, enqueued, expires, size, session_id in rows:
-            if enqueued == last_enqueued:
-                enqueued = last_enqueued
-            size = shared.setdefault(size, size)  # type: ignore[assignment]
-            if session_id is not None:
-                session_id = shared.setdefault(session_id, session_id)  # type: ignore[assignment]
-            if len(shared) > 65_536:
-                shared.clear()
             if expires is not None and expires > MAX_US:
                 expires = None  # stored by a release that did not cap expiries: never
             if (
                 state == usual
                 and expires is None
+                and session_id is None
                 and in_order
-                and (enqueued > last_enqueued or (enqueued == last_enqueued and seq > last_seq))
+                and messages.append(seq, enqueued, size, count, restoring=restoring)
             ):  # (path, sequence number) is the store's key: never one held already
-                entry = Entry(seq, usual_state, enqueued, None, size, session_id, count)
-                entry.available = True
-                messages[seq] = entry
-                run.append(entry)
+                appended += 1
                 total += size
-                last_enqueued, last_seq = enqueued, seq
             else:
                 self.add(Entry(seq, MessageState(state), enqueued, expires, size, session_id, count), now_us)
-        counts[usual] += len(messages) - sum(counts)
+        counts[usual] += appended
         self.size_bytes += total
 
     def _make_available(self, entry: Entry) -> None:
@@ -338,7 +245,7 @@ class Receivable:
         self.changes.notify()
 
     def _forget(self, seq: int) -> Entry | None:
-        entry = self.messages.pop(seq, None)
+        entry = self.messages.pop(seq)
         if entry is not None:
             entry.available = False
             self._state_counts[entry.state] -= 1
@@ -399,6 +306,11 @@ class Receivable:
                 return None
         else:
             ready = self._available
+            head = self.messages.head()
+            if head is not None:
+                first = ready.peek()
+                if first is None or head < (first.enqueued_time_us, first.sequence_number):
+                    return self.messages.take_head()
         entry = ready.pop()
         if entry is not None:
             entry.available = False
@@ -508,13 +420,13 @@ class Receivable:
         return ops
 
     def session_ids(self) -> list[str]:
-        ids = {m.session_id for m in self.messages.values() if m.session_id is not None}
+        ids = {m.session_id for _, m in self.messages.objects() if m.session_id is not None}  # slots have none
         return sorted(ids | set(self.session_states))
 
     # --- counts ---------------------------------------------------------------------------------
     def set_state(self, entry: Entry, state: MessageState) -> None:
         """Change the state of a message held here (keeps ``counts`` right)."""
-        if self.messages.get(entry.sequence_number) is entry:
+        if self.messages.holds(entry):
             self._state_counts[entry.state] -= 1
             self._state_counts[state] += 1
         entry.state = state

@@ -95,7 +95,7 @@ def topic_runtime_properties(namespace: Namespace, name: str) -> RuntimeProperti
     for subscription in subscriptions:
         receivable = namespace.receivable(f"{name}/Subscriptions/{subscription.name}")
         size += receivable.size_bytes
-        scheduled.update(seq for seq, m in receivable.messages.items() if m.state == MessageState.SCHEDULED)
+        scheduled.update(seq for seq, m in receivable.messages.objects() if m.state == MessageState.SCHEDULED)
     stats = namespace.stats(name)  # its totals include the scheduled messages waiting at the topic itself
     at_topic = stats.scheduled_message_count - sum(s.scheduled_message_count for s in stats.subscriptions.values())
     waiting_bytes = stats.size_in_bytes - sum(s.size_in_bytes for s in stats.subscriptions.values())

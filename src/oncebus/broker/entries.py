@@ -265,10 +265,10 @@ class HeldMessages:
         return Entry(run.seqs[i], self.state, run.enqueued[i], None, run.sizes[i], None, run.counts[i])
 
     # --- the runs ---------------------------------------------------------------------------------
-    def append(self, seq: int, enqueued_us: int, size: int, delivery_count: int, *, restoring: bool = False) -> bool:
+    def append(self, seq: int, enqueued_us: int, size: int, delivery_count: int, *, stored: bool = False) -> bool:
         """Hold a plain waiting message as a slot at the end of its run; False when its order does not allow it
         (the caller holds an :class:`Entry` instead). ``seq`` must not be held already."""
-        run = self.older if restoring and self.older is not None else self.run
+        run = self.older if stored and self.older is not None else self.run  # a stored row while restoring
         if not run.accepts(seq, enqueued_us):
             return False
         run.append(seq, enqueued_us, size, delivery_count)

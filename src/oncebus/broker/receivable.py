@@ -136,7 +136,6 @@ class Receivable:
         self.session_states: dict[str, bytes] = {}
         # when each session's state was last set (broker time, us; a state restored at start: the start's time)
         self.session_state_times: dict[str, int] = {}
-        self._restoring = False  # between begin_restore and end_restore
         self.counters = counters if counters is not None else ReceivableCounters()  # shared with the dead-letter queue
         self._state_counts = [0] * len(MessageState)  # messages by state, kept as they change (counts() is O(1))
         self.dead_letter_queue: Receivable | None = (
@@ -195,10 +194,8 @@ class Receivable:
         background): the backlog's usual messages gather in columns of their own, joined before the messages
         added meanwhile (all newer) by ``end_restore``."""
         self.messages.begin_restore()
-        self._restoring = True
 
     def end_restore(self) -> None:
-        self._restoring = False
         for entry in self.messages.end_restore():
             self._available.push(entry)
 
@@ -209,7 +206,6 @@ class Receivable:
         counts = self._state_counts
         in_order = not (self.settings.requires_session and not self.is_dead_letter)
         usual = int(_DEAD_LETTERED if self.is_dead_letter else _ACTIVE)
-        restoring = self._restoring
         appended = 0
         total = 0
         for _, seq, state, count, enqueued, expires, size, session_id in rows:
@@ -220,7 +216,7 @@ class Receivable:
                 and expires is None
                 and session_id is None
                 and in_order
-                and messages.append(seq, enqueued, size, count, restoring=restoring)
+                and messages.append(seq, enqueued, size, count, stored=True)
             ):  # (path, sequence number) is the store's key: never one held already
                 appended += 1
                 total += size

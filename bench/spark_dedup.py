@@ -40,7 +40,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 # the one reference (the core's verdicts) and the trace generator live with the tests; a clone has both
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -50,7 +49,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from tests.spark.reference import core_survivors
-from tests.spark.traces import DEFAULT_ENTITIES, generate_trace
+from tests.spark.traces import DEFAULT_ENTITIES, generate_trace, write_parts
 
 from oncebus.spark import EntitySettings, deduplicate, deduplicate_stream, flush_stream
 
@@ -142,8 +141,7 @@ def scenario(
     source = work / "in"
     source.mkdir(parents=True)
     files = -(-len(trace) // batch_rows)
-    for i in range(files):
-        pq.write_table(trace.slice(i * batch_rows, batch_rows), source / f"part-{i:05d}.parquet")
+    write_parts(trace, source, batch_rows)  # read in order by the file stream source
     rows = len(trace)
     print(f"\n== {rows:,} rows, {files} micro-batches of {batch_rows:,} rows ==")
     print(f"trace: rate {rate:,.0f}/s of event time, out of order < 2 s; load {os.getloadavg()[0]:.1f}")

@@ -16,13 +16,34 @@ no message_id.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 START_US = 1_795_000_000_000_000  # 2026-11-18, a fixed origin keeps traces reproducible
+
+
+FILE_TIME_ORIGIN_S = 1_795_000_000  # the modification time of part 0; part i is i seconds newer
+
+
+def write_parts(trace: pa.Table, folder: Path, rows_per_file: int, first: int = 0, last: int | None = None) -> None:
+    """Write ``trace`` as Parquet parts ``part-<i>.parquet`` of ``rows_per_file`` rows (parts ``first`` to
+    ``last``, all by default), each part one second newer than the one before.
+
+    Spark's file stream source reads new files in modification-time order, in milliseconds, and files with the
+    same time in the order the directory lists them (on ext4, a hash of the name): parts written within the
+    same millisecond could be read out of order, which makes some of their rows late for the stream (a test's
+    exact comparison with the core then fails one run in a few). Distinct times make the order the parts'."""
+    last = -(-len(trace) // rows_per_file) if last is None else last
+    for i in range(first, last):
+        path = folder / f"part-{i:05d}.parquet"
+        pq.write_table(trace.slice(i * rows_per_file, rows_per_file), path)
+        os.utime(path, (FILE_TIME_ORIGIN_S + i, FILE_TIME_ORIGIN_S + i))
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,12 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from oncebus.spark import EntitySettings, deduplicate, deduplicate_stream, flush_stream, register
-from tests.spark.traces import DEFAULT_ENTITIES, generate_trace
+from tests.spark.traces import DEFAULT_ENTITIES, generate_trace, write_parts
 
 SETTINGS = {
     e.name: EntitySettings(window=timedelta(microseconds=e.window_us), partitioned=e.partitioned)
@@ -75,8 +74,7 @@ def main() -> None:
     trace = generate_trace(20_000, rate=2_000, max_out_of_order_us=2_000_000, seed=13)
     source = work / "trace"
     source.mkdir(parents=True, exist_ok=True)
-    for i in range(4):
-        pq.write_table(trace.slice(i * 5_000, 5_000), source / f"part-{i}.parquet")
+    write_parts(trace, source, 5_000)  # one part per micro-batch, in order
     print("BATCH " + json.dumps(seqs(deduplicate(spark.read.parquet(str(source)), **OPTIONS))), flush=True)
 
     schema = spark.read.parquet(str(source)).schema

@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 
 from oncebus.spark import EntitySettings, deduplicate, deduplicate_stream, flush_stream, register
 from tests.spark.test_exactness import core_kept_seqs
-from tests.spark.traces import DEFAULT_ENTITIES, generate_trace
+from tests.spark.traces import DEFAULT_ENTITIES, generate_trace, write_parts
 
 SETTINGS = {
     e.name: EntitySettings(window=timedelta(microseconds=e.window_us), partitioned=e.partitioned)
@@ -43,8 +43,7 @@ def check_dedup(remote: SparkSession, tmp_path: Path, conn: str) -> None:
     trace = generate_trace(20_000, rate=2_000, max_out_of_order_us=2_000_000, seed=9)
     source = tmp_path / "in"
     source.mkdir()
-    for i in range(4):
-        pq.write_table(trace.slice(i * 5_000, 5_000), source / f"part-{i}.parquet")
+    write_parts(trace, source, 5_000)  # one part per micro-batch, in order
     expected = core_kept_seqs(trace)
     options: dict[str, Any] = {"entity_col": "entity", "entity_settings": SETTINGS, "order_col": "seq"}
 

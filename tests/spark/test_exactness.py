@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -88,5 +89,5 @@ def test_trace_parts_are_read_by_spark_in_their_order(tmp_path: Path) -> None:
     parts = sorted(tmp_path.iterdir())
     assert [p.name for p in parts] == [f"part-{i:05d}.parquet" for i in range(4)]
     times_ms = [p.stat().st_mtime_ns // 1_000_000 for p in parts]
-    assert all(b - a >= 1_000 for a, b in zip(times_ms, times_ms[1:]))
+    assert all(b - a >= 1_000 for a, b in itertools.pairwise(times_ms))
     assert sum(pq.read_metadata(p).num_rows for p in parts) == 1_000

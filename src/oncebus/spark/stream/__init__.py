@@ -17,7 +17,8 @@ One ``foreachBatch`` call per micro-batch, batch N:
    Spark job decides a micro-batch: each task raises the watermark by what its
    bucket saw (rows below the newest row there minus the bound are safe to
    decide, whatever other buckets hold), looks its keys up by binary search in
-   its memory-mapped key files, applies the rule and writes keys, held rows
+   its memory-mapped key files (only the rows each file's membership filter,
+   ``keys-<bucket>.bits``, lets through), applies the rule and writes keys, held rows
    and kept rows; the manifest keeps the lowest watermark of the buckets.
    On any other file system (HDFS, S3A...: Spark reaches it, Python tasks do
    not) the state is layout 2: per batch ``b=N/__oncebus_role=1`` (keys) and

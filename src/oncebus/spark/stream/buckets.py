@@ -7,9 +7,14 @@ keys of that bucket. Per micro-batch N, one task per bucket:
 
 * looks up the prior ``t0`` of its rows' keys in the bucket's key files of the
   live folders (``<folder>/keys-<s>.arrow``: Arrow IPC, sorted by (h1, h2),
-  memory-mapped, binary search; no Spark join);
-* runs the rule (``_chain.keep_mask``) over its rows, sorted by Spark;
-* writes the keys it recorded (``b=N/keys-<s>.arrow``), the rows it holds
+  memory-mapped, binary search; no Spark join), searching a file only for the
+  rows its membership filter (``keys-<s>.bits``, beside it) lets through: most
+  rows are new keys, in no file; a key file without a filter (written by an
+  earlier release) is searched for every row;
+* runs the rule (``_chain.keep_mask``) over its rows in (h1, h2, t, order)
+  order: sorted by Spark, or here (``sort_order``: numpy on the digests, Arrow
+  for the rows that share one), the rows read in that order, never copied in it;
+* writes the keys it recorded (``b=N/keys-<s>.arrow`` and its filter), the rows it holds
   (``b=N/held/part-<s>.parquet``) and the rows it keeps (``part-<s>.parquet``
   in the batch's output folder), each to a temporary name then renamed,
   and returns one row of counts.
@@ -49,6 +54,58 @@ def key_file(folder: str, bucket: int) -> str:
     return f"{folder}/keys-{bucket:05d}.arrow"
 
 
+def filter_file(key_path: Path) -> Path:
+    """The membership filter written beside a key file (``keys-<s>.bits``)."""
+    return key_path.with_suffix(".bits")
+
+
+FILTER_MAGIC = b"OBKF1\0\0\0"
+FILTER_BITS_PER_KEY = 16  # at least; rounded up to a power of two bits in all: 3 to 6 % of absent keys pass
+
+
+def _filter_slots(h1: np.ndarray, bits: int) -> np.ndarray:
+    """Each digest's bit in a filter of ``bits`` bits (a power of two): its top bits (digests are uniform)."""
+    shift = 65 - bits.bit_length()  # 64 - log2(bits): the arithmetic shift keeps log2(bits) signed top bits
+    return (h1 >> np.int64(shift)) + np.int64(bits >> 1)
+
+
+def build_filter(h1: np.ndarray) -> bytes:
+    """A one-hash membership filter of a key file's digests: a key whose bit is clear is not in the file.
+
+    A header (magic, key count) lets a reader refuse a filter that does not belong to the key file beside it."""
+    bits = 1 << max(13, int(len(h1) * FILTER_BITS_PER_KEY - 1).bit_length())
+    flags = np.zeros(bits, dtype=bool)
+    flags[_filter_slots(h1, bits)] = True
+    return FILTER_MAGIC + np.int64(len(h1)).tobytes() + np.packbits(flags, bitorder="little").tobytes()
+
+
+def read_filter(key_path: Path, keys: int) -> np.ndarray | None:
+    """The packed bits of the filter beside a key file of ``keys`` keys, memory-mapped; None when there is none
+    (a state written before filters existed) or it belongs to another key file (a write interrupted between the
+    two): then every key is looked up in the file."""
+    path = filter_file(key_path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None
+    header = len(FILTER_MAGIC) + 8
+    body = size - header
+    if body <= 0 or body & (body - 1):
+        return None
+    with open(path, "rb") as f:
+        head = f.read(header)
+    if head[: len(FILTER_MAGIC)] != FILTER_MAGIC or int(np.frombuffer(head[len(FILTER_MAGIC) :], np.int64)[0]) != keys:
+        return None
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=header)
+
+
+def might_hold(bits: np.ndarray, h1: np.ndarray) -> np.ndarray:
+    """Which digests may be in the key file of the filter ``bits`` (packed): no false negatives."""
+    slots = _filter_slots(h1, len(bits) * 8)
+    held: np.ndarray = ((bits[slots >> 3] >> (slots & 7).astype(np.uint8)) & 1).astype(bool)
+    return held
+
+
 def _partition_id() -> int:
     from pyspark import TaskContext
 
@@ -71,13 +128,20 @@ def _replace(target: Path, write: Callable[[Path], None]) -> None:
 
 
 def write_keys(path: Path, h1: np.ndarray, h2: np.ndarray, t: np.ndarray, w: np.ndarray) -> None:
+    """The key file (sorted by (h1, h2)) and its membership filter beside it."""
     batch = pa.RecordBatch.from_arrays([pa.array(a, pa.int64()) for a in (h1, h2, t, w)], schema=KEY_SCHEMA)
 
     def write(temporary: Path) -> None:
         with pa.OSFile(str(temporary), "wb") as sink, ipc.new_file(sink, KEY_SCHEMA) as writer:
             writer.write_batch(batch)
 
+    bits = build_filter(np.asarray(h1, dtype=np.int64))
+
+    def write_filter(temporary: Path) -> None:
+        temporary.write_bytes(bits)
+
     _replace(path, write)
+    _replace(filter_file(path), write_filter)
 
 
 def read_keys(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
@@ -98,33 +162,107 @@ def read_keys(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
 
 
 class Lookup:
-    """Prior first-accepted times of keys, from one bucket's key files (each sorted by (h1, h2))."""
+    """Prior first-accepted times of keys, from one bucket's key files (each sorted by (h1, h2)).
 
-    def __init__(self, root: Path, folders: Sequence[str], bucket: int) -> None:
-        self.files = [k for k in (read_keys(root / key_file(f, bucket)) for f in folders) if k is not None]
+    Each file's membership filter, where there is one, picks the few rows worth a binary search in it: most
+    rows of a batch are new keys, and the rest mostly resends of one recent folder."""
+
+    def __init__(self, root: Path, folders: Sequence[str], bucket: int, *, filters: bool = True) -> None:
+        self.files: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
+        for folder in folders:
+            path = root / key_file(folder, bucket)
+            keys = read_keys(path)
+            if keys is not None:
+                h1, h2, t, _ = keys
+                self.files.append((h1, h2, t, read_filter(path, len(h1)) if filters else None))
 
     def prior(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
         """The newest recorded t0 of each (h1, h2), NONE where the key was never recorded. Fastest when
         ``h1`` is sorted (one pass of binary searches per file, each starting where the last ended)."""
         out = np.full(len(h1), NONE, dtype=np.int64)
-        for a1, a2, at, _ in self.files:
-            n = len(a1)
-            left = np.searchsorted(a1, h1, "left")
-            inside = left < n
-            at_left = np.minimum(left, n - 1)
-            hit = inside & (a1[at_left] == h1)
-            # the common case: one entry with this h1; else (h1 shared by several keys, or a key recorded
-            # twice) all entries with this h1 are looked at
-            shared = hit & (left + 1 < n) & (a1[np.minimum(left + 1, n - 1)] == h1)
-            simple = np.flatnonzero(hit & ~shared & (a2[at_left] == h2))
-            np.maximum.at(out, simple, at[at_left[simple]])
-            for i in np.flatnonzero(shared).tolist():
-                end = int(np.searchsorted(a1, h1[i], "right"))
-                span = slice(int(left[i]), end)
-                same = at[span][a2[span] == h2[i]]
-                if len(same):
-                    out[i] = max(int(out[i]), int(same.max()))
+        for a1, a2, at, bits in self.files:
+            if bits is None:
+                _prior_in(out, None, h1, h2, a1, a2, at)
+                continue
+            rows = np.flatnonzero(might_hold(bits, h1))
+            if len(rows):
+                _prior_in(out, rows, h1[rows], h2[rows], a1, a2, at)
         return out
+
+
+def _prior_in(
+    out: np.ndarray,
+    rows: np.ndarray | None,
+    h1: np.ndarray,
+    h2: np.ndarray,
+    a1: np.ndarray,
+    a2: np.ndarray,
+    at: np.ndarray,
+) -> None:
+    """Raise ``out[rows]`` (all of ``out`` when ``rows`` is None) to the t0 one key file records for each
+    (h1, h2) given."""
+    n = len(a1)
+    left = np.searchsorted(a1, h1, "left")
+    inside = left < n
+    at_left = np.minimum(left, n - 1)
+    hit = inside & (a1[at_left] == h1)
+    # the common case: one entry with this h1; else (h1 shared by several keys, or a key recorded
+    # twice) all entries with this h1 are looked at
+    shared = hit & (left + 1 < n) & (a1[np.minimum(left + 1, n - 1)] == h1)
+    simple = np.flatnonzero(hit & ~shared & (a2[at_left] == h2))
+    target = simple if rows is None else rows[simple]
+    out[target] = np.maximum(out[target], at[at_left[simple]])  # each row once: no ufunc.at needed
+    for i in np.flatnonzero(shared).tolist():
+        end = int(np.searchsorted(a1, h1[i], "right"))
+        span = slice(int(left[i]), end)
+        same = at[span][a2[span] == h2[i]]
+        if len(same):
+            j = i if rows is None else int(rows[i])
+            out[j] = max(int(out[j]), int(same.max()))
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Rows of a bucket task and the order to decide them in (None: they are in it already)."""
+
+    rows: pa.RecordBatch | pa.Table
+    order: np.ndarray | None
+
+    def column(self, name: str) -> np.ndarray:
+        values: np.ndarray = self.rows.column(self.rows.schema.names.index(name)).to_numpy(zero_copy_only=False)
+        return values if self.order is None else values[self.order]
+
+    def mask(self, decided: np.ndarray) -> pa.Array:
+        """A mask over the rows as they are, from one over the rows in order."""
+        if self.order is None:
+            return pa.array(decided)
+        unordered = np.empty(len(decided), dtype=bool)
+        unordered[self.order] = decided
+        return pa.array(unordered)
+
+
+def sort_order(table: pa.Table, sort_keys: Sequence[str]) -> np.ndarray:
+    """The indices that sort ``table`` by ``sort_keys`` (ascending, nulls first, stable), the first of them
+    ``H1``: what ``pyarrow.compute.sort_indices`` answers, found by one numpy sort of the digests and Arrow's
+    sort only for the rows whose digest another row shares (resends, mostly: a few percent)."""
+    keys = [(k, "ascending", "at_start") for k in sort_keys]
+    first = table.column(sort_keys[0])
+    if first.null_count:
+        everything: np.ndarray = pc.sort_indices(table, sort_keys=keys).to_numpy()
+        return everything
+    h1 = first.to_numpy()
+    order = np.argsort(h1, kind="stable")
+    ordered = h1[order]
+    tie = np.flatnonzero(ordered[1:] == ordered[:-1])
+    if len(tie):
+        shared = np.zeros(len(order), dtype=bool)
+        shared[tie] = True
+        shared[tie + 1] = True
+        where = np.flatnonzero(shared)
+        rows = order[where]
+        within = pc.sort_indices(table.select(list(sort_keys)).take(pa.array(rows)), sort_keys=keys).to_numpy()
+        order[where] = rows[within]
+    return order
 
 
 @dataclass(frozen=True)
@@ -150,8 +288,9 @@ class BatchTask:
     # ran no task for them (it skips a shuffle of nothing)
     only_buckets: frozenset[int] | None = None
 
-    def _rows(self, batches: Iterator[pa.RecordBatch], bucket: int, root: Path) -> list[pa.RecordBatch]:
-        """This bucket's rows (the new ones, and those held before), sorted by (H1, H2, T, order)."""
+    def _rows(self, batches: Iterator[pa.RecordBatch], bucket: int, root: Path) -> list[_Part]:
+        """This bucket's rows (the new ones, and those held before) in parts, each in (H1, H2, T, order) order:
+        sorted by Spark, or (``sort_keys``) one part with the order to read it in."""
         parts: list[pa.RecordBatch] = []
         for batch in batches:
             names = batch.schema.names
@@ -171,11 +310,9 @@ class BatchTask:
                 table = table.select(parts[0].schema.names).cast(parts[0].schema)
             parts.extend(table.to_batches())
         if not self.sort_keys or not parts:
-            return parts
-        table = pa.Table.from_batches(parts)
-        order = pc.sort_indices(table, sort_keys=[(k, "ascending", "at_start") for k in self.sort_keys])
-        ordered: list[pa.RecordBatch] = table.take(order).combine_chunks().to_batches()
-        return ordered
+            return [_Part(part, None) for part in parts]
+        table = pa.Table.from_batches(parts).combine_chunks()
+        return [_Part(table, sort_order(table, self.sort_keys))]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         bucket = _partition_id()
@@ -188,35 +325,30 @@ class BatchTask:
         keys: list[tuple[np.ndarray, ...]] = []
         writers: dict[str, tuple[pq.ParquetWriter, Path, Path]] = {}
 
-        def write(name: str, folder: str, table: pa.RecordBatch) -> None:
+        def write(name: str, folder: str, table: pa.RecordBatch | pa.Table) -> None:
             if name not in writers:
                 target = Path(folder) / f"part-{bucket:05d}.parquet"
                 target.parent.mkdir(parents=True, exist_ok=True)
                 temporary = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
                 writers[name] = (pq.ParquetWriter(str(temporary), table.schema), temporary, target)
-            writers[name][0].write_batch(table)
+            writers[name][0].write(table)
 
         # every row this bucket sees is seen before any is decided: each new row is at most the bound older
         # than the newest row seen before it, so rows below (newest here - bound) are safe to decide now,
         # whatever the other buckets hold
         parts = self._rows(batches, bucket, root)
-        max_t = max((pc.max(b.column(b.schema.names.index(T))).as_py() for b in parts), default=None)
+        max_t = max((pc.max(p.rows.column(p.rows.schema.names.index(T))).as_py() for p in parts), default=None)
+        columns = [tuple(p.column(c) for c in (H1, H2, T, W)) for p in parts]  # each in (H1, H2, T, order) order
         if parts:  # the prior t0 of every row, in one pass over each key file
             lookup = Lookup(root, self.key_folders, bucket)
-            everything = [
-                np.concatenate([b.column(b.schema.names.index(c)).to_numpy(zero_copy_only=False) for b in parts])
-                for c in (H1, H2)
-            ]
-            priors = lookup.prior(everything[0], everything[1])
-            offsets = np.cumsum([0, *(b.num_rows for b in parts)])
+            priors = lookup.prior(np.concatenate([c[0] for c in columns]), np.concatenate([c[1] for c in columns]))
+            offsets = np.cumsum([0, *(p.rows.num_rows for p in parts)])
         watermark = self.watermark
         if max_t is not None and watermark < DECIDE_ALL:
             watermark = max(watermark, max_t - self.bound_us)
         try:
-            for number, batch in enumerate(parts):
-                names = batch.schema.names
-                h1, h2, t, w = (batch.column(names.index(c)).to_numpy(zero_copy_only=False) for c in (H1, H2, T, W))
-                rows += batch.num_rows
+            for number, (part, (h1, h2, t, w)) in enumerate(zip(parts, columns, strict=True)):
+                rows += len(t)
                 if self.previous_watermark is not None:
                     late += int((t < self.previous_watermark).sum())
                 held = t >= watermark
@@ -235,15 +367,12 @@ class BatchTask:
                     keys.append((h1[recorded], h2[recorded], t[recorded], w[recorded]))
                 if keep.any():
                     kept_rows += int(keep.sum())
-                    user = pa.RecordBatch.from_arrays(
-                        [batch.column(names.index(c)) for c in self.user_columns], names=list(self.user_columns)
-                    )
-                    write("out", self.output_folder, user.filter(pa.array(keep)))
+                    write("out", self.output_folder, part.rows.select(list(self.user_columns)).filter(part.mask(keep)))
                 if held.any() and self.held_folder is not None:
                     held_rows += int(held.sum())
                     oldest = int(t[held].min())
                     min_held = oldest if min_held is None else min(min_held, oldest)
-                    write("held", str(root / self.held_folder), batch.filter(pa.array(held)))
+                    write("held", str(root / self.held_folder), part.rows.filter(part.mask(held)))
             for writer, temporary, target in writers.values():
                 writer.close()
                 os.replace(temporary, target)

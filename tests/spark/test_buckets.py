@@ -26,6 +26,19 @@ from oncebus.spark.stream.buckets import (
 INT64 = st.integers(-(2**63), 2**63 - 1)
 
 
+def _key_folder(
+    root: Path, number: int, h1: np.ndarray, h2: np.ndarray, t: np.ndarray, truth: dict[tuple[int, int], int]
+) -> str:
+    """Write folder ``b=<number>``'s key file of bucket 0 (sorted by (h1, h2, t)) and record each key's newest t0
+    in ``truth``; returns the folder's name."""
+    order = np.lexsort((t, h2, h1))
+    h1, h2, t = h1[order], h2[order], t[order]
+    write_keys(root / key_file(f"b={number}", 0), h1, h2, t, np.full(len(h1), 5))
+    for a, b, c in zip(h1.tolist(), h2.tolist(), t.tolist(), strict=True):
+        truth[(a, b)] = max(truth.get((a, b), NONE), c)
+    return f"b={number}"
+
+
 def test_lookup_gives_the_newest_t0_of_each_key_across_files(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     truth: dict[tuple[int, int], int] = {}
@@ -35,12 +48,7 @@ def test_lookup_gives_the_newest_t0_of_each_key_across_files(tmp_path: Path) -> 
         h1 = rng.integers(0, 50, n)  # few h1 values: many keys share one, and keys recur (recorded twice)
         h2 = rng.integers(0, 40, n)
         t = rng.integers(0, 10**6, n)
-        order = np.lexsort((t, h2, h1))
-        h1, h2, t = h1[order], h2[order], t[order]
-        write_keys(tmp_path / key_file(f"b={number}", 0), h1, h2, t, np.full(n, 5))
-        folders.append(f"b={number}")
-        for a, b, c in zip(h1.tolist(), h2.tolist(), t.tolist(), strict=True):
-            truth[(a, b)] = max(truth.get((a, b), NONE), c)
+        folders.append(_key_folder(tmp_path, number, h1, h2, t, truth))
     q1 = np.sort(rng.integers(-5, 60, 20_000))
     q2 = rng.integers(0, 45, 20_000)
     got = Lookup(tmp_path, [*folders, "b=9"], 0).prior(q1, q2)  # b=9 has no file: no keys there
@@ -108,12 +116,7 @@ def test_lookup_with_filters_answers_as_without_and_as_a_state_written_before_th
         h1[: n // 10] = h1[n // 10 : n // 5]  # keys that share a digest's h1 (and keys recorded twice)
         h2 = rng.integers(0, 3, n)
         t = rng.integers(0, 10**9, n)
-        order = np.lexsort((t, h2, h1))
-        h1, h2, t = h1[order], h2[order], t[order]
-        write_keys(tmp_path / key_file(f"b={number}", 0), h1, h2, t, np.full(n, 5))
-        folders.append(f"b={number}")
-        for a, b, c in zip(h1.tolist(), h2.tolist(), t.tolist(), strict=True):
-            truth[(a, b)] = max(truth.get((a, b), NONE), c)
+        folders.append(_key_folder(tmp_path, number, h1, h2, t, truth))
     known = np.array(list(truth), dtype=np.int64)
     picked = known[rng.integers(0, len(known), 5_000)]
     q1 = np.concatenate([picked[:, 0], _digests(rng, 5_000)])

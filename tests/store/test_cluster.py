@@ -304,7 +304,9 @@ def test_the_database_restarted_under_load_the_cluster_loses_nothing_acknowledge
         _wait_for(lambda: len(load.acked) >= 60, 120, "the senders did not get going")
         cluster.stop("fast")
         time.sleep(1.0)  # the outage: calls fail meanwhile
+        acked_in_the_outage = len(load.acked)  # by the end of the outage (none is acknowledged while it lasts)
         cluster.start()
+        assert acked_in_the_outage < 400, "the senders were done before the outage: no load crossed it"
         for thread in load.senders:
             thread.join(300)
             assert not thread.is_alive(), f"a sender hung: {_state(load, nodes)}"
@@ -312,8 +314,9 @@ def test_the_database_restarted_under_load_the_cluster_loses_nothing_acknowledge
         got = _drain(leader.connection_string)
         assert len(got) == len(set(got)), sorted(got)  # none twice: the resends were dropped
         assert set(got) == load.acked and len(load.acked) == 400
-        assert any("send" in error for error in load.errors), load.errors  # the outage was seen
-        assert any("no longer the cluster's leader" in line for n in nodes for line in n.output)
+        # the outage happened under load: the leader lost its session and stepped down (whether a sender saw an
+        # error depends on timing: the SDK retries a closed connection itself, so none may reach the application)
+        assert any("no longer the cluster's leader" in line for n in nodes for line in n.output), load.errors
     finally:
         for node in nodes:
             node.stop()

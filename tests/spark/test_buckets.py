@@ -132,6 +132,9 @@ def test_lookup_with_filters_answers_as_without_and_as_a_state_written_before_th
     other = filter_file(tmp_path / key_file("b=2", 0))
     other.write_bytes(build_filter(_digests(rng, 10)))  # a filter of another key file: refused
     assert read_filter(tmp_path / key_file("b=2", 0), 20_000) is None
+    for broken in (b"", build_filter(_digests(rng, 10))[:12]):  # empty, cut short: refused as well
+        filter_file(tmp_path / key_file("b=3", 0)).write_bytes(broken)
+        assert read_filter(tmp_path / key_file("b=3", 0), 20_000) is None
     assert (Lookup(tmp_path, folders, 0).prior(q1, q2) == expected).all()
 
 

@@ -61,6 +61,8 @@ def filter_file(key_path: Path) -> Path:
 
 FILTER_MAGIC = b"OBKF1\0\0\0"
 FILTER_BITS_PER_KEY = 16  # at least; rounded up to a power of two bits in all: 3 to 6 % of absent keys pass
+_COUNT = np.dtype("<i8")  # the header's key count, little-endian whatever the machine
+_HEADER = len(FILTER_MAGIC) + _COUNT.itemsize
 
 
 def _filter_slots(h1: np.ndarray, bits: int) -> np.ndarray:
@@ -76,27 +78,26 @@ def build_filter(h1: np.ndarray) -> bytes:
     bits = 1 << max(13, int(len(h1) * FILTER_BITS_PER_KEY - 1).bit_length())
     flags = np.zeros(bits, dtype=bool)
     flags[_filter_slots(h1, bits)] = True
-    return FILTER_MAGIC + np.int64(len(h1)).tobytes() + np.packbits(flags, bitorder="little").tobytes()
+    count = np.array(len(h1), dtype=_COUNT).tobytes()
+    return FILTER_MAGIC + count + np.packbits(flags, bitorder="little").tobytes()
 
 
 def read_filter(key_path: Path, keys: int) -> np.ndarray | None:
     """The packed bits of the filter beside a key file of ``keys`` keys, memory-mapped; None when there is none
     (a state written before filters existed) or it belongs to another key file (a write interrupted between the
     two): then every key is looked up in the file."""
-    path = filter_file(key_path)
     try:
-        size = path.stat().st_size
-    except FileNotFoundError:
+        data = np.memmap(filter_file(key_path), dtype=np.uint8, mode="r")  # one mapping: header and bits
+    except (FileNotFoundError, ValueError):  # none, or empty (mmap refuses an empty file)
         return None
-    header = len(FILTER_MAGIC) + 8
-    body = size - header
+    body = len(data) - _HEADER
     if body <= 0 or body & (body - 1):
         return None
-    with open(path, "rb") as f:
-        head = f.read(header)
-    if head[: len(FILTER_MAGIC)] != FILTER_MAGIC or int(np.frombuffer(head[len(FILTER_MAGIC) :], np.int64)[0]) != keys:
+    count = int(data[len(FILTER_MAGIC) : _HEADER].view(_COUNT)[0])
+    if bytes(data[: len(FILTER_MAGIC)]) != FILTER_MAGIC or count != keys:
         return None
-    return np.memmap(path, dtype=np.uint8, mode="r", offset=header)
+    bits: np.ndarray = data[_HEADER:]
+    return bits
 
 
 def might_hold(bits: np.ndarray, h1: np.ndarray) -> np.ndarray:

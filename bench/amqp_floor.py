@@ -1,0 +1,674 @@
+"""The floor under ``bench/amqp_send.py``'s rows: what a server that stores nothing costs the same SDK clients.
+
+Issue 16 asks ``oncebus serve`` for at most 20 us of server CPU per message sent (0.9 of a do-nothing sink) and
+at most 50 us per message received and completed (1.0 of JetStream). This bench measures, in one run, with the
+SDK clients of ``bench/amqp_send.py`` (2 sender processes sending batches of 100 x 1 KiB; 4 PEEK_LOCK receiver
+processes completing each message), servers that keep nothing:
+
+- ``proton reactor``: a proton reactor program (the C engine and proton's Python event layer and handlers):
+  transfers accepted, deliveries made from one prepared message, completions settled;
+- ``proton on asyncio``: proton's engine driven from asyncio the way ``oncebus serve`` drives it (a Transport,
+  a Collector, its events dispatched by hand; deliveries sent as prepared bytes), storing nothing;
+- ``python engine``: an AMQP 1.0 session engine written here in Python on asyncio, on oncebus's own frame
+  encoding (``oncebus.amqp.encoding``/``performatives``), with the SDK's own codec only for the CBS put-token
+  message: each batch split into its messages, each delivery encoded from a template (a new sequence number,
+  lock token and locked-until), each completion answered with its settled outcome;
+- ``python engine + SQLite``: the same engine, each completion also deleting its message's row from a SQLite
+  table in WAL mode and committing (as ``oncebus serve`` commits a completion before answering it), and each
+  batch inserted as one row per message (``--store``).
+
+and ``oncebus serve`` itself (dedup on; receive + complete), so the gaps are ratios within one run:
+what proton's event layer costs against a Python engine (the design item 2 of issue 16 decides on), and what
+an engine leaves for the broker and its store inside the goals.
+
+Each row: messages a second, server CPU per message (user + system, all threads, from ``/proc``).
+
+Usage: ``python bench/amqp_floor.py [--messages 20000] [--repeat 2] [--no-send] [--no-receive]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import signal
+import sqlite3
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import amqp_send as bench
+
+from oncebus.amqp.encoding import NULL, Reader, encode_list, encode_symbol, encode_uint
+from oncebus.amqp.performatives import (
+    AMQP_HEADER,
+    ATTACH,
+    BEGIN,
+    CLOSE,
+    DETACH,
+    DISPOSITION,
+    END,
+    FLOW,
+    OPEN,
+    SASL_HEADER,
+    TRANSFER,
+    amqp_frame,
+    open_frame,
+)
+
+SINK_CREDIT = 1000
+ACCEPTED = b"\x00\x53\x24\x45"  # accepted, no fields
+TRUE, FALSE = b"\x41", b"\x42"
+_FRAME = struct.Struct(">IBBH")
+
+
+# ------------------------------------------------------------------------- the message a source delivers
+def delivery_template() -> tuple[bytes, bytes, bytes]:
+    """A delivered message's payload in three pieces around its sequence number and locked-until (8 bytes each).
+
+    The sections ``oncebus serve`` gives a peek-locked delivery: a header, message annotations (sequence
+    number, enqueued time, locked-until), properties (a message id) and one data section of 1 KiB.
+    """
+    header = b"\x00\x53\x70" + encode_list([TRUE, NULL, NULL, NULL, encode_uint(0)])
+    now = int(time.time() * 1000)
+    entries = [
+        (encode_symbol("x-opt-enqueued-time"), b"\x83" + struct.pack(">q", now)),
+        (encode_symbol("x-opt-sequence-number"), b"\x81"),  # + 8 bytes
+        (encode_symbol("x-opt-locked-until"), b"\x83"),  # + 8 bytes
+    ]
+    # map8 with fixed-size values: the two 8-byte values are written per delivery
+    body_size = sum(len(k) + len(v) for k, v in entries) + 16
+    annotations_head = b"\x00\x53\x72" + bytes((0xC1, body_size + 1, 6)) + b"".join(k + v for k, v in entries[:1])
+    first = annotations_head + entries[1][0] + entries[1][1]
+    middle = entries[2][0] + entries[2][1]
+    properties = b"\x00\x53\x73" + encode_list([b"\xa1\x24" + str(uuid.uuid4()).encode()])
+    data = b"\x00\x53\x75\xb0" + struct.pack(">I", len(bench.BODY)) + bench.BODY
+    return header + first, middle, properties + data
+
+
+# ------------------------------------------------------------------------- a session engine in Python
+class Link:
+    __slots__ = ("address", "channel", "credit", "delivery_count", "handle", "sending")
+
+    def __init__(self, channel: int, handle: int, address: str, sending: bool) -> None:
+        self.channel, self.handle, self.address, self.sending = channel, handle, address, sending
+        self.delivery_count = 0
+        self.credit = 0
+
+
+class Engine(asyncio.Protocol):
+    """One client connection: SASL ANONYMOUS, open, sessions, links, CBS, and the hot path (transfers in,
+    deliveries out, dispositions both ways), each frame parsed once, outputs of one read written at once."""
+
+    def __init__(self, template: tuple[bytes, bytes, bytes], db: sqlite3.Connection | None) -> None:
+        self.template = template
+        self.db = db
+        self.buffer = b""
+        self.header_expected = True
+        self.out: list[bytes] = []
+        self.links: dict[tuple[int, int], Link] = {}
+        self.cbs_reply: dict[int, Link] = {}  # channel -> the $cbs link the server sends on
+        self.next_outgoing: dict[int, int] = {}  # channel -> the next transfer (delivery) id the server sends
+        self.incoming: dict[int, int] = {}  # channel -> the next transfer id expected from the client
+        self.unsettled: dict[tuple[int, int], int] = {}  # (channel, delivery id) -> sequence number
+        self.partial: dict[tuple[int, int], list[bytes]] = {}
+        self.sequence = 0
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer + data if self.buffer else data
+        view = memoryview(buffer)
+        pos, end = 0, len(buffer)
+        while True:
+            if self.header_expected:
+                if end - pos < 8:
+                    break
+                header = bytes(buffer[pos : pos + 8])
+                pos += 8
+                self.header_expected = False
+                if header == SASL_HEADER:
+                    mechanisms = b"\x00\x53\x40" + encode_list([b"\xe0\x0c\x01\xa3" + b"\x09ANONYMOUS"])
+                    self.out.append(SASL_HEADER + _FRAME.pack(8 + len(mechanisms), 2, 1, 0) + mechanisms)
+                elif header == AMQP_HEADER:
+                    self.out.append(AMQP_HEADER)
+                else:
+                    self._close()
+                    return
+                continue
+            if end - pos < 8:
+                break
+            size, doff, frame_type, channel = _FRAME.unpack_from(buffer, pos)
+            if end - pos < size:
+                break
+            body = view[pos + doff * 4 : pos + size]
+            pos += size
+            if len(body) == 0:
+                continue  # an empty frame (heartbeat)
+            if frame_type == 1:
+                if body[2] == 0x41:  # sasl-init: ANONYMOUS accepted
+                    outcome = b"\x00\x53\x44" + encode_list([b"\x50\x00"])
+                    self.out.append(_FRAME.pack(8 + len(outcome), 2, 1, 0) + outcome)
+                    self.header_expected = True
+                continue
+            self.frame(channel, body)
+        self.buffer = buffer[pos:]
+        if self.out and self.transport is not None:
+            self.transport.write(b"".join(self.out))
+            self.out.clear()
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def frame(self, channel: int, body: memoryview) -> None:
+        code = body[2]
+        reader = Reader(body)
+        reader.pos = 3
+        if code == DISPOSITION:
+            self.disposition(channel, reader.list_fields(5))
+        elif code == TRANSFER:
+            spans = reader.field_spans()
+            fields = [Reader(body[a:b]).value() for a, b in spans[:6]]
+            self.transfer(channel, fields, body[reader.pos :])
+        elif code == FLOW:
+            self.flow(channel, reader.list_fields(11))
+        elif code == OPEN:
+            self.out.append(open_frame("floor", 262144))
+        elif code == BEGIN:
+            fields = reader.list_fields(2)
+            self.next_outgoing[channel] = 0
+            self.incoming[channel] = fields[1]
+            begin = [b"\x60" + struct.pack(">H", channel), encode_uint(0), encode_uint(65536), encode_uint(65536)]
+            self.out.append(amqp_frame(BEGIN, [*begin, encode_uint(255), NULL, NULL, NULL], channel))
+        elif code == ATTACH:
+            self.attach(channel, body, reader)
+        elif code == DETACH:
+            handle = reader.list_fields(1)[0]
+            self.links.pop((channel, handle), None)
+            self.out.append(amqp_frame(DETACH, [encode_uint(handle), TRUE, NULL], channel))
+        elif code == END:
+            self.out.append(amqp_frame(END, [NULL], channel))
+        elif code == CLOSE:
+            self.out.append(amqp_frame(CLOSE, [NULL]))
+            if self.transport is not None:
+                self.transport.write(b"".join(self.out))
+                self.out.clear()
+                self.transport.close()
+
+    def attach(self, channel: int, body: memoryview, reader: Reader) -> None:
+        spans = reader.field_spans()
+        raw = [bytes(body[a:b]) for a, b in spans]
+        handle = Reader(raw[1]).value()
+        client_sends = Reader(raw[2]).value() is False  # role false: the client is the sender
+        terminus = raw[6] if client_sends else raw[5]
+        address = ""
+        if terminus[:1] == b"\x00":
+            terminus_reader = Reader(terminus)
+            terminus_reader.descriptor()
+            address = str(terminus_reader.list_fields(1)[0] or "")
+        link = Link(channel, handle, address, sending=not client_sends)
+        self.links[(channel, handle)] = link
+        initial = encode_uint(0) if link.sending else NULL
+        reply = [raw[0], raw[1], FALSE if link.sending else TRUE, raw[3], raw[4], raw[5], raw[6], NULL, NULL]
+        self.out.append(amqp_frame(ATTACH, [*reply, initial, NULL, NULL, NULL, NULL], channel))
+        if link.sending and address == "$cbs":
+            self.cbs_reply[channel] = link
+        if not link.sending:
+            link.delivery_count = Reader(raw[9]).value() or 0 if len(raw) > 9 else 0
+            link.credit = SINK_CREDIT
+            self.out.append(self._flow(link))
+
+    def _flow(self, link: Link) -> bytes:
+        channel = link.channel
+        fields = [encode_uint(self.incoming[channel]), encode_uint(65536), encode_uint(self.next_outgoing[channel])]
+        fields += [encode_uint(65536), encode_uint(link.handle), encode_uint(link.delivery_count)]
+        fields += [encode_uint(link.credit), NULL, FALSE, FALSE, NULL]
+        return amqp_frame(FLOW, fields, channel)
+
+    def flow(self, channel: int, fields: list[Any]) -> None:
+        handle = fields[4]
+        if handle is None:
+            return
+        link = self.links.get((channel, handle))
+        if link is None or not link.sending:
+            return
+        if fields[5] is not None and fields[6] is not None:
+            link.credit = fields[5] + fields[6] - link.delivery_count
+        if link.address != "$cbs":
+            self.deliver(link)
+
+    def deliver(self, link: Link) -> None:
+        head, middle, tail = self.template
+        channel, out, pack_q = link.channel, self.out, struct.Struct(">q").pack
+        locked_until = pack_q(int(time.time() * 1000) + 60_000)
+        handle = encode_uint(link.handle)
+        while link.credit > 0:
+            self.sequence += 1
+            delivery_id = self.next_outgoing[channel]
+            self.next_outgoing[channel] = delivery_id + 1
+            tag = os.urandom(16)
+            performative = (
+                b"\x00\x53\x14\xc0"
+                + bytes((len(handle) + 5 + 18 + 1 + 1 + 1 + 5 + 1, 11))
+                + handle
+                + b"\x70"
+                + struct.pack(">I", delivery_id)
+                + b"\xa0\x10"
+                + tag
+                + b"\x43"
+                + FALSE
+                + FALSE
+                + NULL * 5
+            )
+            payload = head + pack_q(self.sequence) + middle + locked_until + tail
+            out.append(_FRAME.pack(8 + len(performative) + len(payload), 2, 0, channel) + performative + payload)
+            self.unsettled[(channel, delivery_id)] = self.sequence
+            link.credit -= 1
+            link.delivery_count += 1
+
+    def disposition(self, channel: int, fields: list[Any]) -> None:
+        role, first, last = fields[0], fields[1], fields[2]
+        if role is not True:  # the client settles something the server asked about: nothing to do here
+            return
+        last = first if last is None else last
+        settled = [self.unsettled.pop((channel, delivery_id), None) for delivery_id in range(first, last + 1)]
+        if self.db is not None:
+            self.db.executemany("DELETE FROM message WHERE sequence = ?", [(s,) for s in settled if s is not None])
+            self.db.commit()
+        self.out.append(
+            amqp_frame(DISPOSITION, [FALSE, encode_uint(first), encode_uint(last), TRUE, ACCEPTED, NULL], channel)
+        )
+
+    def transfer(self, channel: int, fields: list[Any], payload: memoryview) -> None:
+        handle, delivery_id, settled, more = fields[0], fields[1], fields[4], fields[5]
+        self.incoming[channel] += 1
+        link = self.links[(channel, handle)]
+        key = (channel, handle)
+        if more:
+            self.partial.setdefault(key, []).append(bytes(payload))
+            if delivery_id is not None:
+                self.partial[key].insert(0, struct.pack(">I", delivery_id))
+            return
+        parts = self.partial.pop(key, None)
+        if parts is not None:
+            (delivery_id,) = struct.unpack(">I", parts[0])
+            whole = b"".join(parts[1:]) + bytes(payload)
+        else:
+            whole = bytes(payload)
+        link.delivery_count += 1
+        link.credit -= 1
+        if link.address == "$cbs":
+            self.cbs(channel, whole)
+        else:
+            self.store(whole)
+        if not settled:
+            reply = [TRUE, encode_uint(delivery_id), NULL, TRUE, ACCEPTED, NULL]
+            self.out.append(amqp_frame(DISPOSITION, reply, channel))
+        if link.credit < SINK_CREDIT // 2:
+            link.credit = SINK_CREDIT
+            self.out.append(self._flow(link))
+
+    def store(self, payload: bytes) -> None:
+        messages = _split_batch(payload)
+        if self.db is not None:
+            self.db.executemany("INSERT INTO message (body) VALUES (?)", [(m,) for m in messages])
+            self.db.commit()
+
+    def cbs(self, channel: int, payload: bytes) -> None:
+        from azure.servicebus._pyamqp._decode import decode_payload
+        from azure.servicebus._pyamqp._encode import encode_payload
+        from azure.servicebus._pyamqp.message import Message, Properties
+
+        request = decode_payload(memoryview(payload))
+        reply = Message(
+            properties=Properties(correlation_id=request.properties.message_id),
+            application_properties={"status-code": 200, "status-description": "OK"},
+        )
+        body = bytearray()
+        encode_payload(body, reply)
+        link = self.cbs_reply[channel]
+        delivery_id = self.next_outgoing[channel]
+        self.next_outgoing[channel] = delivery_id + 1
+        link.delivery_count += 1
+        fields = [encode_uint(link.handle), encode_uint(delivery_id), b"\xa0\x04" + struct.pack(">I", delivery_id)]
+        fields += [encode_uint(0), TRUE, FALSE, NULL, NULL, NULL, NULL, NULL]
+        frame = amqp_frame(TRANSFER, fields, channel)
+        self.out.append(_FRAME.pack(len(frame) + len(body), 2, 0, channel) + frame[8:] + bytes(body))
+
+
+# ------------------------------------------------------------------------- proton as oncebus drives it
+class ProtonEngine(asyncio.Protocol):
+    """proton's engine driven from asyncio as ``oncebus serve`` drives it (a Transport, a Collector, its events
+    dispatched by hand), storing nothing: deliveries sent as prepared bytes, completions settled."""
+
+    def __init__(self, template: tuple[bytes, bytes, bytes]) -> None:
+        import proton
+
+        self.proton = proton
+        self.template = template
+        self.sequence = 0
+        self.connection = proton.Connection()
+        self.connection.container = "floor"
+        self.transport = proton.Transport(proton.Transport.SERVER)
+        self.transport.max_frame_size = 262144
+        self.transport.sasl().allowed_mechs("ANONYMOUS")
+        self.transport.bind(self.connection)
+        self.collector = proton.Collector()
+        self.connection.collect(self.collector)
+        self.cbs_reply: Any = None
+        self.socket: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.socket = transport
+
+    def data_received(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            capacity = self.transport.capacity()
+            if capacity <= 0:
+                break
+            self.transport.push(bytes(view[:capacity]))
+            view = view[capacity:]
+            self.pump()
+        self.pump()
+
+    def pump(self) -> None:
+        collector, event_types = self.collector, self.proton.Event
+        while True:
+            event = collector.peek()
+            if event is None:
+                break
+            self.handle(event, event_types)
+            collector.pop()
+        while True:
+            pending = self.transport.pending()
+            if pending <= 0:
+                if pending < 0 and self.socket is not None:
+                    self.socket.close()
+                break
+            data = self.transport.peek(pending)
+            self.transport.pop(pending)
+            if self.socket is not None and data:
+                self.socket.write(data)
+
+    def handle(self, event: Any, types: Any) -> None:
+        proton = self.proton
+        kind = event.type
+        if kind == types.DELIVERY:
+            delivery = event.delivery
+            link = delivery.link
+            if link.is_sender:
+                if delivery.updated and delivery.remote_state == proton.Delivery.ACCEPTED:
+                    delivery.update(proton.Delivery.ACCEPTED)
+                    delivery.settle()
+                return
+            if delivery.partial:
+                return
+            payload = link.recv(delivery.pending)
+            link.advance()
+            if link.remote_target.address == "$cbs":
+                request = proton.Message()
+                request.decode(payload)
+                reply = proton.Message(
+                    correlation_id=request.id, properties={"status-code": 200, "status-description": "OK"}
+                )
+                sender = self.cbs_reply
+                reply_delivery = sender.delivery(str(self.sequence).encode())
+                sender.send(reply.encode())
+                sender.advance()
+                reply_delivery.settle()
+            else:
+                _split_batch(payload)
+            delivery.update(proton.Delivery.ACCEPTED)
+            delivery.settle()
+            if link.credit < SINK_CREDIT // 2:
+                link.flow(SINK_CREDIT - link.credit)
+        elif kind == types.LINK_FLOW:
+            link = event.link
+            if link.is_sender and link.source.address != "$cbs":
+                self.deliver(link)
+        elif kind == types.LINK_REMOTE_OPEN:
+            link = event.link
+            link.snd_settle_mode = link.remote_snd_settle_mode
+            link.rcv_settle_mode = link.remote_rcv_settle_mode
+            if link.is_sender:
+                link.source.address = link.remote_source.address
+                if link.remote_source.address == "$cbs":
+                    self.cbs_reply = link
+                link.open()
+            else:
+                link.target.address = link.remote_target.address
+                link.open()
+                link.flow(SINK_CREDIT)
+        elif kind in (types.LINK_REMOTE_CLOSE, types.LINK_REMOTE_DETACH):
+            event.link.close()
+        elif kind == types.SESSION_REMOTE_OPEN:
+            event.session.open()
+        elif kind == types.SESSION_REMOTE_CLOSE:
+            event.session.close()
+        elif kind == types.CONNECTION_REMOTE_OPEN:
+            self.connection.open()
+        elif kind == types.CONNECTION_REMOTE_CLOSE:
+            self.connection.close()
+
+    def deliver(self, link: Any) -> None:
+        head, middle, tail = self.template
+        pack_q = struct.Struct(">q").pack
+        locked_until = pack_q(int(time.time() * 1000) + 60_000)
+        while link.credit > 0:
+            self.sequence += 1
+            link.delivery(os.urandom(16))
+            link.send(head + pack_q(self.sequence) + middle + locked_until + tail)
+            link.advance()
+
+
+def _split_batch(payload: bytes) -> list[bytes]:
+    """A batch's messages (each data section holds one encoded message), as any broker must split them."""
+    messages = []
+    reader = Reader(payload)
+    while reader.pos < len(payload):
+        code = reader.descriptor()
+        start = reader.pos
+        reader.skip()
+        if code == 0x75:
+            messages.append(payload[start : reader.pos])
+    return messages
+
+
+def serve_engine(port: int, database: str | None, with_proton: bool = False) -> None:
+    db = None
+    if database:
+        db = sqlite3.connect(database, isolation_level="DEFERRED")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("CREATE TABLE IF NOT EXISTS message (sequence INTEGER PRIMARY KEY, body BLOB)")
+        db.executemany("INSERT INTO message (body) VALUES (?)", [(bench.BODY,)] * 200_000)
+        db.commit()
+    template = delivery_template()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        factory: Any = (lambda: ProtonEngine(template)) if with_proton else (lambda: Engine(template, db))
+        server = await loop.create_server(factory, "127.0.0.1", port)
+        print("ready", flush=True)
+        async with server:
+            await server.serve_forever()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:  # the bench stops its servers with SIGINT
+        pass
+
+
+# ------------------------------------------------------------------------- proton: the same, on its reactor
+def serve_proton(port: int) -> None:
+    """A proton program: transfers accepted; deliveries made from one prepared message; completions settled."""
+    from proton import Delivery, symbol
+    from proton import Message as ProtonMessage
+    from proton.handlers import MessagingHandler
+    from proton.reactor import Container
+
+    class Floor(MessagingHandler):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(prefetch=SINK_CREDIT, auto_accept=True, auto_settle=True)
+            self.cbs_replies: dict[Any, Any] = {}
+            self.sequence = 0
+            self.message = ProtonMessage(id=str(uuid.uuid4()), body=bench.BODY, durable=True)
+
+        def on_start(self, event: Any) -> None:
+            event.container.listen(f"127.0.0.1:{port}")
+            print("ready", flush=True)
+
+        def on_link_opening(self, event: Any) -> None:
+            link = event.link
+            link.snd_settle_mode = link.remote_snd_settle_mode  # as oncebus: the client's modes echoed
+            link.rcv_settle_mode = link.remote_rcv_settle_mode
+            if link.is_sender:
+                link.source.address = link.remote_source.address
+                if link.remote_source.address == "$cbs":
+                    self.cbs_replies[link.connection] = link
+            else:
+                link.target.address = link.remote_target.address
+                link.max_message_size = 1024 * 1024
+
+        def on_sendable(self, event: Any) -> None:
+            link = event.link
+            if link.source.address == "$cbs":
+                return
+            message = self.message
+            while link.credit > 0:
+                self.sequence += 1
+                message.annotations = {
+                    symbol("x-opt-sequence-number"): self.sequence,
+                    symbol("x-opt-locked-until"): int(time.time() * 1000) + 60_000,
+                }
+                link.send(message, tag=os.urandom(16))
+
+        def on_accepted(self, event: Any) -> None:
+            event.delivery.update(Delivery.ACCEPTED)  # the completion confirmed with its outcome
+            event.delivery.settle()
+
+        def on_message(self, event: Any) -> None:
+            if event.link.remote_target.address == "$cbs":
+                reply = ProtonMessage(
+                    correlation_id=event.message.id,
+                    properties={"status-code": 200, "status-description": "OK"},
+                )
+                self.cbs_replies[event.connection].send(reply)
+
+    container = Container(Floor())
+    container.allowed_mechs = "ANONYMOUS"
+    try:
+        container.run()
+    except KeyboardInterrupt:
+        pass
+
+
+def start(kind: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    port = bench.free_port()
+    command = [sys.executable, __file__, f"--serve-{kind}", str(port), *extra]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.strip() == "ready":
+            break
+    bench.wait_for_port(port, process, kind)
+    key = "a" * 44
+    return (
+        process,
+        f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=k;SharedAccessKey={key};UseDevelopmentEmulator=true",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=20_000, help="messages per measurement (default 20000)")
+    parser.add_argument("--senders", type=int, default=2, help="concurrent sender processes (default 2)")
+    parser.add_argument("--receivers", type=int, default=4, help="concurrent receiver processes (default 4)")
+    parser.add_argument("--repeat", type=int, default=2, help="rounds of each measurement; the best is shown")
+    parser.add_argument("--no-receive", action="store_true", help="send rows only")
+    parser.add_argument("--no-send", action="store_true", help="receive + complete rows only")
+    parser.add_argument("--serve-engine", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-proton", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--with-proton", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_engine:
+        serve_engine(args.serve_engine, args.store, args.with_proton)
+        return
+    if args.serve_proton:
+        serve_proton(args.serve_proton)
+        return
+    count, senders, receivers = args.messages, args.senders, args.receivers
+    print(f"before: {bench.load()}; python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    workdir = Path(tempfile.mkdtemp(prefix="oncebus-floor-"))
+    servers: dict[str, tuple[subprocess.Popen[str], str]] = {}
+    rows: dict[str, list[bench.Measured]] = collections.defaultdict(list)
+    try:
+        servers["oncebus"] = bench.start_oncebus(workdir)
+        servers["proton"] = start("proton")
+        servers["proton-asyncio"] = start("engine", "--with-proton")
+        servers["engine"] = start("engine")
+        servers["engine+sqlite"] = start("engine", "--store", str(workdir / "engine.db"))
+        per_receiver = (count + receivers - 1) // receivers
+        for r in range(args.repeat):
+            for name, (process, string) in servers.items():
+                if not args.no_send:
+                    queue = "dedup-on" if name == "oncebus" else "sink"
+                    jobs = [(string, queue, f"r{r}", share) for share in bench._shares(count, senders)]
+                    rows[f"send {name}"].append(bench.run_workers(bench.sdk_sender, jobs, process.pid))
+                if not args.no_receive:
+                    if name == "oncebus":
+                        bench.sdk_fill(string, "receive", f"r{r}", count)
+                    jobs = [(string, "receive", per_receiver)] * receivers
+                    rows[f"receive {name}"].append(bench.run_workers(bench.sdk_receiver, jobs, process.pid))
+    finally:
+        for process, _ in servers.values():
+            process.send_signal(signal.SIGINT)
+        for process, _ in servers.values():
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    got = {name: bench.best(measured) for name, measured in rows.items()}
+    titles = {
+        "proton": "proton reactor (stores nothing)",
+        "proton-asyncio": "proton on asyncio, as oncebus (nothing)",
+        "engine": "python engine (asyncio, stores nothing)",
+        "engine+sqlite": "python engine + SQLite rows",
+        "oncebus": "oncebus serve (dedup on)",
+    }
+    for what, label in (
+        ("send", f"send ({count:,} x 1 KiB, batches of {bench.BATCH}, {senders} senders)"),
+        ("receive", f"receive + complete ({count:,}, {receivers} PEEK_LOCK receivers)"),
+    ):
+        if f"{what} oncebus" not in got:
+            continue
+        print(f"{label}; best of {args.repeat}")
+        for name, title in titles.items():
+            print(f"  {title:<40} {bench.describe(got[f'{what} {name}'])}")
+        engine, proton, oncebus = got[f"{what} engine"], got[f"{what} proton-asyncio"], got[f"{what} oncebus"]
+        print(f"  ratio python engine / proton on asyncio, msg/s:     {engine.rate / proton.rate:6.2f}")
+        if engine.server_cpu_us and proton.server_cpu_us:
+            cpu = proton.server_cpu_us / engine.server_cpu_us
+            print(f"  server CPU a message, proton on asyncio / engine: {cpu:6.2f}")
+        print(f"  ratio oncebus / python engine, msg/s:             {oncebus.rate / engine.rate:6.2f}")
+        print(f"  ratio oncebus / proton on asyncio, msg/s:         {oncebus.rate / proton.rate:6.2f}")
+    print(f"after: {bench.load()}")
+
+
+if __name__ == "__main__":
+    main()

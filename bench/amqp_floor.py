@@ -13,9 +13,15 @@ processes completing each message), servers that keep nothing:
   encoding (``oncebus.amqp.encoding``/``performatives``), with the SDK's own codec only for the CBS put-token
   message: each batch split into its messages, each delivery encoded from a template (a new sequence number,
   lock token and locked-until), each completion answered with its settled outcome;
-- ``python engine + SQLite``: the same engine, each completion also deleting its message's row from a SQLite
-  table in WAL mode and committing (as ``oncebus serve`` commits a completion before answering it), and each
-  batch inserted as one row per message (``--store``).
+- ``python engine + SQLite rows``: the same engine storing in SQLite (WAL): each batch's messages as rows,
+  committed with an fsync before the batch is accepted (``synchronous=FULL``, as oncebus acknowledges a send);
+  each completion deletes its row and commits before it is answered (``synchronous=NORMAL``, no fsync: as
+  oncebus commits a completion);
+- ``python engine + rows, settlement log``: as the row above, but a completion is an 8-byte record appended to a
+  log (one ``write``, no fsync: as crash-safe as the commit it replaces) and the rows are deleted 1,000 at a time
+  (the issue's "settlements appended as small records and applied in batches");
+- ``JetStream, sync always``: nats-server's JetStream with ``sync_interval: always`` and ``bench/amqp_send.py``'s
+  JetStream clients (duplicate window on send; pull consumer, ``ack_sync``, on receive), if nats-server is here;
 
 and ``oncebus serve`` itself (dedup on; receive + complete), so the gaps are ratios within one run:
 what proton's event layer costs against a Python engine (the design item 2 of issue 16 decides on), and what
@@ -108,7 +114,7 @@ class Engine(asyncio.Protocol):
     """One client connection: SASL ANONYMOUS, open, sessions, links, CBS, and the hot path (transfers in,
     deliveries out, dispositions both ways), each frame parsed once, outputs of one read written at once."""
 
-    def __init__(self, template: tuple[bytes, bytes, bytes], db: sqlite3.Connection | None) -> None:
+    def __init__(self, template: tuple[bytes, bytes, bytes], db: Rows | None) -> None:
         self.template = template
         self.db = db
         self.buffer = b""
@@ -285,8 +291,7 @@ class Engine(asyncio.Protocol):
         last = first if last is None else last
         settled = [self.unsettled.pop((channel, delivery_id), None) for delivery_id in range(first, last + 1)]
         if self.db is not None:
-            self.db.executemany("DELETE FROM message WHERE sequence = ?", [(s,) for s in settled if s is not None])
-            self.db.commit()
+            self.db.settle([s for s in settled if s is not None])
         self.out.append(
             amqp_frame(DISPOSITION, [FALSE, encode_uint(first), encode_uint(last), TRUE, ACCEPTED, NULL], channel)
         )
@@ -323,8 +328,7 @@ class Engine(asyncio.Protocol):
     def store(self, payload: bytes) -> None:
         messages = _split_batch(payload)
         if self.db is not None:
-            self.db.executemany("INSERT INTO message (body) VALUES (?)", [(m,) for m in messages])
-            self.db.commit()
+            self.db.add(messages)
 
     def cbs(self, channel: int, payload: bytes) -> None:
         from azure.servicebus._pyamqp._decode import decode_payload
@@ -488,15 +492,60 @@ def _split_batch(payload: bytes) -> list[bytes]:
     return messages
 
 
-def serve_engine(port: int, database: str | None, with_proton: bool = False) -> None:
-    db = None
-    if database:
-        db = sqlite3.connect(database, isolation_level="DEFERRED")
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("CREATE TABLE IF NOT EXISTS message (sequence INTEGER PRIMARY KEY, body BLOB)")
-        db.executemany("INSERT INTO message (body) VALUES (?)", [(bench.BODY,)] * 200_000)
-        db.commit()
+class Rows:
+    """What the engine stores: a batch's messages as rows, committed with an fsync before the batch is accepted
+    (SQLite ``synchronous=FULL``, as oncebus acknowledges a send); each completion deletes its row, committed
+    before it is answered (``synchronous=NORMAL``: process-crash safe, as oncebus commits a completion)."""
+
+    def __init__(self, path: str) -> None:
+        self.db = sqlite3.connect(path, isolation_level="DEFERRED")
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS message (sequence INTEGER PRIMARY KEY, body BLOB)")
+        self.db.executemany("INSERT INTO message (body) VALUES (?)", [(bench.BODY,)] * 200_000)
+        self.db.commit()
+        self.synchronous = ""
+
+    def _mode(self, synchronous: str) -> None:
+        if synchronous != self.synchronous:
+            self.db.execute(f"PRAGMA synchronous={synchronous}")
+            self.synchronous = synchronous
+
+    def add(self, messages: list[bytes]) -> None:
+        self._mode("FULL")
+        self.db.executemany("INSERT INTO message (body) VALUES (?)", [(m,) for m in messages])
+        self.db.commit()
+
+    def settle(self, sequences: list[int]) -> None:
+        self._mode("NORMAL")
+        self.db.executemany("DELETE FROM message WHERE sequence = ?", [(s,) for s in sequences])
+        self.db.commit()
+
+
+class LoggedRows(Rows):
+    """As ``Rows``, but a completion is one 8-byte record appended to a settlement log (one ``write``, no fsync:
+    process-crash safe, as the commit it replaces) and the rows are deleted in batches of 1,000 (one commit)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.log = os.open(path + ".settled", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.pending: list[tuple[int]] = []
+
+    def settle(self, sequences: list[int]) -> None:
+        os.write(self.log, b"".join(struct.pack(">Q", s) for s in sequences))
+        self.pending += [(s,) for s in sequences]
+        if len(self.pending) >= 1000:
+            self._mode("NORMAL")
+            self.db.executemany("DELETE FROM message WHERE sequence = ?", self.pending)
+            self.db.commit()
+            self.pending.clear()
+            os.ftruncate(self.log, 0)
+
+
+def serve_engine(port: int, store: str | None, with_proton: bool = False) -> None:
+    db: Rows | None = None
+    if store:
+        kind, _, path = store.partition(":")
+        db = LoggedRows(path) if kind == "log" else Rows(path)
     template = delivery_template()
 
     async def main() -> None:
@@ -615,17 +664,33 @@ def main() -> None:
     count, senders, receivers = args.messages, args.senders, args.receivers
     print(f"before: {bench.load()}; python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     workdir = Path(tempfile.mkdtemp(prefix="oncebus-floor-"))
-    servers: dict[str, tuple[subprocess.Popen[str], str]] = {}
+    servers: dict[str, tuple[subprocess.Popen[Any], str]] = {}
     rows: dict[str, list[bench.Measured]] = collections.defaultdict(list)
     try:
         servers["oncebus"] = bench.start_oncebus(workdir)
         servers["proton"] = start("proton")
         servers["proton-asyncio"] = start("engine", "--with-proton")
         servers["engine"] = start("engine")
-        servers["engine+sqlite"] = start("engine", "--store", str(workdir / "engine.db"))
+        servers["engine+sqlite"] = start("engine", "--store", f"sqlite:{workdir / 'engine.db'}")
+        servers["engine+log"] = start("engine", "--store", f"log:{workdir / 'logged.db'}")
+        started = bench.start_nats(workdir, sync_always=True)
+        if isinstance(started, str):
+            print(f"JetStream not measured: {started}")
+        else:
+            servers["jetstream"] = (started[0], str(started[1]))
         per_receiver = (count + receivers - 1) // receivers
         for r in range(args.repeat):
             for name, (process, string) in servers.items():
+                if name == "jetstream":
+                    port = int(string)
+                    if not args.no_send:
+                        jobs = [(port, f"r{r}", share) for share in bench._shares(count, senders)]
+                        rows[f"send {name}"].append(bench.run_workers(bench.jetstream_sender, jobs, process.pid))
+                    if not args.no_receive:
+                        bench.jetstream_fill(port, f"r{r}", count)
+                        jobs = [(port, per_receiver)] * receivers
+                        rows[f"receive {name}"].append(bench.run_workers(bench.jetstream_receiver, jobs, process.pid))
+                    continue
                 if not args.no_send:
                     queue = "dedup-on" if name == "oncebus" else "sink"
                     jobs = [(string, queue, f"r{r}", share) for share in bench._shares(count, senders)]
@@ -649,7 +714,9 @@ def main() -> None:
         "proton-asyncio": "proton on asyncio, as oncebus (nothing)",
         "engine": "python engine (asyncio, stores nothing)",
         "engine+sqlite": "python engine + SQLite rows",
+        "engine+log": "python engine + rows, settlement log",
         "oncebus": "oncebus serve (dedup on)",
+        "jetstream": "JetStream, sync always (ack_sync)",
     }
     for what, label in (
         ("send", f"send ({count:,} x 1 KiB, batches of {bench.BATCH}, {senders} senders)"),
@@ -659,7 +726,8 @@ def main() -> None:
             continue
         print(f"{label}; best of {args.repeat}")
         for name, title in titles.items():
-            print(f"  {title:<40} {bench.describe(got[f'{what} {name}'])}")
+            if f"{what} {name}" in got:
+                print(f"  {title:<40} {bench.describe(got[f'{what} {name}'])}")
         engine, proton, oncebus = got[f"{what} engine"], got[f"{what} proton-asyncio"], got[f"{what} oncebus"]
         print(f"  ratio python engine / proton on asyncio, msg/s:     {engine.rate / proton.rate:6.2f}")
         if engine.server_cpu_us and proton.server_cpu_us:
@@ -667,6 +735,10 @@ def main() -> None:
             print(f"  server CPU a message, proton on asyncio / engine: {cpu:6.2f}")
         print(f"  ratio oncebus / python engine, msg/s:             {oncebus.rate / engine.rate:6.2f}")
         print(f"  ratio oncebus / proton on asyncio, msg/s:         {oncebus.rate / proton.rate:6.2f}")
+        for name in ("engine", "engine+log", "oncebus"):
+            if what == "receive" and "receive jetstream" in got:
+                ratio = got[f"receive {name}"].rate / got["receive jetstream"].rate
+                print(f"  ratio {titles[name].split(' (')[0]} / JetStream, msg/s: {ratio:6.2f}")
     print(f"after: {bench.load()}")
 
 

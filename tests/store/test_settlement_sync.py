@@ -9,6 +9,7 @@ its transaction, and the writer fsyncs the WAL itself soon after settlements no 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -200,11 +201,22 @@ def test_commit_now_commits_a_settlement_on_the_callers_thread_only_when_the_wri
     try:
         store.submit([PutMessage(_message(i)) for i in range(1, 5)]).result()
         statements = _Statements(store)
-        assert store.commit_now([DeleteMessage("q", 1)])  # the writer is idle: committed here, now
+        caller = threading.get_ident()
+        threads: list[int] = []
+        store._db.set_trace_callback(
+            lambda statement: (statements.seen.append(statement), threads.append(threading.get_ident()))
+        )
+        # the writer is idle: confirmed here, now, by a record in the settlement log (no transaction on this thread)
+        assert store.commit_now([DeleteMessage("q", 1)])
+        assert caller not in threads
+        assert store.direct_commits == store.logged_settlements == 1
+        assert os.path.getsize(store.log_path) > 0
+        # the writer applies it in a transaction of its own (no fsync), then syncs, then empties the log
+        _until(lambda: store._unsynced_since is None, "the writer's sync of the logged settlement")
         assert statements.synchronous_at_commits() == [
             ("NORMAL", "DELETE FROM message WHERE path = 'q' AND sequence_number = 1")
         ]
-        assert store.direct_commits == 1 and store._unsynced_since is not None
+        assert os.path.getsize(store.log_path) == 0
         assert not store.commit_now([PutMessage(_message(9))])  # never a send: that waits for its fsync
         assert not store.commit_now([])
         with store._lock:  # the writer is committing

@@ -38,12 +38,13 @@ import logging
 import os
 import sqlite3
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from oncebus.core.errors import StoreError, StoreWriteError
 from oncebus.core.messages import StoredMessage
-from oncebus.store import dedup_images
+from oncebus.store import dedup_images, settlement_log
 from oncebus.store import sqlite_layout as layout
 from oncebus.store.base import (
     AddCounters,
@@ -54,6 +55,7 @@ from oncebus.store.base import (
     PutSessionState,
     Snapshot,
 )
+from oncebus.store.settlement_log import SettlementLog
 from oncebus.store.sqlite_apply import OpWriter
 from oncebus.store.sqlite_layout import SCHEMA_VERSION
 from oncebus.store.writer import SETTLEMENT_OPS, Checkpoint, GroupCommitWriter, Indexes
@@ -114,7 +116,58 @@ class SqliteStore(GroupCommitWriter):
         self._ops = OpWriter(self._db.execute("SELECT COALESCE(MAX(id), 0) FROM content").fetchone()[0])
         self._reader: sqlite3.Connection | None = None  # the caller's thread reads message content on its own
         self._reader_generation = -1
+        # settlements confirmed by a record in the log, not applied to the database yet (``commit_now``)
+        self.log_path = self.path.with_name(self.path.name + "-settled")
+        self._logged: list[tuple[int, list[Op]]] = []
+        self._log_clear_due = False  # applied records are in the file: emptied once their commit is durable
+        self._log_broken = False  # a failed append could not be cut back: settlements commit, until emptied
+        self.logged_settlements = 0
+        try:
+            self._log = SettlementLog(self.log_path)
+        except OSError as exc:
+            self._db.close()
+            raise _open_error(self.log_path, exc) from None
+        self._log_identity = _identity(self.log_path)
+        try:
+            self._log_number = self._replay_log()
+        except BaseException as exc:
+            self._log.close()
+            self._db.close()
+            if isinstance(exc, sqlite3.Error | OSError):
+                raise _open_error(self.path, exc) from None
+            raise
         self._start_writer("oncebus-sqlite-writer")
+
+    def _replay_log(self) -> int:
+        """Apply the log's records after the database's mark (what a crash left unapplied), durably; empty the
+        log. Returns the number of its last record (records go on from there)."""
+        db = self._db
+        row = db.execute(layout.SETTLEMENT_LOG_MARK).fetchone()
+        if row is None:  # a new file
+            db.execute(layout.NEW_SETTLEMENT_LOG, (uuid.uuid4().hex,))
+            row = db.execute(layout.SETTLEMENT_LOG_MARK).fetchone()
+        applied, self._store_id = int(row[0]), str(row[1])
+        records, end = settlement_log.decode(self._log.read(), self._store_id)
+        if end < self._log.size:
+            _LOG.warning(
+                "ignoring the last %d bytes of %s: a record cut short by a crash (it was never confirmed)",
+                self._log.size - end,
+                self.log_path,
+            )
+        todo = [(number, ops) for number, ops in records if number > applied]
+        if todo:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                self._ops.apply_all(db, [op for _, ops in todo for op in ops])
+                db.execute(layout.SET_APPLIED_THROUGH, (todo[-1][0],))
+                db.execute("COMMIT")  # synchronous=FULL: durable before the log is emptied
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            _LOG.info("applied %d settlements from %s", len(todo), self.log_path)
+        self._log.clear()
+        return max([applied, *(number for number, _ in records)])
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -166,6 +219,8 @@ class SqliteStore(GroupCommitWriter):
         with self._lock:
             self._note_load()
             try:
+                if self._logged:  # what memory is rebuilt from holds every settlement confirmed so far
+                    self._apply([], False)
                 return self._load()
             except (sqlite3.Error, ValueError, TypeError, KeyError) as exc:
                 raise StoreError(
@@ -302,13 +357,16 @@ class SqliteStore(GroupCommitWriter):
         return [self.path.with_name(name) for (name,) in rows]
 
     def commit_now(self, unit: Sequence[Op]) -> bool:
-        """Commit a settlement unit on the caller's thread, as ``submit(unit, durable=False)`` would, when that
-        cannot reorder it: the writer has nothing queued or in hand. Returns False (nothing done: submit it)
-        otherwise; raises ``StoreWriteError`` if the commit failed (nothing of it stored).
+        """Store a settlement unit on the caller's thread, as safely as ``submit(unit, durable=False)`` would, when
+        that cannot reorder it: the writer has nothing queued or in hand. Returns False (nothing done: submit it)
+        otherwise; raises ``StoreWriteError`` if it failed (nothing of it stored).
 
-        Saves the hand-over to the writer thread and back. It never waits: not for the writer (its lock is only
-        tried), nor for a disk (no fsync: the writer syncs within ``SETTLEMENT_SYNC_SECONDS``, and checkpoints,
-        which a commit here never does).
+        A unit of plain settlements is one record appended to the settlement log (``store/settlement_log.py``):
+        a crash of the process cannot lose it once this returns; the writer applies the log's records to the
+        database within ``SETTLEMENT_SYNC_SECONDS`` (or with its next transaction, before that transaction's
+        units), syncs, and empties the log. Any other settlement unit is committed here. Saves the hand-over
+        to the writer thread and back. It never waits: not for the writer (its lock is only tried), nor for a
+        disk (no fsync, no checkpoint: the writer's).
         """
         if not unit or not all(isinstance(op, SETTLEMENT_OPS) for op in unit):
             return False
@@ -319,16 +377,30 @@ class SqliteStore(GroupCommitWriter):
             # (within SETTLEMENT_SYNC_SECONDS, it is woken) recreates them from this connection, which has it
             if self._finished != self._submitted:
                 return False
-            if self._autocheckpoint != 0:  # a checkpoint fsyncs: that is the writer's to do
-                self._db.execute("PRAGMA wal_autocheckpoint=0")
-                self._autocheckpoint = 0
             wake = self._unsynced_since is None
             started = time.perf_counter()
-            try:
-                self._transaction(list(unit), False)
-            except Exception as exc:
-                self.failures += 1
-                raise _write_error(self.path, exc) from None
+            if not self._log_broken and settlement_log.loggable(unit):
+                number = self._log_number + 1
+                try:
+                    self._log.append(settlement_log.encode(self._store_id, number, unit))
+                except OSError as exc:
+                    self.failures += 1
+                    self._log_broken = self._log.damaged  # then settlements commit until it is emptied
+                    raise _write_error(self.log_path, exc) from None
+                self._log_number = number
+                self._logged.append((number, list(unit)))
+                self.logged_settlements += 1
+                if self._unsynced_since is None:  # the writer applies it within SETTLEMENT_SYNC_SECONDS
+                    self._unsynced_since = time.monotonic()
+            else:
+                if self._autocheckpoint != 0:  # a checkpoint fsyncs: that is the writer's to do
+                    self._db.execute("PRAGMA wal_autocheckpoint=0")
+                    self._autocheckpoint = 0
+                try:
+                    self._transaction(list(unit), False)
+                except Exception as exc:
+                    self.failures += 1
+                    raise _write_error(self.path, exc) from None
             self.units += 1
             self.direct_commits += 1
             self._checkpoint_due = True
@@ -344,6 +416,8 @@ class SqliteStore(GroupCommitWriter):
         """Make every committed transaction power-safe: fsync the WAL (what a ``synchronous=FULL`` commit does)
         and its directory (the WAL may have been created by a commit that did not sync). After commits made by
         ``commit_now`` (which never checkpoint), checkpoint first, so the WAL stays bounded."""
+        if self._logged:  # the log's records go to the database first (the log is emptied after the fsync)
+            self._apply([], False)
         if self._checkpoint_due:
             self._checkpoint_due = False
             try:
@@ -359,6 +433,7 @@ class SqliteStore(GroupCommitWriter):
                 os.fsync(fd)
             finally:
                 os.close(fd)
+        self._clear_log()
 
     def _apply(self, ops: list[Op], durable: bool) -> None:
         """Apply ``ops`` in one transaction, all or nothing; fsynced before it returns if ``durable``."""
@@ -367,16 +442,37 @@ class SqliteStore(GroupCommitWriter):
         if synchronous != self._synchronous:  # only between transactions: it applies from the next commit on
             db.execute(f"PRAGMA synchronous={synchronous}")
             self._synchronous = synchronous
+        logged = self._logged
+        if logged:  # settlements the log confirmed come first: they were confirmed before anything queued now
+            ops = [op for _, unit in logged for op in unit] + ops
         db.execute("BEGIN IMMEDIATE")
         try:
             self._ops.apply_all(self._db, ops)
+            if logged:
+                db.execute(layout.SET_APPLIED_THROUGH, (logged[-1][0],))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:  # SQLite has already rolled back after some errors (disk full)
                 db.execute("ROLLBACK")
             raise
+        if logged:
+            self._logged = []
+            self._log_clear_due = True
+        if durable:
+            self._clear_log()
         if self._wal_identity is None:
             self._wal_identity = _identity(self.wal_path)
+
+    def _clear_log(self) -> None:
+        """Empty the settlement log once every record in it is applied by a durable commit."""
+        if (self._log_clear_due or self._log_broken) and not self._logged:
+            try:
+                self._log.clear()
+            except OSError as exc:  # the records are applied: a replay skips them; tried again next time
+                _LOG.debug("could not empty %s: %s", self.log_path, exc)
+                return
+            self._log_clear_due = False
+            self._log_broken = False
 
     def _check_files(self) -> None:
         """Recreate the database file if it (or its WAL) was deleted under the open connection.
@@ -385,6 +481,8 @@ class SqliteStore(GroupCommitWriter):
         it replaces them, so nothing acknowledged is lost at the next start. A file put in the database's
         place by someone else is not overwritten: writes are refused, naming it.
         """
+        if _identity(self.log_path) != self._log_identity:  # the settlement log was deleted: a new one
+            self._reopen_log()
         db_now = _identity(self.path)
         if db_now == self._db_identity:
             if self._wal_identity is None or _identity(self.wal_path) == self._wal_identity:
@@ -396,6 +494,16 @@ class SqliteStore(GroupCommitWriter):
                 "file it opened, which is now unlinked"
             )
         self._recreate()
+
+    def _reopen_log(self) -> None:
+        """Its records go to the database first (the deleted file would not be replayed), then appends go to a new
+        log file."""
+        if self._logged:
+            self._apply([], False)
+        log = SettlementLog(self.log_path)
+        self._log.close()
+        self._log, self._log_identity = log, _identity(self.log_path)
+        self._log_clear_due = self._log_broken = False
 
     def _recreate(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -491,6 +599,7 @@ class SqliteStore(GroupCommitWriter):
         dedup_images.save(self._db, self.path, indexes, since_us)
 
     def _close_connections(self) -> None:
+        self._log.close()
         self._db.close()
         if self._reader is not None:
             self._reader.close()

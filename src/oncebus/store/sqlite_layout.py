@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,7 +44,7 @@ from oncebus.core.keys import migrate_key_text_v0
 from oncebus.core.messages import StoredMessage
 from oncebus.core.rules import default_rule
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entity (
@@ -69,6 +70,14 @@ CREATE TABLE IF NOT EXISTS counters (
     entity TEXT PRIMARY KEY,
     next_sequence_number INTEGER NOT NULL,
     counters TEXT NOT NULL
+);
+-- schema 8: the last record of the settlement log (the file beside the database, ``store/settlement_log.py``)
+-- whose settlements this database holds (a restart replays only the records after it), and the name this
+-- database gives its records (a log left beside another database is not applied to it); one row, id 0
+CREATE TABLE IF NOT EXISTS settlement_log (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    applied_through INTEGER NOT NULL,
+    store_id TEXT NOT NULL
 );
 -- schema 2: a subscription's rules, in order, as a JSON list of RuleProperties.to_dict()
 CREATE TABLE IF NOT EXISTS subscription_rules (
@@ -356,6 +365,8 @@ def migrate(db: sqlite3.Connection, version: int, images: str = "oncebus.db.dedu
         _content_v5_to_v6(db)
     if version < 7:
         _session_times_v6_to_v7(db)
+    if version < 8:
+        _settlement_log_v7_to_v8(db)
 
 
 def _keys_v0_to_v1(db: sqlite3.Connection) -> None:
@@ -486,3 +497,14 @@ def _session_times_v6_to_v7(db: sqlite3.Connection) -> None:
     columns = {row[1] for row in db.execute("PRAGMA table_info(session_state)")}
     if "updated_us" not in columns:  # a file whose tables were created before its version was set has it
         db.execute("ALTER TABLE session_state ADD COLUMN updated_us INTEGER")
+
+
+def _settlement_log_v7_to_v8(db: sqlite3.Connection) -> None:
+    """The settlement log's mark (its table is added by ``SCHEMA``): no record applied yet, as an earlier release
+    wrote no log."""
+    db.execute(NEW_SETTLEMENT_LOG, (uuid.uuid4().hex,))
+
+
+NEW_SETTLEMENT_LOG = "INSERT OR IGNORE INTO settlement_log (id, applied_through, store_id) VALUES (0, 0, ?)"
+SETTLEMENT_LOG_MARK = "SELECT applied_through, store_id FROM settlement_log WHERE id = 0"
+SET_APPLIED_THROUGH = "UPDATE settlement_log SET applied_through = ? WHERE id = 0"

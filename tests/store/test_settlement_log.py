@@ -1,0 +1,297 @@
+"""The settlement log (``store/settlement_log.py``): a settlement confirmed by one appended record, applied to the
+database by the writer in batches, replayed once after a crash (docs/store.md)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from oncebus.core.errors import StoreError, StoreWriteError
+from oncebus.core.messages import MessageState, StoredMessage
+from oncebus.store import settlement_log
+from oncebus.store import writer as writer_module
+from oncebus.store.base import AddCounters, DeleteMessage, MoveMessage, PutMessage, UpdateMessage
+from oncebus.store.sqlite import SqliteStore
+from oncebus.store.sqlite_layout import SCHEMA_VERSION
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _message(seq: int, path: str = "q") -> StoredMessage:
+    return StoredMessage(
+        path=path,
+        sequence_number=seq,
+        body=f"body {seq}".encode(),
+        message_id=f"m{seq}",
+        enqueued_time_us=1,
+        expires_at_us=None,
+        state=MessageState.ACTIVE,
+    )
+
+
+def _until(condition: Callable[[], bool], what: str, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _held(path: Path) -> tuple[list[tuple[str, int]], dict[str, dict[str, int]]]:
+    """(path, sequence number) of every stored message, and the counters, as a fresh start reads them."""
+    store = SqliteStore(path)
+    try:
+        snapshot = store.load()
+        return sorted((row[0], row[1]) for row in snapshot.messages), {
+            entity: counters.counters for entity, counters in snapshot.counters.items()
+        }
+    finally:
+        store.close()
+
+
+def test_a_completion_is_one_record_applied_by_the_writer_and_the_log_is_emptied(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "oncebus.db")
+    try:
+        store.submit([PutMessage(_message(n)) for n in (1, 2, 3)]).result()
+        assert store.commit_now([DeleteMessage("q", 1), AddCounters("q", 0, {"completed": 1})])
+        assert store.logged_settlements == 1
+        _until(lambda: store._unsynced_since is None, "the writer's sync")
+        assert store.log_path.stat().st_size == 0
+        assert store._db.execute("SELECT applied_through FROM settlement_log").fetchall() == [(1,)]
+    finally:
+        store.close()
+    assert _held(tmp_path / "oncebus.db") == ([("q", 2), ("q", 3)], {"q": {"completed": 1}})
+
+
+CRASH = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    from oncebus.store import writer
+    writer.SETTLEMENT_SYNC_SECONDS = 3600.0  # the writer does not apply the log before the kill
+    from oncebus.core.messages import MessageState, StoredMessage
+    from oncebus.store.base import AddCounters, DeleteMessage, MoveMessage, PutMessage
+    from oncebus.store.sqlite import SqliteStore
+
+    def message(seq):
+        return StoredMessage("q", seq, f"m{seq}", b"x", 1, None, state=MessageState.ACTIVE)
+
+    store = SqliteStore(Path(sys.argv[1]))
+    store.load()
+    store.submit([PutMessage(message(n)) for n in (1, 2, 3)]).result()
+    assert store.commit_now([DeleteMessage("q", 1), AddCounters("q", 0, {"completed": 1})])
+    assert store.commit_now([MoveMessage("q", 2, "q/$deadletterqueue", 0, "why", "what", None)])
+    assert store.logged_settlements == 2
+    print("confirmed", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_settlements_confirmed_by_the_log_survive_kill_9_and_are_applied_once(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    done = subprocess.run(
+        [sys.executable, "-c", CRASH, str(path)], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.stdout == "confirmed\n", done.stderr
+    assert done.returncode == -9
+    log = path.with_name("oncebus.db-settled")
+    assert log.stat().st_size > 0  # confirmed, not applied: only the log has them
+    held, counters = _held(path)
+    assert held == [("q", 3), ("q/$deadletterqueue", 2)]
+    assert counters == {"q": {"completed": 1}}
+    assert log.stat().st_size == 0
+    assert _held(path) == (held, counters)  # a second start applies nothing again
+
+
+def test_a_record_cut_short_by_a_crash_is_ignored_and_those_before_it_applied(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "oncebus.db"
+    store = SqliteStore(path)
+    store.submit([PutMessage(_message(n)) for n in (1, 2, 3)]).result()
+    store.close()
+    whole = settlement_log.encode(store._store_id, 1, [DeleteMessage("q", 1)])
+    torn = settlement_log.encode(store._store_id, 2, [DeleteMessage("q", 2)])[:-3]
+    path.with_name("oncebus.db-settled").write_bytes(whole + torn)
+    with caplog.at_level(logging.WARNING, logger="oncebus.store"):
+        assert _held(path)[0] == [("q", 2), ("q", 3)]
+    assert "a record cut short by a crash" in caplog.text
+
+
+def test_records_the_database_already_holds_are_not_applied_again(tmp_path: Path) -> None:
+    """A crash after the writer's commit of some records and before it emptied the log: those are skipped."""
+    path = tmp_path / "oncebus.db"
+    store = SqliteStore(path)
+    store.submit([PutMessage(_message(n)) for n in (1, 2, 3)]).result()
+    assert store.commit_now([AddCounters("q", 0, {"completed": 5}), DeleteMessage("q", 1)])
+    store.close()  # applied: the mark is 1
+    me = store._store_id
+    applied = settlement_log.encode(me, 1, [AddCounters("q", 0, {"completed": 5}), DeleteMessage("q", 1)])
+    after = settlement_log.encode(me, 2, [AddCounters("q", 0, {"completed": 1}), DeleteMessage("q", 2)])
+    path.with_name("oncebus.db-settled").write_bytes(applied + after)
+    assert _held(path) == ([("q", 3)], {"q": {"completed": 6}})
+
+
+def test_a_log_left_beside_another_database_is_not_applied_to_it(tmp_path: Path) -> None:
+    """The database moved away (to start afresh) and its log left behind: the new database ignores it."""
+    path = tmp_path / "oncebus.db"
+    store = SqliteStore(path)
+    store.submit([PutMessage(_message(1))]).result()
+    store.close()
+    other = settlement_log.encode("another store", 1, [DeleteMessage("q", 1), AddCounters("q", 0, {"completed": 1})])
+    path.with_name("oncebus.db-settled").write_bytes(other)
+    assert _held(path) == ([("q", 1)], {})
+    assert path.with_name("oncebus.db-settled").stat().st_size == 0
+
+
+def test_the_writer_applies_logged_settlements_before_the_units_queued_after_them(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "oncebus.db")
+    try:
+        store.submit([PutMessage(_message(1))]).result()
+        seen: list[str] = []
+        store._db.set_trace_callback(seen.append)
+        assert store.commit_now([DeleteMessage("q", 1)])
+        store.submit([PutMessage(_message(2))]).result()  # durable: its commit carries the logged delete first
+        statements = [s for s in seen if not s.startswith("PRAGMA")]
+        assert statements[0] == "BEGIN IMMEDIATE" and statements.count("COMMIT") == 1  # one transaction
+        delete = statements.index("DELETE FROM message WHERE path = 'q' AND sequence_number = 1")
+        insert = next(i for i, s in enumerate(statements) if s.startswith("INSERT OR REPLACE INTO message"))
+        mark = statements.index("UPDATE settlement_log SET applied_through = 1 WHERE id = 0")
+        assert delete < insert < mark < statements.index("COMMIT")
+        assert store.log_path.stat().st_size == 0  # applied by a durable commit: emptied at once
+    finally:
+        store.close()
+    assert _held(tmp_path / "oncebus.db")[0] == [("q", 2)]
+
+
+def test_a_reload_reads_the_settlements_the_log_confirmed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(writer_module, "SETTLEMENT_SYNC_SECONDS", 3600.0)
+    store = SqliteStore(tmp_path / "oncebus.db")
+    try:
+        store.submit([PutMessage(_message(n)) for n in (1, 2)]).result()
+        assert store.commit_now([DeleteMessage("q", 1)])
+        assert [row[1] for row in store.load().messages] == [2]  # what the broker rebuilds memory from
+    finally:
+        store.close()
+
+
+def test_a_failed_append_stores_nothing_and_names_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = SqliteStore(tmp_path / "oncebus.db")
+    try:
+        store.submit([PutMessage(_message(n)) for n in (1, 2)]).result()
+        real = os.write
+
+        def half_then_full(fd: int, data: bytes) -> int:  # part of the record lands, then the disk is full
+            if fd == store._log._fd:
+                if not getattr(half_then_full, "wrote", False):
+                    half_then_full.wrote = True  # type: ignore[attr-defined]
+                    return real(fd, data[:5])
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, data)
+
+        monkeypatch.setattr(os, "write", half_then_full)
+        with pytest.raises(StoreWriteError, match=r"oncebus.db-settled.*No space left"):
+            store.commit_now([DeleteMessage("q", 1)])
+        monkeypatch.setattr(os, "write", real)
+        assert store.log_path.stat().st_size == 0 and store.logged_settlements == 0  # nothing of it stays
+        assert store.commit_now([DeleteMessage("q", 2)])
+    finally:
+        store.close()
+    assert _held(tmp_path / "oncebus.db")[0] == [("q", 1)]
+
+
+def test_an_abandon_that_merges_properties_commits_instead(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "oncebus.db")
+    try:
+        store.submit([PutMessage(_message(1))]).result()
+        assert store.commit_now([UpdateMessage("q", 1, int(MessageState.ACTIVE), 1, {"why": "retry"})])
+        assert store.logged_settlements == 0 and store.direct_commits == 1
+        assert store.log_path.stat().st_size == 0
+    finally:
+        store.close()
+
+
+def test_records_read_back_as_written() -> None:
+    unit = [
+        DeleteMessage("q", 1),
+        UpdateMessage("q", 2, 0, 3),
+        MoveMessage("t/subscriptions/s", 4, "t/subscriptions/s/$deadletterqueue", 0, "reason", None, "t"),
+        AddCounters("q", 9, {"completed": 2, "dead_lettered": 1}),
+    ]
+    data = settlement_log.encode("s", 7, unit) + settlement_log.encode("s", 8, unit[:1])
+    assert settlement_log.decode(data, "s") == ([(7, unit), (8, unit[:1])], len(data))
+    assert settlement_log.decode(data, "another") == ([], len(data))
+    damaged = bytearray(data)
+    damaged[-2] ^= 0xFF  # the last record fails its CRC: the first still reads
+    assert settlement_log.decode(bytes(damaged), "s") == ([(7, unit)], len(settlement_log.encode("s", 7, unit)))
+
+
+# written by oncebus at store schema 7 (tests/store/fixtures/make_schema7.py, run on that release): a queue "q" with
+# messages 1, 2, 3 and its counters (3 incoming), before the settlement log
+FIXTURE_7 = Path(__file__).parent / "fixtures" / "schema7.db"
+
+
+def test_a_schema_7_file_is_migrated_and_its_settlements_go_through_the_log(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    path.write_bytes(FIXTURE_7.read_bytes())
+    store = SqliteStore(path)
+    try:
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
+        assert store._db.execute("SELECT id, applied_through FROM settlement_log").fetchall() == [(0, 0)]
+        assert len(store._store_id) == 32
+        snapshot = store.load()
+        assert [row[1] for row in snapshot.messages] == [1, 2, 3]
+        assert store.read_messages("q", [2])[2].body == b"body 2"
+        assert store.commit_now([DeleteMessage("q", 1), AddCounters("q", 0, {"completed": 1})])
+        assert store.logged_settlements == 1
+    finally:
+        store.close()
+    assert _held(path) == ([("q", 2), ("q", 3)], {"q": {"incoming": 3, "completed": 1}})
+
+
+def test_a_failed_schema_7_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from oncebus.store import sqlite_layout
+
+    path = tmp_path / "oncebus.db"
+    path.write_bytes(FIXTURE_7.read_bytes())
+    real = sqlite_layout._settlement_log_v7_to_v8
+
+    def failing(db: sqlite3.Connection) -> None:
+        real(db)
+        raise OSError("simulated failure at the end")
+
+    monkeypatch.setattr(sqlite_layout, "_settlement_log_v7_to_v8", failing)
+    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 7 to 8 .*the file is unchanged"):
+        SqliteStore(path)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 7
+    assert db.execute("SELECT sequence_number FROM message ORDER BY 1").fetchall() == [(1,), (2,), (3,)]
+    db.close()
+
+
+def test_a_log_deleted_under_the_store_is_applied_and_started_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_module, "SETTLEMENT_SYNC_SECONDS", 3600.0)
+    store = SqliteStore(tmp_path / "oncebus.db")
+    try:
+        store.submit([PutMessage(_message(n)) for n in (1, 2, 3)]).result()
+        assert store.commit_now([DeleteMessage("q", 1)])
+        store.log_path.unlink()  # a confirmed record only in the deleted file
+        store.submit([PutMessage(_message(4))]).result()  # the writer's check before its next group
+        assert store.log_path.exists()
+        assert store.commit_now([DeleteMessage("q", 2)])
+        assert store.log_path.stat().st_size > 0  # appended to the new file
+    finally:
+        store.close()
+    assert _held(tmp_path / "oncebus.db")[0] == [("q", 3), ("q", 4)]

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oncebus.core.errors import StoreError, StoreWriteError
 from oncebus.core.messages import MessageState, StoredMessage
@@ -295,3 +297,25 @@ def test_a_log_deleted_under_the_store_is_applied_and_started_afresh(
     finally:
         store.close()
     assert _held(tmp_path / "oncebus.db")[0] == [("q", 3), ("q", 4)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 10**6), st.sampled_from(["me", "other"])), max_size=5),
+    st.binary(max_size=64),
+    st.integers(0, 400),
+    st.integers(0, 255),
+)
+def test_any_damage_to_the_log_reads_as_a_prefix_of_its_records(
+    records: list[tuple[int, str]], junk: bytes, where: int, flip: int
+) -> None:
+    """Whatever bytes a crash or a disk leaves, decoding never raises and yields whole records of this store, in
+    order, up to the first damaged one (the bytes after it are never read as records)."""
+    encoded = [settlement_log.encode(owner, number, [DeleteMessage("q", number)]) for number, owner in records]
+    data = bytearray(b"".join(encoded) + junk)
+    if data and flip:
+        data[where % len(data)] ^= flip
+    decoded, end = settlement_log.decode(bytes(data), "me")
+    assert 0 <= end <= len(data)
+    expected = [(number, [DeleteMessage("q", number)]) for number, owner in records if owner == "me"]
+    assert decoded == expected[: len(decoded)]

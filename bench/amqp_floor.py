@@ -125,7 +125,7 @@ class Engine(asyncio.Protocol):
         self.next_outgoing: dict[int, int] = {}  # channel -> the next transfer (delivery) id the server sends
         self.incoming: dict[int, int] = {}  # channel -> the next transfer id expected from the client
         self.unsettled: dict[tuple[int, int], int] = {}  # (channel, delivery id) -> sequence number
-        self.partial: dict[tuple[int, int], list[bytes]] = {}
+        self.partial: dict[tuple[int, int], tuple[int, list[bytes]]] = {}
         self.sequence = 0
         self.transport: asyncio.Transport | None = None
 
@@ -301,17 +301,14 @@ class Engine(asyncio.Protocol):
         self.incoming[channel] += 1
         link = self.links[(channel, handle)]
         key = (channel, handle)
+        begun = self.partial.pop(key, None)  # (its delivery id, its frames so far): a delivery in several frames
+        if begun is not None:
+            delivery_id = begun[0]
+            begun[1].append(bytes(payload))
         if more:
-            self.partial.setdefault(key, []).append(bytes(payload))
-            if delivery_id is not None:
-                self.partial[key].insert(0, struct.pack(">I", delivery_id))
+            self.partial[key] = begun or (delivery_id, [bytes(payload)])
             return
-        parts = self.partial.pop(key, None)
-        if parts is not None:
-            (delivery_id,) = struct.unpack(">I", parts[0])
-            whole = b"".join(parts[1:]) + bytes(payload)
-        else:
-            whole = bytes(payload)
+        whole = b"".join(begun[1]) if begun is not None else bytes(payload)
         link.delivery_count += 1
         link.credit -= 1
         if link.address == "$cbs":
@@ -567,31 +564,19 @@ def serve_proton(port: int) -> None:
     """A proton program: transfers accepted; deliveries made from one prepared message; completions settled."""
     from proton import Delivery, symbol
     from proton import Message as ProtonMessage
-    from proton.handlers import MessagingHandler
     from proton.reactor import Container
 
-    class Floor(MessagingHandler):  # type: ignore[misc]
+    class Floor(bench.sink_handler(port)):  # type: ignore[misc]
         def __init__(self) -> None:
-            super().__init__(prefetch=SINK_CREDIT, auto_accept=True, auto_settle=True)
-            self.cbs_replies: dict[Any, Any] = {}
+            super().__init__(auto_settle=True)
             self.sequence = 0
             self.message = ProtonMessage(id=str(uuid.uuid4()), body=bench.BODY, durable=True)
-
-        def on_start(self, event: Any) -> None:
-            event.container.listen(f"127.0.0.1:{port}")
-            print("ready", flush=True)
 
         def on_link_opening(self, event: Any) -> None:
             link = event.link
             link.snd_settle_mode = link.remote_snd_settle_mode  # as oncebus: the client's modes echoed
             link.rcv_settle_mode = link.remote_rcv_settle_mode
-            if link.is_sender:
-                link.source.address = link.remote_source.address
-                if link.remote_source.address == "$cbs":
-                    self.cbs_replies[link.connection] = link
-            else:
-                link.target.address = link.remote_target.address
-                link.max_message_size = 1024 * 1024
+            super().on_link_opening(event)
 
         def on_sendable(self, event: Any) -> None:
             link = event.link
@@ -609,14 +594,6 @@ def serve_proton(port: int) -> None:
         def on_accepted(self, event: Any) -> None:
             event.delivery.update(Delivery.ACCEPTED)  # the completion confirmed with its outcome
             event.delivery.settle()
-
-        def on_message(self, event: Any) -> None:
-            if event.link.remote_target.address == "$cbs":
-                reply = ProtonMessage(
-                    correlation_id=event.message.id,
-                    properties={"status-code": 200, "status-description": "OK"},
-                )
-                self.cbs_replies[event.connection].send(reply)
 
     container = Container(Floor())
     container.allowed_mechs = "ANONYMOUS"

@@ -127,15 +127,15 @@ def start_oncebus(
 
 
 # ------------------------------------------------------------------------- the do-nothing sink
-def serve_sink(port: int) -> None:
-    """A proton program the SDK can send to: CBS put-token answered 200, every transfer accepted, nothing kept."""
+def sink_handler(port: int) -> Any:
+    """The sink's proton handler class (``bench/amqp_floor.py`` extends it): listens on ``port``, answers the CBS
+    put-token 200, accepts every transfer, keeps nothing."""
     from proton import Message as ProtonMessage
     from proton.handlers import MessagingHandler
-    from proton.reactor import Container
 
     class Sink(MessagingHandler):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__(prefetch=1000, auto_accept=True)
+        def __init__(self, **options: Any) -> None:
+            super().__init__(prefetch=1000, auto_accept=True, **options)
             self.cbs_replies: dict[Any, Any] = {}
 
         def on_start(self, event: Any) -> None:
@@ -160,7 +160,14 @@ def serve_sink(port: int) -> None:
                 )
                 self.cbs_replies[event.connection].send(reply)
 
-    container = Container(Sink())
+    return Sink
+
+
+def serve_sink(port: int) -> None:
+    """A proton program the SDK can send to: CBS put-token answered 200, every transfer accepted, nothing kept."""
+    from proton.reactor import Container
+
+    container = Container(sink_handler(port)())
     container.allowed_mechs = "ANONYMOUS"
     container.run()
 

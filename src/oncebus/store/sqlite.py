@@ -154,19 +154,12 @@ class SqliteStore(GroupCommitWriter):
                 self._log.size - end,
                 self.log_path,
             )
-        todo = [(number, ops) for number, ops in records if number > applied]
-        if todo:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                self._ops.apply_all(db, [op for _, ops in todo for op in ops])
-                db.execute(layout.SET_APPLIED_THROUGH, (todo[-1][0],))
-                db.execute("COMMIT")  # synchronous=FULL: durable before the log is emptied
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
-            _LOG.info("applied %d settlements from %s", len(todo), self.log_path)
-        self._log.clear()
+        self._logged = [(number, ops) for number, ops in records if number > applied]
+        if self._logged:
+            _LOG.info("applying %d settlements from %s", len(self._logged), self.log_path)
+            self._apply([], durable=True)  # with the mark, fsynced; then the log is emptied
+        if self._log.size:  # records already held, or a record cut short
+            self._log.clear()
         return max([applied, *(number for number, _ in records)])
 
     def _connect(self) -> sqlite3.Connection:
@@ -219,8 +212,7 @@ class SqliteStore(GroupCommitWriter):
         with self._lock:
             self._note_load()
             try:
-                if self._logged:  # what memory is rebuilt from holds every settlement confirmed so far
-                    self._apply([], False)
+                self._apply_logged()  # what memory is rebuilt from holds every settlement confirmed so far
                 return self._load()
             except (sqlite3.Error, ValueError, TypeError, KeyError) as exc:
                 raise StoreError(
@@ -416,8 +408,7 @@ class SqliteStore(GroupCommitWriter):
         """Make every committed transaction power-safe: fsync the WAL (what a ``synchronous=FULL`` commit does)
         and its directory (the WAL may have been created by a commit that did not sync). After commits made by
         ``commit_now`` (which never checkpoint), checkpoint first, so the WAL stays bounded."""
-        if self._logged:  # the log's records go to the database first (the log is emptied after the fsync)
-            self._apply([], False)
+        self._apply_logged()  # the log's records go to the database first (the log is emptied after the fsync)
         if self._checkpoint_due:
             self._checkpoint_due = False
             try:
@@ -463,6 +454,11 @@ class SqliteStore(GroupCommitWriter):
         if self._wal_identity is None:
             self._wal_identity = _identity(self.wal_path)
 
+    def _apply_logged(self) -> None:
+        """Apply the records the log confirmed and the database does not hold yet, if any (no fsync)."""
+        if self._logged:
+            self._apply([], False)
+
     def _clear_log(self) -> None:
         """Empty the settlement log once every record in it is applied by a durable commit."""
         if (self._log_clear_due or self._log_broken) and not self._logged:
@@ -498,8 +494,7 @@ class SqliteStore(GroupCommitWriter):
     def _reopen_log(self) -> None:
         """Its records go to the database first (the deleted file would not be replayed), then appends go to a new
         log file."""
-        if self._logged:
-            self._apply([], False)
+        self._apply_logged()
         log = SettlementLog(self.log_path)
         self._log.close()
         self._log, self._log_identity = log, _identity(self.log_path)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import proton
 
-from oncebus.amqp import codec, faulting, outgoing
+from oncebus.amqp import codec, engine, faulting, outgoing
 from oncebus.amqp.errors import TRACKING_ID, condition_of
 from oncebus.auth import SEND
 from oncebus.broker import PendingSettlement
@@ -55,6 +55,8 @@ def dotnet_ticks(moment_us: int) -> int:
 
 
 def read_filter(terminus: proton.Terminus) -> dict[Any, Any]:
+    if isinstance(terminus, engine.Terminus):
+        return terminus.filter_map()
     data = terminus.filter
     data.rewind()
     if data.next() is None:
@@ -319,8 +321,11 @@ class ReceiveLink:
             link.snd_settle_mode = proton.Link.SND_UNSETTLED
         link.rcv_settle_mode = proton.Link.RCV_FIRST
         if self.session is not None:
-            link.source.filter.clear()
-            link.source.filter.put_object({SESSION_FILTER: self.session.session_id})
+            if isinstance(link.source, engine.Terminus):
+                link.source.set_filter({SESSION_FILTER: self.session.session_id})
+            else:
+                link.source.filter.clear()
+                link.source.filter.put_object({SESSION_FILTER: self.session.session_id})
             link.properties = {LOCKED_UNTIL_UTC: int(dotnet_ticks(self.session.locked_until_us))}
             self.conn.sessions[(self.session.path, self.session.session_id)] = self.session
         link.oncebus_handler = self

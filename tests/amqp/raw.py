@@ -177,7 +177,7 @@ class RawClient:
                 raise AssertionError(f"no frame 0x{code:02x} before the end (saw {seen}, eof={self.eof})")
             if got.code == code:
                 return got
-            seen.append(got.code)
+            seen.append(got.code if got.code != 0x18 else (got.code, got.fields))  # a close: with its error
 
     def frames_until_closed(self, timeout: float = 10.0) -> list[Frame]:
         """Every frame until the server closes the socket; fails if it does not within ``timeout``."""

@@ -91,7 +91,7 @@ class Client(RawClient):
     def __init__(self, port: int) -> None:
         super().__init__(port)
         self.cbs_ready = False
-        self.handle = 10
+        self.handle = 1000  # above the $cbs links' handles (100, 101): a handle in use may not be attached again
 
     def handshake(self, *, begin: bool = True, hostname: str | None = HOST) -> None:
         from azure.servicebus._pyamqp.performatives import BeginFrame, SASLInit

@@ -28,6 +28,7 @@ from oncebus.amqp.frames import RESOURCE_LIMIT, FrameError, FrameScanner, Incomi
 from oncebus.amqp.performatives import AMQP_HEADER, close_frame, open_frame
 from oncebus.amqp.sas import Grant
 from oncebus.auth import ancestors, missing_right_text, normalize_path
+from oncebus.core.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from oncebus.amqp.limits import AmqpLimits
@@ -42,6 +43,7 @@ TRANSFER_LIMIT_EXCEEDED = "amqp:link:transfer-limit-exceeded"
 # distinct token audiences one connection may hold at once (a new token for an audience replaces the old one)
 MAX_GRANTS_PER_CONNECTION = 1000
 _session_ids = itertools.count(1)
+ENGINE_VARIABLE = "ONCEBUS_AMQP_ENGINE"
 
 
 class AmqpHost(Protocol):
@@ -111,8 +113,12 @@ class LinkHandler(Protocol):
 
 
 def use_own_engine() -> bool:
-    """oncebus's own AMQP engine (:mod:`oncebus.amqp.engine`) instead of proton's: ``ONCEBUS_AMQP_ENGINE=oncebus``."""
-    return os.environ.get("ONCEBUS_AMQP_ENGINE", "proton").strip().lower() == "oncebus"
+    """oncebus's own AMQP engine (:mod:`oncebus.amqp.engine`), unless ``ONCEBUS_AMQP_ENGINE=proton`` asks for
+    proton's (the engine before it, kept for one release as a way back)."""
+    choice = os.environ.get(ENGINE_VARIABLE, "oncebus").strip().lower() or "oncebus"
+    if choice not in ("oncebus", "proton"):
+        raise InvalidArgumentError(f"{ENGINE_VARIABLE}={choice!r}: the AMQP engine is 'oncebus' (default) or 'proton'")
+    return choice == "oncebus"
 
 
 def raw_delivery_tag(delivery: proton.Delivery) -> bytes:
@@ -595,6 +601,7 @@ class AmqpConnection(asyncio.Protocol):
                 return
             if self.socket is not None and data:
                 self.socket.write(data)
+                self.transport.last_output = self.loop.time()
             if self.scanner.sent_close and self._linger_timer is None and self.socket is not None:
                 self._linger_timer = self.loop.call_later(self.limits.close_flush_timeout, self.socket.abort)
         if self.transport.head_closed:
@@ -604,6 +611,8 @@ class AmqpConnection(asyncio.Protocol):
         if self.closed:
             return
         deadline = self.transport.tick(self.loop.time())
+        if self.own_engine and self.transport.has_output():  # a heartbeat is due now
+            self._write_own()
         if self._tick_handle is not None:
             self._tick_handle.cancel()
             self._tick_handle = None

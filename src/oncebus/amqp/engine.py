@@ -273,6 +273,9 @@ class Delivery:
         if self.local_settled:
             return
         self.local_settled = True
+        link = self.link
+        if link.is_receiver and link._reading and link._reading[0] is self:  # as proton: settling it advances
+            link._reading.popleft()
         self.link.session.connection._disposed(self)
 
 
@@ -319,7 +322,9 @@ class Link(Endpoint):
         self.credit = 0
         self.delivery_count = 0
         self.drain_mode = False
-        self.current: Delivery | None = None  # incoming: the delivery being read; outgoing: being written
+        self._reading: collections.deque[Delivery] = collections.deque()  # incoming, not advanced past yet
+        self._writing: Delivery | None = None  # outgoing: the delivery being written
+        self._arriving: Delivery | None = None  # incoming: the delivery whose frames are still arriving
         self.unsent: collections.deque[Delivery] = collections.deque()  # outgoing, advanced, not written yet
         self.available = 0  # transfers the client's credit allows now (credit counts advanced ones instead)
         self.dirty = False
@@ -357,6 +362,13 @@ class Link(Endpoint):
         if self.local == LOCAL_ACTIVE:
             self.connection._flow(self)
 
+    @property
+    def current(self) -> Delivery | None:
+        """The delivery being read (the oldest not advanced past) or written (proton's ``Link.current``)."""
+        if self.is_receiver:
+            return self._reading[0] if self._reading else None
+        return self._writing
+
     def recv(self, limit: int) -> bytes | None:
         delivery = self.current
         if delivery is None or not delivery.chunks:
@@ -373,7 +385,7 @@ class Link(Endpoint):
     # --- oncebus sends on it
     def delivery(self, tag: bytes) -> Delivery:
         delivery = Delivery(self, tag)
-        self.current = delivery
+        self._writing = delivery
         return delivery
 
     def send(self, data: bytes) -> int:
@@ -385,12 +397,15 @@ class Link(Endpoint):
         return len(data)
 
     def advance(self) -> bool:
-        delivery = self.current
+        if self.is_receiver:  # the delivery read is done: the next one is current
+            if not self._reading:
+                return False
+            self._reading.popleft()
+            return True
+        delivery = self._writing
         if delivery is None:
             return False
-        self.current = None
-        if self.is_receiver:  # a read delivery is done: nothing to write
-            return True
+        self._writing = None
         self.credit -= 1
         self.connection._advanced(self, delivery)
         return True
@@ -476,7 +491,7 @@ class Connection(Endpoint):
         self.head_closed = False  # our close is written (or the output ended): nothing more goes out
         self.tail_closed = False
         self._eos_sent = False
-        self._last_output = 0.0
+        self.last_output = 0.0  # loop time of the last bytes written (the connection notes it)
 
     # --- proton's names for the same object
     def bind(self, connection: Connection) -> None:
@@ -605,6 +620,9 @@ class Connection(Endpoint):
         self._out = [rest] if rest else []
         self._out_size = len(rest)
 
+    def has_output(self) -> bool:
+        return bool(self._out_size or self._dirty_links or self._dispositions)
+
     def take_output(self) -> bytes:
         """Everything there is to write (``pending``, ``peek`` and ``pop`` at once)."""
         if self._dirty_links or self._dispositions:
@@ -615,15 +633,17 @@ class Connection(Endpoint):
         return data
 
     def tick(self, now: float) -> float:
-        """Keep the client's idle timeout: an empty frame when nothing was written for half of it."""
+        """Keep the client's idle timeout: an empty frame when nothing went out for half of it (the caller
+        notes in ``last_output`` when it last wrote); the time to call again (0: never)."""
         if self.remote_idle_timeout <= 0 or self.head_closed:
             return 0.0
         interval = self.remote_idle_timeout / 2
-        if self._last_output == 0.0 or now - self._last_output >= interval:
-            if self.local == LOCAL_ACTIVE and not self._out_size:
-                self._write(_FRAME.pack(8, 2, 0, 0))
-            self._last_output = now
-        return self._last_output + interval
+        if self.last_output == 0.0:
+            self.last_output = now
+        elif now - self.last_output >= interval and self.local == LOCAL_ACTIVE:
+            self._write(_FRAME.pack(8, 2, 0, 0))
+            self.last_output = now
+        return self.last_output + interval
 
     def close_tail(self) -> None:
         if self.tail_closed:
@@ -940,12 +960,12 @@ class Connection(Endpoint):
             self._fail("amqp:session:unattached-handle", f"a transfer on handle {fields[0]}, which is not attached")
             return
         session.next_incoming_id = (session.next_incoming_id + 1) & _MASK
-        delivery = link.current
-        if delivery is None or not delivery.partial:
+        delivery = link._arriving
+        if delivery is None:
             delivery = Delivery(link, fields[2] if isinstance(fields[2], bytes) else b"")
             delivery_id = fields[1] if isinstance(fields[1], int) else None
             delivery.delivery_id = delivery_id
-            link.current = delivery
+            link._reading.append(delivery)
             link.credit -= 1
             link.delivery_count = (link.delivery_count + 1) & _MASK
             if delivery_id is not None:
@@ -959,6 +979,7 @@ class Connection(Endpoint):
             delivery.pending += len(payload)
         delivery.aborted = bool(fields[9])
         delivery.partial = bool(fields[5]) and not delivery.aborted
+        link._arriving = delivery if delivery.partial else None
         if not delivery.partial and delivery.settled and delivery.delivery_id is not None:
             session.incoming.pop(delivery.delivery_id, None)
         from proton import Event as ProtonEvent

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from oncebus.amqp.connection import CONNECTION_FORCED, AmqpConnection
+from oncebus.amqp.connection import CONNECTION_FORCED, AmqpConnection, use_own_engine
 from oncebus.amqp.frames import RESOURCE_LIMIT
 from oncebus.amqp.limits import AmqpLimits, OldestFirst
 from oncebus.amqp.routing import Router
@@ -46,6 +46,10 @@ class AmqpServer:
         self.keys = KeyRing.of(keys)  # name -> key, with each key's rights
         self.wall_time = wall_time
         self.limits = limits if limits is not None else AmqpLimits.from_env()
+        # the AMQP engine: oncebus's own unless ONCEBUS_AMQP_ENGINE=proton (a wrong value stops the server here)
+        self.own_engine = use_own_engine()
+        if not self.own_engine:
+            _LOG.warning("ONCEBUS_AMQP_ENGINE=proton: serving AMQP with proton's engine (slower; kept as a way back)")
         self.router = Router(self)
         self.connections: set[AmqpConnection] = set()
         self.authenticated: set[AmqpConnection] = set()  # holding an accepted token: what max_connections bounds

@@ -1,0 +1,144 @@
+"""oncebus's AMQP engine behind the frame scanner, as a connection drives it, fed generated frame sequences.
+
+``tests/fuzz/test_fuzz_wire.py`` throws mutated SDK sessions at ``serve`` (whose engine this is); this one is
+in-process and fast, so it runs many more examples: a well-formed session prefix (SASL, open, begin, a
+sender and a receiver link with credit) followed by generated performatives with generated fields on
+plausible channels and handles, mixed with valid transfers, flows and dispositions. Whatever arrives: the
+scanner refuses it (a ``FrameError``, which the connection answers with a close) or the engine takes it
+without raising, its output is whole frames, and once its output ends (a close) it stays ended.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any
+
+import proton
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from oncebus.amqp import engine
+from oncebus.amqp.frames import FrameError, FrameScanner
+from tests.amqp.raw import AMQP_HEADER, SASL_HEADER, attach_frame, flow_frame, frame, open_frame, transfer_frame
+from tests.fuzz.mutations import amqp_values, encode_value, performative
+
+EXAMPLES = int(os.environ.get("ONCEBUS_FUZZ_ENGINE_EXAMPLES", "400"))
+
+
+def _prefix() -> bytes:
+    from azure.servicebus._pyamqp.performatives import BeginFrame, SASLInit
+
+    return (
+        SASL_HEADER
+        + frame(SASLInit(b"ANONYMOUS", None, None), frame_type=b"\x01")
+        + AMQP_HEADER
+        + open_frame()
+        + frame(BeginFrame(None, 0, 65536, 65536, 64, None, None, None))
+        + attach_frame("s", 0, "q", sender=True)
+        + attach_frame("r", 1, "q", sender=False)
+        + flow_frame(1, 10)
+    )
+
+
+_field = st.one_of(amqp_values.map(encode_value), st.sampled_from([b"\x40", b"\x43", b"\x52\x01", b"\x41", b"\x42"]))
+_generated = st.builds(
+    lambda code, fields, channel: performative(code, fields, channel),
+    st.integers(0x10, 0x18),
+    st.lists(_field, max_size=12),
+    st.sampled_from([0, 0, 0, 1, 7]),
+)
+_valid = st.one_of(
+    st.builds(
+        lambda i, more: transfer_frame(
+            0, b"\x00\x53\x75\xa0\x01x", delivery_id=i, delivery_tag=bytes([i % 256]), message_format=0, more=more
+        ),
+        st.integers(0, 20),
+        st.booleans(),
+    ),
+    st.builds(lambda credit: flow_frame(1, credit), st.integers(0, 5)),
+    st.builds(lambda h: attach_frame(f"l{h}", h, "q", sender=bool(h % 2)), st.integers(0, 4)),
+)
+_frames = st.lists(st.one_of(_generated, _valid), min_size=1, max_size=12)
+
+
+def _whole_frames(data: bytes) -> None:
+    pos = 0
+    while pos < len(data):
+        if data[pos : pos + 4] == b"AMQP":
+            pos += 8
+            continue
+        (size,) = struct.unpack_from(">I", data, pos)
+        assert size >= 8 and pos + size <= len(data), "the engine wrote a frame cut short"
+        pos += size
+
+
+def _serve(conn: engine.Connection, collector: engine.Collector, sent: list[engine.Delivery]) -> None:
+    """What the connection's handlers do, in short: open what is opened, answer what arrives."""
+    while (event := collector.peek()) is not None:
+        kind = event.type
+        if kind == proton.Event.CONNECTION_REMOTE_OPEN:
+            conn.open()
+        elif kind == proton.Event.SESSION_REMOTE_OPEN and event.session is not None:
+            event.session.open()
+        elif kind == proton.Event.LINK_REMOTE_OPEN and event.link is not None:
+            link = event.link
+            link.source.copy(link.remote_source)
+            link.target.copy(link.remote_target)
+            link.open()
+            if link.is_receiver:
+                link.flow(5)
+        elif kind == proton.Event.LINK_FLOW and event.link is not None and event.link.is_sender:
+            link = event.link
+            while link.credit > 0:
+                sent.append(link.delivery(b"t%d" % len(sent)))
+                link.send(b"\x00\x53\x75\xa0\x01y")
+                link.advance()
+        elif kind == proton.Event.DELIVERY and event.delivery is not None:
+            delivery = event.delivery
+            if delivery.link.is_receiver and not delivery.partial:
+                delivery.link.recv(1 << 20)
+                delivery.update(engine.ACCEPTED)
+                delivery.settle()
+            elif delivery.link.is_sender:
+                delivery.update(engine.ACCEPTED)
+                delivery.settle()
+        elif kind in (proton.Event.LINK_REMOTE_CLOSE, proton.Event.LINK_REMOTE_DETACH) and event.link is not None:
+            event.link.close()
+        elif kind == proton.Event.SESSION_REMOTE_CLOSE and event.session is not None:
+            event.session.close()
+        elif kind == proton.Event.CONNECTION_REMOTE_CLOSE:
+            conn.close()
+        collector.pop()
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=os.environ.get("ONCEBUS_FUZZ_RANDOM") != "1",
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+@given(_frames, st.integers(1, 64))
+def test_the_engine_takes_any_frames_the_scanner_lets_through(frames: list[bytes], chunk: int) -> None:
+    scanner = FrameScanner()
+    conn = engine.Connection()
+    collector = engine.Collector()
+    conn.collect(collector)
+    sent: list[engine.Delivery] = []
+    data = _prefix() + b"".join(frames)
+    ended = False
+    for start in range(0, len(data), chunk * 16):
+        try:
+            passed = scanner.feed(data[start : start + chunk * 16])
+        except FrameError:
+            return  # the scanner refused it: the connection closes with its condition
+        conn.push(passed)
+        _serve(conn, collector, sent)
+        out: Any = conn.take_output()
+        _whole_frames(out)
+        if ended:
+            assert out == b"", "the engine wrote after its output ended"
+        if conn.pending() == -1:
+            ended = True
+    assert len(conn.links) <= 64

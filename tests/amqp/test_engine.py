@@ -384,3 +384,26 @@ def test_a_wrong_engine_choice_stops_serve_with_one_line_naming_the_choices(tmp_
     assert result.returncode != 0
     assert "ONCEBUS_AMQP_ENGINE='protn'" in result.stderr + result.stdout
     assert "'oncebus' (default) or 'proton'" in result.stderr + result.stdout
+
+
+def test_a_delivery_id_the_client_repeats_is_answered_under_that_id_each_time() -> None:
+    """The SDK's renewer threads can put one delivery-id on two transfers (docs in oncebus.amqp.frames): the engine
+    keeps both deliveries and answers each under the id the client gave it (no renumbering with this engine)."""
+    h = Harness()
+    h.start()
+    h.feed(attach_frame("s", 0, "q", sender=True))
+    h.feed(transfer_frame(0, b"\x00\x53\x75\xa0\x01a", delivery_id=7, delivery_tag=b"a", message_format=0))
+    h.feed(transfer_frame(0, b"\x00\x53\x75\xa0\x01b", delivery_id=7, delivery_tag=b"b", message_format=0))
+    h.feed(transfer_frame(0, b"\x00\x53\x75\xa0\x01c", delivery_id=3, delivery_tag=b"c", message_format=0))
+    deliveries = [e.delivery for e in h.events if e.type == proton.Event.DELIVERY]
+    assert [d.tag for d in deliveries if d is not None] == [b"a", b"b", b"c"]
+    link = h.conn.links[0]
+    for payload in (b"\x00\x53\x75\xa0\x01a", b"\x00\x53\x75\xa0\x01b", b"\x00\x53\x75\xa0\x01c"):
+        assert link.recv(100) == payload  # read in the order they came
+        link.advance()
+    for d in deliveries:
+        assert d is not None
+        d.update(engine.ACCEPTED)
+        d.settle()
+    dispositions = [f[2][1:3] for f in frames(h.conn.take_output()) if f[1] == DISPOSITION]
+    assert sorted(first for first, _ in dispositions) == [3, 7, 7]

@@ -492,6 +492,9 @@ class Connection(Endpoint):
         self.tail_closed = False
         self._eos_sent = False
         self.last_output = 0.0  # loop time of the last bytes written (the connection notes it)
+        self.sent_header = False  # the AMQP protocol header, open and close have been written
+        self.sent_open = False
+        self.sent_close = False
 
     # --- proton's names for the same object
     def bind(self, connection: Connection) -> None:
@@ -527,6 +530,7 @@ class Connection(Endpoint):
         if self.local != LOCAL_UNINIT:
             return
         self.local = LOCAL_ACTIVE
+        self.sent_open = True
         fields = [
             encode_string(self.container),
             NULL,
@@ -542,6 +546,7 @@ class Connection(Endpoint):
             self.open()
         self.local = LOCAL_CLOSED
         self._write(_frame(CLOSE, [_error(self.condition)], 0))
+        self.sent_close = True
         self.head_closed = True
 
     # --- the transport
@@ -585,6 +590,7 @@ class Connection(Endpoint):
             self._write(SASL_HEADER + _FRAME.pack(8 + len(mechanisms), 2, 1, 0) + mechanisms)
         else:
             self._write(AMQP_HEADER)
+            self.sent_header = True
 
     def _sasl(self, body: memoryview) -> None:
         reader = Reader(body)

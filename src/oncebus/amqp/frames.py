@@ -193,8 +193,11 @@ class _Frame:
 class FrameScanner:
     """Follows the AMQP byte streams (SASL layer included) of one client connection, both ways."""
 
-    def __init__(self, limits: AmqpLimits = DEFAULT_LIMITS) -> None:
+    def __init__(self, limits: AmqpLimits = DEFAULT_LIMITS, *, renumber: bool = True) -> None:
         self.limits = limits
+        # give incoming deliveries the consecutive ids proton requires; oncebus's own engine keeps the client's
+        # ids as they are (it keys deliveries by them and answers with them), so nothing needs mapping back
+        self.renumber = renumber
         self._buffer = bytearray()
         self._need = 0  # bytes the buffer must hold before scanning it again is worth it
         self._phase = _HEADER
@@ -428,13 +431,15 @@ class FrameScanner:
             session = self._sessions.get(channel)
             if session is None:
                 session = self._sessions[channel] = _SessionIds()
-            if isinstance(delivery_id, int):
+            if isinstance(delivery_id, int) and not self.renumber:
+                ours = delivery_id
+            elif isinstance(delivery_id, int):
                 ours = delivery_id if session.next_id is None else session.next_id
                 session.next_id = (ours + 1) & _SEQUENCE_MASK
                 if ours != delivery_id:
                     session.theirs[ours] = delivery_id
                     self.renumbered += 1
-            elif session.next_id is not None:  # no id: proton takes the next one itself
+            elif session.next_id is not None and self.renumber:  # no id: proton takes the next one itself
                 ours = session.next_id
                 session.next_id = (ours + 1) & _SEQUENCE_MASK
             sender.current_theirs = delivery_id if isinstance(delivery_id, int) else None

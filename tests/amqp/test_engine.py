@@ -407,3 +407,18 @@ def test_a_delivery_id_the_client_repeats_is_answered_under_that_id_each_time() 
         d.settle()
     dispositions = [f[2][1:3] for f in frames(h.conn.take_output()) if f[1] == DISPOSITION]
     assert sorted(first for first, _ in dispositions) == [3, 7, 7]
+
+
+def test_links_are_listed_by_state_as_proton_lists_them() -> None:
+    """What /metrics counts (``oncebus_links_open``: links active on our side, read with proton's iteration)."""
+    h = Harness()
+    h.start()
+    for handle in range(3):
+        h.feed(attach_frame(f"l{handle}", handle, "q", sender=True))
+    h.feed(frame(DetachFrame(1, True, None)))  # closed by the client and by us
+    active: list[str] = []
+    link = h.conn.link_head(engine.LOCAL_ACTIVE)
+    while link is not None:
+        active.append(link.name)
+        link = link.next(engine.LOCAL_ACTIVE)
+    assert active == ["l0", "l2"]

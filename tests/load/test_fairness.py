@@ -145,7 +145,7 @@ def idle_receive_links(served: Served, stop: threading.Event) -> None:
         for c in range(5):
             client = RawClient(served.port, timeout=30)
             client.handshake()
-            client.put_token("idle")
+            client.put_token("idle", handles=(1000, 1001))  # $cbs's links: above the receivers' handles below
             for handle in range(998):
                 client.send(attach_frame(f"idle-{c}-{handle}", handle, "idle", sender=False))
                 client.send(flow_frame(handle, 10))

@@ -353,8 +353,9 @@ class Link(Endpoint):
         self.local = LOCAL_CLOSED
         self.connection._detach(self, closed)
 
-    def next(self, mask: int) -> Link | None:  # proton's iteration (unused: see Connection.links)
-        return None
+    def next(self, mask: int) -> Link | None:
+        """The connection's next link whose state has every bit of ``mask`` (proton's iteration)."""
+        return self.connection._link_after(self, mask)
 
     # --- oncebus receives on it (the client sends)
     def flow(self, credit: int) -> None:
@@ -510,6 +511,15 @@ class Connection(Endpoint):
         return None
 
     def link_head(self, mask: int) -> Link | None:
+        """The connection's first link whose state has every bit of ``mask`` (proton's iteration)."""
+        return self._link_after(None, mask)
+
+    def _link_after(self, link: Link | None, mask: int) -> Link | None:
+        links = self.links
+        start = 0 if link is None else next((i + 1 for i, each in enumerate(links) if each is link), len(links))
+        for candidate in links[start:]:
+            if candidate.state & mask == mask:
+                return candidate
         return None
 
     def _event(

@@ -43,6 +43,10 @@ class AmqpTransportGauges:
         for conn in list(self._server.connections):
             if conn.closed:
                 continue
+            links = getattr(conn.connection, "links", None)
+            if isinstance(links, list):  # oncebus's engine keeps them in a list
+                count += sum(1 for link in links if link.state & active == active)
+                continue
             link = conn.connection.link_head(active)
             while link is not None:
                 count += 1

@@ -5,15 +5,28 @@ The server runs with ``ONCEBUS_AMQP_MAX_CONNECTIONS=3`` and ``ONCEBUS_AMQP_AUTH_
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Iterator
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode
+from azure.servicebus._pyamqp.performatives import SASLInit
 from azure.servicebus.exceptions import ServiceBusError
 
 from tests.amqp.conftest import ServerProcess, topology
-from tests.amqp.raw import CLOSE, RawClient, error_of
+from tests.amqp.raw import (
+    AMQP_HEADER,
+    CLOSE,
+    OPEN,
+    SASL_HEADER,
+    SASL_MECHANISMS,
+    SASL_OUTCOME,
+    RawClient,
+    error_of,
+    frame,
+    open_frame,
+)
 
 MAX_CONNECTIONS = 3
 AUTH_TIMEOUT = 1.5
@@ -91,3 +104,44 @@ def test_connections_over_the_cap_are_closed_at_their_open_with_the_reason(bound
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def test_a_refused_connection_gets_our_header_before_the_open_and_close_when_its_header_and_open_come_at_once(
+    bounded: ServerProcess,
+) -> None:
+    """azure-servicebus 7.14 read "illegal state" instead of the reason when the AMQP header and open of a refused
+    connection reached the server in one read (seen in CI): the answer must be our header, then open, then close."""
+    held = [RawClient(bounded.port) for _ in range(MAX_CONNECTIONS)]
+    try:
+        for client in held:
+            client.handshake()
+            assert client.put_token("capped") == 202
+        with RawClient(bounded.port) as extra:
+            extra.send(SASL_HEADER)
+            extra.expect(SASL_MECHANISMS)
+            extra.send(frame(SASLInit(b"ANONYMOUS", None, None), frame_type=b"\x01"))
+            extra.expect(SASL_OUTCOME)
+            assert extra.buffer == b""
+            extra.send(AMQP_HEADER + open_frame())  # one write: one read on the server
+            data = b""
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                extra.sock.settimeout(max(deadline - time.monotonic(), 0.01))
+                try:
+                    chunk = extra.sock.recv(65536)
+                except (TimeoutError, ConnectionResetError):
+                    break
+                if not chunk:
+                    break
+                data += chunk
+        assert data.startswith(AMQP_HEADER), data[:16]
+        codes = []
+        pos = 8
+        while pos + 8 <= len(data):
+            size, doff = struct.unpack_from(">IB", data, pos)
+            codes.append(data[pos + doff * 4 + 2])
+            pos += size
+        assert codes == [OPEN, CLOSE]
+    finally:
+        for client in held:
+            client.close()

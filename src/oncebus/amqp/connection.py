@@ -223,24 +223,34 @@ class AmqpConnection(asyncio.Protocol):
             _LOG.exception("cannot read the client's frames")
             self.protocol_error(INTERNAL_ERROR, "oncebus failed to read the frames; see its log")
             return
+        refuse = False
         if self.scanner.opened and self.opened_at is None:
             self.opened_at = self.loop.time()
             if self._handshake_timer is not None:
                 self._handshake_timer.cancel()
                 self._handshake_timer = None
-            if self.refused is not None:  # open and close at once: the client reads why, then closes too
-                _LOG.warning("refusing a connection: %s", self.refused)
-                # (with an info map: the SDK reads the error's third field by position)
-                self.connection.condition = proton.Condition(
-                    RESOURCE_LIMIT, self.refused, {TRACKING_ID: str(uuid.uuid4())}
-                )
-                self.connection.open()
-                self.connection.close()
+            refuse = self.refused is not None
+        # proton answers the open it is given after the open and close asked of it; oncebus's engine writes as it
+        # is asked, so it reads the client's header and open first (the answer must start with our header)
+        if refuse and not self.own_engine:
+            self._refuse()
         try:
             self._push(data)
+            if refuse and self.own_engine:
+                self._refuse()
+                self.pump()
         except Exception:
             _LOG.exception("failed to handle the client's frames")
             self.protocol_error(INTERNAL_ERROR, "oncebus failed to handle the frames; see its log")
+
+    def _refuse(self) -> None:
+        """Open and close at once: the client reads why, then closes too."""
+        assert self.refused is not None
+        _LOG.warning("refusing a connection: %s", self.refused)
+        # (with an info map: the SDK reads the error's third field by position)
+        self.connection.condition = proton.Condition(RESOURCE_LIMIT, self.refused, {TRACKING_ID: str(uuid.uuid4())})
+        self.connection.open()
+        self.connection.close()
 
     def _push(self, data: bytes) -> None:
         view = memoryview(data)

@@ -72,12 +72,18 @@ def test_a_connection_with_a_token_stays_past_the_auth_timeout(bounded: ServerPr
         assert client.put_token("capped", handles=(102, 103)) == 202  # still served
 
 
-def test_connections_over_the_cap_are_closed_at_their_open_with_the_reason(bounded: ServerProcess) -> None:
+def _hold_the_cap(bounded: ServerProcess) -> list[RawClient]:
+    """As many authenticated connections as the cap allows: the next one is refused at its open."""
     held = [RawClient(bounded.port) for _ in range(MAX_CONNECTIONS)]
+    for client in held:
+        client.handshake()
+        assert client.put_token("capped") == 202
+    return held
+
+
+def test_connections_over_the_cap_are_closed_at_their_open_with_the_reason(bounded: ServerProcess) -> None:
+    held = _hold_the_cap(bounded)
     try:
-        for client in held:
-            client.handshake()
-            assert client.put_token("capped") == 202
         with RawClient(bounded.port) as extra:
             extra.handshake(begin=False)  # the open is answered (AMQP asks for it), then closed
             frames = extra.frames_until_closed(5)
@@ -111,11 +117,8 @@ def test_a_refused_connection_gets_our_header_before_the_open_and_close_when_its
 ) -> None:
     """azure-servicebus 7.14 read "illegal state" instead of the reason when the AMQP header and open of a refused
     connection reached the server in one read (seen in CI): the answer must be our header, then open, then close."""
-    held = [RawClient(bounded.port) for _ in range(MAX_CONNECTIONS)]
+    held = _hold_the_cap(bounded)
     try:
-        for client in held:
-            client.handshake()
-            assert client.put_token("capped") == 202
         with RawClient(bounded.port) as extra:
             extra.send(SASL_HEADER)
             extra.expect(SASL_MECHANISMS)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import struct
-from collections.abc import Iterator
 from typing import Any
 
 import proton
@@ -43,6 +42,7 @@ from oncebus.amqp.performatives import (
     OPEN,
     SASL_HEADER,
     TRANSFER,
+    amqp_frame,
 )
 
 # proton's numbers (tested equal in tests/amqp/test_engine.py): handlers compare with proton's constants
@@ -64,6 +64,7 @@ _RELEASED_STATE = b"\x00\x53\x26\x45"
 _EMPTY_MAP = b"\xc1\x01\x00"
 
 Condition = proton.Condition
+_EVENT = proton.Event  # the engine puts proton's event types, so the connection's dispatch reads both engines alike
 
 
 def encode_value(value: Any) -> bytes:
@@ -71,11 +72,6 @@ def encode_value(value: Any) -> bytes:
     data = proton.Data()
     data.put_object(value)
     return bytes(data.encode())
-
-
-def _frame(performative: int, fields: list[bytes], channel: int) -> bytes:
-    body = b"\x00\x53" + bytes((performative,)) + encode_list(fields)
-    return _FRAME.pack(8 + len(body), 2, 0, channel) + body
 
 
 def _error(condition: Any) -> bytes:
@@ -435,7 +431,6 @@ class Session(Endpoint):
         self.handles: set[int] = set()  # ours in use
         self.outgoing: dict[int, Delivery] = {}  # our unsettled deliveries by delivery id
         self.incoming: dict[int, Delivery] = {}  # the client's unsettled deliveries by delivery id
-        self.outgoing_bytes = 0
 
     def open(self) -> None:
         if self.local != LOCAL_UNINIT:
@@ -507,9 +502,6 @@ class Connection(Endpoint):
     def collect(self, collector: Collector) -> None:
         self.collector = collector
 
-    def session_head(self, mask: int) -> Session | None:
-        return None
-
     def link_head(self, mask: int) -> Link | None:
         """The connection's first link whose state has every bit of ``mask`` (proton's iteration)."""
         return self._link_after(None, mask)
@@ -547,7 +539,7 @@ class Connection(Endpoint):
             encode_uint(self.max_frame_size),
             b"\x60" + struct.pack(">H", self.channel_max),
         ] + [NULL] * 6
-        self._write(_frame(OPEN, fields, 0))
+        self._write(amqp_frame(OPEN, fields, 0))
 
     def close(self) -> None:
         if self.local == LOCAL_CLOSED:
@@ -555,7 +547,7 @@ class Connection(Endpoint):
         if self.local == LOCAL_UNINIT:
             self.open()
         self.local = LOCAL_CLOSED
-        self._write(_frame(CLOSE, [_error(self.condition)], 0))
+        self._write(amqp_frame(CLOSE, [_error(self.condition)], 0))
         self.sent_close = True
         self.head_closed = True
 
@@ -667,9 +659,7 @@ class Connection(Endpoint):
         self.tail_closed = True
         if not self.head_closed:
             self.head_closed = True
-        from proton import Event as ProtonEvent
-
-        self._event(ProtonEvent.TRANSPORT_CLOSED)
+        self._event(_EVENT.TRANSPORT_CLOSED)
 
     def close_head(self) -> None:
         self.head_closed = True
@@ -721,16 +711,12 @@ class Connection(Endpoint):
         if isinstance(fields[4], int) and fields[4] > 0:
             self.remote_idle_timeout = fields[4] / 1000.0
         self.remote_bits = REMOTE_ACTIVE
-        from proton import Event as ProtonEvent
-
-        self._event(ProtonEvent.CONNECTION_REMOTE_OPEN)
+        self._event(_EVENT.CONNECTION_REMOTE_OPEN)
 
     def _on_close(self, fields: list[Any]) -> None:
         self.remote_condition = _condition(fields[0]) if fields else None
         self.remote_bits = REMOTE_CLOSED
-        from proton import Event as ProtonEvent
-
-        self._event(ProtonEvent.CONNECTION_REMOTE_CLOSE)
+        self._event(_EVENT.CONNECTION_REMOTE_CLOSE)
 
     def _on_begin(self, channel: int, fields: list[Any]) -> None:
         if channel > self.channel_max:
@@ -745,9 +731,7 @@ class Connection(Endpoint):
         session.remote_incoming_window = int(fields[2]) if isinstance(fields[2], int) else _WINDOW
         session.remote_bits = REMOTE_ACTIVE
         self.sessions[channel] = session
-        from proton import Event as ProtonEvent
-
-        self._event(ProtonEvent.SESSION_REMOTE_OPEN, session=session)
+        self._event(_EVENT.SESSION_REMOTE_OPEN, session=session)
 
     def _begin(self, session: Session) -> None:
         channel = 0
@@ -765,7 +749,7 @@ class Connection(Endpoint):
             NULL,
             NULL,
         ]
-        self._write(_frame(BEGIN, fields, channel))
+        self._write(amqp_frame(BEGIN, fields, channel))
 
     def _on_end(self, channel: int, fields: list[Any]) -> None:
         session = self._session(channel)
@@ -774,13 +758,11 @@ class Connection(Endpoint):
         session.remote_bits = REMOTE_CLOSED
         session.remote_condition = _condition(fields[0]) if fields else None
         del self.sessions[channel]
-        from proton import Event as ProtonEvent
-
         for link in list(session.links.values()):  # the session's links end with it
             if link.remote_bits != REMOTE_CLOSED:
                 link.remote_bits = REMOTE_CLOSED
-                self._event(ProtonEvent.LINK_REMOTE_CLOSE, link=link)
-        self._event(ProtonEvent.SESSION_REMOTE_CLOSE, session=session)
+                self._event(_EVENT.LINK_REMOTE_CLOSE, link=link)
+        self._event(_EVENT.SESSION_REMOTE_CLOSE, session=session)
 
     def _end(self, session: Session) -> None:
         if session.channel is None:
@@ -788,7 +770,7 @@ class Connection(Endpoint):
         for link in list(session.links.values()):
             link.local = LOCAL_CLOSED
             self._forget(link)
-        self._write(_frame(END, [_error(session.condition)], session.channel))
+        self._write(amqp_frame(END, [_error(session.condition)], session.channel))
         self._channels.pop(session.channel, None)
 
     def _session(self, channel: int) -> Session | None:
@@ -827,9 +809,7 @@ class Connection(Endpoint):
         link.remote_bits = REMOTE_ACTIVE
         session.links[handle] = link
         self.links.append(link)
-        from proton import Event as ProtonEvent
-
-        self._event(ProtonEvent.LINK_REMOTE_OPEN, link=link)
+        self._event(_EVENT.LINK_REMOTE_OPEN, link=link)
 
     def _attach(self, link: Link) -> None:
         session = link.session
@@ -858,7 +838,7 @@ class Connection(Endpoint):
             NULL,
             properties,
         ]
-        self._write(_frame(ATTACH, fields, session.channel))
+        self._write(amqp_frame(ATTACH, fields, session.channel))
 
     def _on_detach(self, channel: int, fields: list[Any]) -> None:
         session = self._session(channel)
@@ -875,15 +855,13 @@ class Connection(Endpoint):
         del session.links[link.remote_handle]
         if link.local == LOCAL_CLOSED:
             self._forget(link)
-        from proton import Event as ProtonEvent
-
-        self._event(ProtonEvent.LINK_REMOTE_CLOSE if closed else ProtonEvent.LINK_REMOTE_DETACH, link=link)
+        self._event(_EVENT.LINK_REMOTE_CLOSE if closed else _EVENT.LINK_REMOTE_DETACH, link=link)
 
     def _detach(self, link: Link, closed: bool) -> None:
         session = link.session
         if link.handle is not None and session.local == LOCAL_ACTIVE and session.remote_bits == REMOTE_ACTIVE:
             fields = [encode_uint(link.handle), TRUE if closed else FALSE, _error(link.condition)]
-            self._write(_frame(DETACH, fields, session.channel or 0))
+            self._write(amqp_frame(DETACH, fields, session.channel or 0))
         if link.remote_bits == REMOTE_CLOSED:
             self._forget(link)
 
@@ -924,9 +902,7 @@ class Connection(Endpoint):
                 self._dirty_links.append(link)
         if fields[9] and link.local == LOCAL_ACTIVE:
             self._flow(link)
-        from proton import Event as ProtonEvent
-
-        self._event(ProtonEvent.LINK_FLOW, link=link)
+        self._event(_EVENT.LINK_FLOW, link=link)
 
     def _session_flow(self, session: Session) -> None:
         if session.channel is None or session.local != LOCAL_ACTIVE:
@@ -944,7 +920,7 @@ class Connection(Endpoint):
             FALSE,
             NULL,
         ]
-        self._write(_frame(FLOW, fields, session.channel))
+        self._write(amqp_frame(FLOW, fields, session.channel))
 
     def _flow(self, link: Link, *, drain: bool = False) -> None:
         session = link.session
@@ -964,7 +940,7 @@ class Connection(Endpoint):
             FALSE,
             NULL,
         ]
-        self._write(_frame(FLOW, fields, session.channel))
+        self._write(amqp_frame(FLOW, fields, session.channel))
 
     def _on_transfer(self, channel: int, fields: list[Any], payload: memoryview) -> None:
         session = self._session(channel)
@@ -998,9 +974,7 @@ class Connection(Endpoint):
         link._arriving = delivery if delivery.partial else None
         if not delivery.partial and delivery.settled and delivery.delivery_id is not None:
             session.incoming.pop(delivery.delivery_id, None)
-        from proton import Event as ProtonEvent
-
-        self._event(ProtonEvent.DELIVERY, link=link, delivery=delivery)
+        self._event(_EVENT.DELIVERY, link=link, delivery=delivery)
 
     def _on_disposition(self, channel: int, fields: list[Any]) -> None:
         session = self._session(channel)
@@ -1016,8 +990,6 @@ class Connection(Endpoint):
             found = [(i, table[i]) for i in range(first, last + 1) if i in table]
         else:
             found = [(i, d) for i, d in table.items() if first <= i <= last]
-        from proton import Event as ProtonEvent
-
         for delivery_id, delivery in found:
             if state is not None:
                 delivery.remote_state = delivery.remote.decode(state)
@@ -1025,7 +997,7 @@ class Connection(Endpoint):
                 delivery.settled = True
                 if delivery.local_settled:
                     table.pop(delivery_id, None)
-            self._event(ProtonEvent.DELIVERY, link=delivery.link, delivery=delivery)
+            self._event(_EVENT.DELIVERY, link=delivery.link, delivery=delivery)
 
     # --- frames out
     def _advanced(self, link: Link, delivery: Delivery) -> None:
@@ -1140,13 +1112,8 @@ class Connection(Endpoint):
                 state,
                 NULL,
             ]
-            data = _frame(DISPOSITION, fields, channel)
+            data = amqp_frame(DISPOSITION, fields, channel)
             self._out.append(data)
             self._out_size += len(data)
 
     # --- iteration for the connection
-    def all_links(self) -> Iterator[Link]:
-        return iter(list(self.links))
-
-    def all_sessions(self) -> Iterator[Session]:
-        return iter(list(self.sessions.values()))

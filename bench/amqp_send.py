@@ -202,6 +202,7 @@ class Measured:
     client_cpu_us: float  # client CPU per message (all worker processes)
     server_cpu_us: float | None  # server CPU per message (all its threads), where /proc tells
     loop_cpu_us: float | None = None  # of which the server's main thread (oncebus: the event loop)
+    loop_system_us: float | None = None  # of which in the kernel (socket calls, epoll)
 
 
 def process_cpu(pid: int) -> float | None:
@@ -210,11 +211,18 @@ def process_cpu(pid: int) -> float | None:
 
 
 def _stat_cpu(path: Path) -> float | None:
+    times = _stat_times(path)
+    return None if times is None else times[0] + times[1]
+
+
+def _stat_times(path: Path) -> tuple[float, float] | None:
+    """(user, system) CPU seconds from a /proc stat file."""
     try:
         fields = path.read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def run_workers(target: Callable[..., None], jobs: list[tuple[Any, ...]], server_pid: int) -> Measured:
@@ -239,10 +247,10 @@ def run_workers(target: Callable[..., None], jobs: list[tuple[Any, ...]], server
             errors.append(str(results.get()))
         raise SystemExit("the workers did not start:\n" + "\n".join(errors)) from None
     server_before = process_cpu(server_pid)
-    loop_before = _stat_cpu(Path(f"/proc/{server_pid}/task/{server_pid}/stat"))
+    loop_before = _stat_times(Path(f"/proc/{server_pid}/task/{server_pid}/stat"))
     reports = [results.get(timeout=600) for _ in processes]
     server_after = process_cpu(server_pid)
-    loop_after = _stat_cpu(Path(f"/proc/{server_pid}/task/{server_pid}/stat"))
+    loop_after = _stat_times(Path(f"/proc/{server_pid}/task/{server_pid}/stat"))
     for process in processes:
         process.join(60)
     failed = [r for r in reports if isinstance(r, str)]
@@ -252,12 +260,14 @@ def run_workers(target: Callable[..., None], jobs: list[tuple[Any, ...]], server
     finished = max(r[1] for r in reports)
     messages = sum(r[2] for r in reports)
     server = None if server_before is None or server_after is None else server_after - server_before
-    loop = None if loop_before is None or loop_after is None else loop_after - loop_before
+    loop = None if loop_before is None or loop_after is None else sum(loop_after) - sum(loop_before)
+    system = None if loop_before is None or loop_after is None else loop_after[1] - loop_before[1]
     return Measured(
         messages / (finished - started),
         sum(r[3] for r in reports) / messages * 1e6,
         None if server is None else server / messages * 1e6,
         None if loop is None else loop / messages * 1e6,
+        None if system is None else system / messages * 1e6,
     )
 
 
@@ -435,8 +445,9 @@ async def jetstream_streams(port: int) -> None:
 class Profiler:
     """py-spy attached to a process while a row runs; raw stacks to ``directory``."""
 
-    def __init__(self, directory: Path | None) -> None:
+    def __init__(self, directory: Path | None, *, gil: bool = False) -> None:
         self.directory = directory
+        self.gil = gil  # only samples holding the GIL: Python's own CPU, not a thread waiting in a socket call
         self.binary = None
         if directory is not None:
             directory.mkdir(parents=True, exist_ok=True)
@@ -450,6 +461,7 @@ class Profiler:
             return row()
         out = self.directory / f"{name}.txt"
         command = [self.binary, "record", "--pid", str(pid), "--rate", "250", "--threads", "--nonblocking"]
+        command += ["--gil"] if self.gil else []
         spy = subprocess.Popen(
             [*command, "--format", "raw", "--output", str(out)],
             stdout=subprocess.DEVNULL,
@@ -498,7 +510,10 @@ def best(measurements: Iterable[Measured]) -> Measured:
 
 def describe(measured: Measured) -> str:
     server = "   n/a" if measured.server_cpu_us is None else f"{measured.server_cpu_us:6.1f}"
-    loop = "" if measured.loop_cpu_us is None else f" (main thread {measured.loop_cpu_us:.1f})"
+    loop = "" if measured.loop_cpu_us is None else f" (main thread {measured.loop_cpu_us:.1f}"
+    if loop and measured.loop_system_us is not None:
+        loop += f", kernel {measured.loop_system_us:.1f}"
+    loop += ")" if loop else ""
     return f"{measured.rate:10,.0f} msg/s  server {server} us/msg{loop}  clients {measured.client_cpu_us:.0f} us/msg"
 
 
@@ -514,6 +529,11 @@ def main() -> None:
     parser.add_argument("--receivers", type=int, default=4, help="concurrent receiver processes (default 4)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of each measurement; the best is shown")
     parser.add_argument("--profile", type=Path, help="sample oncebus serve with py-spy, raw stacks to this directory")
+    parser.add_argument(
+        "--profile-gil",
+        action="store_true",
+        help="with --profile: only samples holding the GIL (Python's CPU, not a socket call preempted by a client)",
+    )
     parser.add_argument("--no-receive", action="store_true", help="send rows only")
     parser.add_argument("--no-send", action="store_true", help="receive + complete rows only")
     parser.add_argument("--serve-sink", type=int, help=argparse.SUPPRESS)
@@ -530,7 +550,7 @@ def main() -> None:
         nats_note = ""
     print(f"before: {load()}; python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     workdir = Path(tempfile.mkdtemp(prefix="oncebus-bench-"))
-    profiler = Profiler(args.profile)
+    profiler = Profiler(args.profile, gil=args.profile_gil)
     servers: list[subprocess.Popen[Any]] = []
     rows: dict[str, list[Measured]] = collections.defaultdict(list)
     notes: dict[str, str] = {}

@@ -19,10 +19,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import proton
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oncebus.amqp import codec, outgoing
+from oncebus.amqp.encoding import DecodeError, jump, skip
 from oncebus.amqp.frames import FrameError, FrameScanner
 from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT
 from oncebus.core.errors import InvalidArgumentError
@@ -180,3 +182,25 @@ def test_the_frame_scanner_passes_bytes_or_raises_frame_error(
             position += cut
     except FrameError:
         pass
+
+
+@FUZZ
+@given(amqp_values)
+def test_jump_steps_over_a_checked_value_to_where_skip_ends(value: Any) -> None:
+    """``encoding.jump`` (a stored message's sections on their way out) trusts declared sizes; on any
+    value ``skip`` passes it ends where ``skip`` does, alone or followed by more bytes."""
+    raw = encode_value(value)
+    assert skip(raw, 0) == len(raw)
+    assert jump(raw, 0) == len(raw)
+    assert jump(raw + b"\x40\x41", 0) == len(raw)
+
+
+def test_jump_steps_over_arrays_and_refuses_an_unknown_constructor() -> None:
+    for array in (
+        proton.Array(proton.UNDESCRIBED, proton.Data.INT, 1, 2, 3),
+        proton.Array(proton.UNDESCRIBED, proton.Data.STRING, *("x" * 300 for _ in range(2))),
+    ):
+        raw = encode_value(array)
+        assert jump(raw, 0) == skip(raw, 0) == len(raw)
+    with pytest.raises(DecodeError, match="unknown AMQP constructor 0x3f"):
+        jump(b"\x3f", 0)

@@ -163,6 +163,30 @@ def _skip_body(data: bytes | memoryview, code: int, pos: int, end: int, depth: i
     return stop
 
 
+_SIZE8 = frozenset((0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0))
+_SIZE32 = frozenset((0xB0, 0xB1, 0xB3, 0xD0, 0xD1, 0xF0))
+
+
+def jump(data: bytes, pos: int) -> int:
+    """The position after the value at ``pos``, from its constructor and declared size alone.
+
+    Nothing inside the value is looked at: this is for encodings :func:`skip` checked when they
+    arrived (a stored message), read again on their way out. It raises ``IndexError`` or
+    :class:`DecodeError` on a constructor it does not know and may return a position past the end;
+    the caller compares with the end.
+    """
+    code = data[pos]
+    if code in _SIZE8:
+        return pos + 2 + data[pos + 1]
+    if code in _SIZE32:
+        return pos + 5 + int(_U32.unpack_from(data, pos + 1)[0])
+    if code == 0x00:
+        return jump(data, jump(data, pos + 1))
+    if code in _KNOWN_FIXED:
+        return pos + 1 + _FIXED_WIDTHS[code >> 4]
+    raise DecodeError(f"unknown AMQP constructor 0x{code:02x}")
+
+
 # ------------------------------------------------------------------------------------------ decoding
 _UNPACK = {
     0x50: struct.Struct(">B"),

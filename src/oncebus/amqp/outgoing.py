@@ -31,6 +31,7 @@ from oncebus.amqp.codec import (
     MESSAGE_ANNOTATIONS,
     MESSAGE_STATE,
     PARTITION_KEY,
+    PROPERTIES,
     SCHEDULED_ENQUEUE_TIME,
     SDK_STATES,
     SEQUENCE_NUMBER,
@@ -39,7 +40,7 @@ from oncebus.amqp.codec import (
     scalar,
     split_sections,
 )
-from oncebus.amqp.encoding import DecodeError, Reader
+from oncebus.amqp.encoding import DecodeError, Reader, jump
 from oncebus.amqp.reencode import reencode
 from oncebus.core.messages import ReceivedMessage
 from oncebus.core.timeutil import MAX_US, MIN_US, datetime_to_us
@@ -119,6 +120,11 @@ _LOCKED_UNTIL_KEY = _symbol8(str(LOCKED_UNTIL))
 _LOCK_TOKEN_KEY = _symbol8(str(LOCK_TOKEN))
 
 
+_STATES = {state: _long(int(number)) for state, number in SDK_STATES.items()}
+_STATE_ACTIVE = _long(0)
+_NULL_FIELDS = (b"\x40",) * 4  # the header of a message sent without one: nulls before the delivery count
+
+
 def _delivery_annotations(lock_token: uuid.UUID | None) -> bytes:
     """The lock token as Service Bus gives it with a message received by sequence number (SDK 7.14 reads it)."""
     if lock_token is None:
@@ -131,66 +137,78 @@ def _encode_received_fast(
 ) -> bytes:
     """:func:`encode_received` without proton for a message that is not dead-lettered.
 
-    The stored sections are copied as they are; the header's fields and the message annotations'
-    entries are copied raw, with the broker's values put in (same entries, same order as proton's path).
+    The stored sections are copied as they are, stepped over by their declared sizes (the codec checked
+    every value in them when the message arrived); only a header and message annotations the sender
+    put in are read, field by field: the header's fields and the annotations' entries are copied raw,
+    with the broker's values put in (same entries, same order as proton's path).
     """
-    header: list[bytes] = [b"\x40"] * 4
-    original: list[tuple[bytes, bytes]] = []  # message annotations: (raw key, raw value)
-    rest: list[bytes] = []
-    view = memoryview(wire)
+    header: list[bytes] | None = None
+    original: list[tuple[bytes, bytes]] | None = None  # message annotations: (raw key, raw value)
+    spans: list[list[int]] = []  # the sections copied as they are, runs of them merged
     pos, end = 0, len(wire)
     try:
         while pos < end:
             if wire[pos] != 0x00 or wire[pos + 1] != 0x53:
                 raise Unusual
             code = wire[pos + 2]
-            start = pos
-            reader = Reader(view[pos + 3 :])
-            if code == HEADER or code == MESSAGE_ANNOTATIONS:
-                spans = reader.field_spans() if code == HEADER else reader.map_spans()
-                raw = [bytes(view[pos + 3 + a : pos + 3 + b]) for a, b in spans]
+            after = jump(wire, pos + 3)
+            if PROPERTIES <= code <= FOOTER:
+                if spans and spans[-1][1] == pos:
+                    spans[-1][1] = after
+                else:
+                    spans.append([pos, after])
+            elif code == HEADER or code == MESSAGE_ANNOTATIONS:
+                view = memoryview(wire)[pos + 3 : after]
+                reader = Reader(view)
+                found = reader.field_spans() if code == HEADER else reader.map_spans()
+                if reader.pos != len(view):
+                    raise Unusual
+                raw = [bytes(view[a:b]) for a, b in found]
                 if code == HEADER:
                     if len(raw) > 5:
                         raise Unusual
+                    header = [b"\x40"] * 4
                     header[: min(len(raw), 4)] = raw[:4]
                 else:
                     original = list(zip(raw[0::2], raw[1::2], strict=True))
-            else:
-                reader.skip()
-            pos += 3 + reader.pos
-            if code == DELIVERY_ANNOTATIONS or code == HEADER or code == MESSAGE_ANNOTATIONS:
-                continue
-            if not HEADER <= code <= FOOTER:
+            elif code != DELIVERY_ANNOTATIONS:
                 raise Unusual
-            rest.append(wire[start:pos])
+            pos = after
     except (IndexError, struct.error, DecodeError):
         raise Unusual from None
     if pos != end:
         raise Unusual
-    ours = {
-        _SEQUENCE_NUMBER_KEY: _long(int(message.sequence_number)),
-        _ENQUEUED_TIME_KEY: _timestamp_us(message.enqueued_time_us),
-    }
-    if message.scheduled_enqueue_time_us is not None:
-        ours[_SCHEDULED_KEY] = _timestamp_us(message.scheduled_enqueue_time_us)
-    if message.partition_key is not None:
-        ours[_PARTITION_KEY_KEY] = _string(message.partition_key)
-    if message.dead_letter_source is not None:
-        ours[_DEAD_LETTER_SOURCE_KEY] = _string(message.dead_letter_source)
-    ours[_MESSAGE_STATE_KEY] = _long(int(SDK_STATES.get(message.state, 0)))
+    ours = [
+        (_SEQUENCE_NUMBER_KEY, _long(message.sequence_number)),
+        (_ENQUEUED_TIME_KEY, _timestamp_us(message.enqueued_time_us)),
+    ]
+    if (scheduled := message.scheduled_enqueue_time_us) is not None:
+        ours.append((_SCHEDULED_KEY, _timestamp_us(scheduled)))
+    if (partition_key := message.partition_key) is not None:
+        ours.append((_PARTITION_KEY_KEY, _string(partition_key)))
+    if (source := message.dead_letter_source) is not None:
+        ours.append((_DEAD_LETTER_SOURCE_KEY, _string(source)))
+    ours.append((_MESSAGE_STATE_KEY, _STATES.get(message.state, _STATE_ACTIVE)))
     if lock_annotations and message.locked_until_us is not None:
-        ours[_LOCKED_UNTIL_KEY] = _timestamp_us(message.locked_until_us)
+        ours.append((_LOCKED_UNTIL_KEY, _timestamp_us(message.locked_until_us)))
     pairs: list[bytes] = []
-    for key, value in original:  # a key the broker sets keeps its place, as in a dict
-        name, _ = scalar(key, 0) if key[0] in (0xA3, 0xB3) else (None, 0)
-        mine = None if name is None else _symbol8(name)
-        pairs += (key, ours.pop(mine, value) if mine is not None else value)
-    for key, value in ours.items():
+    if original:
+        mine = dict(ours)
+        for key, value in original:  # a key the broker sets keeps its place, as in a dict
+            name, _ = scalar(key, 0) if key[0] in (0xA3, 0xB3) else (None, 0)
+            symbol = None if name is None else _symbol8(name)
+            pairs += (key, mine.pop(symbol, value) if symbol is not None else value)
+        ours = list(mine.items())
+    for key, value in ours:
         pairs += (key, value)
-    out = _described_list(HEADER, [*header, _uint(max(message.delivery_count - 1, 0))]) + _delivery_annotations(
-        lock_token
-    )
-    return out + _described_map(MESSAGE_ANNOTATIONS, pairs) + b"".join(rest)
+    count = _uint(max(message.delivery_count - 1, 0))
+    out = _described_list(HEADER, [*(_NULL_FIELDS if header is None else header), count])
+    if lock_token is not None:
+        out += _delivery_annotations(lock_token)
+    out += _described_map(MESSAGE_ANNOTATIONS, pairs)
+    if len(spans) == 1 and spans[0][0] == 0 and spans[0][1] == end:
+        return out + wire
+    return out + b"".join([wire[a:b] for a, b in spans])
 
 
 def encode_received(message: ReceivedMessage, *, lock_annotations: bool, lock_token: uuid.UUID | None = None) -> bytes:

@@ -19,6 +19,7 @@ from oncebus.core.keys import (
     id_text,
     key_text,
     migrate_key_text_v0,
+    utf16_length,
 )
 from oncebus.core.timeutil import MAX_US, add_us, clamp_us, us_to_datetime
 
@@ -108,3 +109,15 @@ def test_time_arithmetic_past_year_9999_means_never() -> None:
     assert us_to_datetime(MAX_US).year == 9999
     with pytest.raises(ArgumentOutOfRangeError, match="scheduled"):
         us_to_datetime(MAX_US + 1, name="scheduled")
+
+
+@given(st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=40))
+def test_utf16_length_counts_code_units_as_dotnet_does(text: str) -> None:
+    """Two units for a character outside the Basic Multilingual Plane, one for any other (a lone surrogate too)."""
+    assert utf16_length(text) == sum(2 if ord(char) > 0xFFFF else 1 for char in text)
+
+
+def test_utf16_length_of_ascii_astral_and_lone_surrogates() -> None:
+    assert utf16_length("order-1") == 7
+    assert utf16_length("\U0001f600x") == 3
+    assert utf16_length("\ud800\u00e9") == 2

@@ -394,8 +394,12 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
                 if count > 13:
                     raise Unusual
                 for _ in range(count):
-                    value, item = scalar(data, item)
-                    props.append(value)
+                    if data[item] == 0x40:  # most of the thirteen fields are unset
+                        props.append(None)
+                        item += 1
+                    else:
+                        value, item = scalar(data, item)
+                        props.append(value)
                 if item != list_end:
                     raise Unusual
                 pos = list_end

@@ -121,7 +121,9 @@ key_digest = keyed_digest(DIGEST_SECRET)
 
 def utf16_length(text: str) -> int:
     """The length of ``text`` as Service Bus (.NET strings) counts it: UTF-16 code units, two per astral character."""
-    return len(text) + sum(1 for char in text if ord(char) > 0xFFFF)
+    if text.isascii():
+        return len(text)
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 def _check_length(name: str, value: str) -> None:

@@ -51,7 +51,7 @@ def validate_send(
         try:
             check_message(message)
             message_id = None if message.message_id is None else normalize_message_id(message.message_id)
-            validate_ids(message_id, message.partition_key, message.session_id)
+            validate_ids(None, message.partition_key, message.session_id)  # the id was checked just above
             require_identifiable(
                 message_id,
                 message.partition_key,

@@ -167,17 +167,15 @@ class Journal:
     def _flush_settlements(self) -> None:
         batch, self._settling = self._settling, []
         ops = [op for unit, _ in batch for op in unit]
-        commit_now = getattr(self.store, "commit_now", None)  # SqliteStore: on this thread when it is free
-        if commit_now is not None:
-            try:
-                committed_now = commit_now(ops)
-            except StoreWriteError as exc:
-                _tell(batch, self._store_failed(exc))
-                return
-            if committed_now:
-                self._store_succeeded()
-                _tell(batch, None)
-                return
+        try:
+            committed_now = self.store.commit_now(ops)  # SqliteStore: on this thread when its writer is free
+        except StoreWriteError as exc:
+            _tell(batch, self._store_failed(exc))
+            return
+        if committed_now:
+            self._store_succeeded()
+            _tell(batch, None)
+            return
         loop = asyncio.get_running_loop()
 
         def committed(future: Future[None]) -> None:

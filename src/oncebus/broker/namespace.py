@@ -200,10 +200,11 @@ class Namespace(Delivery):
             ops += self._activity.save(self._registry, self._now())
             if ops:
                 await self._write(ops)
-        keep = getattr(self.store, "keep_dedup_images", None)
-        if keep is not None and self._journal.failure is None:  # memory holds exactly what the store does
+        if self._journal.failure is None:  # memory holds exactly what the store does
             entities = self._entities
-            keep(lambda: [(path, e.detector) for path, e in entities.items() if e.detector.enabled], self._now())
+            self.store.keep_dedup_images(
+                lambda: [(path, e.detector) for path, e in entities.items() if e.detector.enabled], self._now()
+            )
 
     @property
     def send_log(self) -> SendLog | None:

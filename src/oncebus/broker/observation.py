@@ -24,6 +24,7 @@ from oncebus.broker.counters import (
 )
 from oncebus.broker.receivable import Receivable
 from oncebus.broker.registry import Entity
+from oncebus.store.base import Store
 
 _LOG = logging.getLogger("oncebus.duplicates")
 
@@ -81,10 +82,9 @@ class NamespaceObserver:
         self._next_log_us = 0
         self._logged: dict[str, tuple[int, int, int]] = {}
 
-    def attach_store(self, store: object) -> None:
-        """Have the store report its commits here, when it can (the SQLite store can; the memory one does not)."""
-        if hasattr(store, "commit_observer"):
-            store.commit_observer = self.store.observe_commit
+    def attach_store(self, store: Store) -> None:
+        """Have the store report its commits here (the SQLite and PostgreSQL stores do; the memory one does not)."""
+        store.commit_observer = self.store.observe_commit
 
     def tick(self, entities: Mapping[str, Entity], now_us: int) -> None:
         """Called by ``Namespace.tick``: O(entities) at most once a second."""

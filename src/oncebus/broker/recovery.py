@@ -18,15 +18,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
 
 from oncebus.broker.registry import Registry
 from oncebus.core.dedup import DuplicateDetector, ImageError
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.errors import InvalidArgumentError, StoreError
 from oncebus.core.rules import RuleProperties
-from oncebus.store.base import MessageRow, PutDedupKey, Snapshot
-from oncebus.store.dedup_images import DedupImage, Dumpable
+from oncebus.store.base import MessageRow, PutDedupKey, Snapshot, Store
+from oncebus.store.dedup_images import DedupImage
 
 _LOG = logging.getLogger("oncebus.broker")
 RESTORE_STEP = 5_000  # stored messages restored between two turns of the loop (about 10 ms)
@@ -235,18 +234,14 @@ def _setting(name: str, default: float, kind: type[int] | type[float], allowed: 
     return value
 
 
-class _Checkpointing(Protocol):
-    def __call__(self, indexes: Iterable[tuple[str, Dumpable]], since_us: int) -> bool: ...
-
-
 class DedupCheckpoints:
-    """When to ask the store for a dedup checkpoint (``SqliteStore.checkpoint_dedup``; a store without one never
-    checkpoints): once ``CHECKPOINT_KEYS`` keys were accepted, or read from the rows at the last load, since the
+    """When to ask the store for a dedup checkpoint (``Store.checkpoint_dedup``; a store without images never
+    starts one): once ``CHECKPOINT_KEYS`` keys were accepted, or read from the rows at the last load, since the
     last checkpoint (at most one per ``CHECKPOINT_MIN_SECONDS``). Call ``tick`` from the loop between two of its
     steps (the namespace's timer)."""
 
-    def __init__(self, store: object, registry: Registry) -> None:
-        self._start: _Checkpointing | None = getattr(store, "checkpoint_dedup", None)
+    def __init__(self, store: Store, registry: Registry) -> None:
+        self._start = store.checkpoint_dedup
         self._registry = registry
         self.keys = int(_setting("ONCEBUS_CHECKPOINT_KEYS", CHECKPOINT_KEYS, int, "a whole number of keys, 1 or more"))
         self.min_seconds = _setting("ONCEBUS_CHECKPOINT_SECONDS", CHECKPOINT_MIN_SECONDS, float, "seconds, 0 or more")
@@ -268,8 +263,6 @@ class DedupCheckpoints:
 
     def tick(self, now_us: int) -> bool:
         """Start a checkpoint if one is due; True if one started."""
-        if self._start is None:
-            return False
         accepted = self._accepted()
         if self._accepted_then is None:
             self._accepted_then = accepted
@@ -282,8 +275,6 @@ class DedupCheckpoints:
 
     def start(self, now_us: int, accepted: int | None = None) -> bool:
         """Start a checkpoint now (unless one is being written): the indexes as they are, marked ``now_us``."""
-        if self._start is None:
-            return False
         entities = self._registry.entities
         indexes = [(path, e.detector) for path, e in entities.items() if e.detector.enabled]
         if self._later is not None and not self._later.done:  # a forked child must not wait for the loader

@@ -23,11 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from oncebus.core.messages import StoredMessage
-from oncebus.store.dedup_images import DedupImage
+from oncebus.store.dedup_images import DedupImage, Dumpable
 
 DLQ_SUFFIX = "/$deadletterqueue"
 SETTLEMENT_SYNC_SECONDS = 0.1  # a settlement confirmed before its sync is synced within this (while the store runs)
 SUBSCRIPTIONS = "/subscriptions/"
+
+
+DedupIndexes = Iterable[tuple[str, Dumpable]]  # (receivable path, its dedup index) for a checkpoint
 
 
 @dataclass(slots=True)
@@ -182,6 +185,10 @@ class Snapshot:
 
 
 class Store(Protocol):
+    # told each commit's seconds and units, on the thread that committed (the observer's store counters);
+    # a store that does not time its commits leaves it unused
+    commit_observer: Callable[[float, int], None] | None
+
     def load(self) -> Snapshot: ...
 
     def read_messages(self, path: str, sequence_numbers: Sequence[int]) -> dict[int, StoredMessage]:
@@ -194,6 +201,23 @@ class Store(Protocol):
         ``durable=False`` (settlements only, see the module): once committed, process-crash safe; power-safe
         within ``SETTLEMENT_SYNC_SECONDS``.
         """
+        ...
+
+    def commit_now(self, unit: Sequence[Op]) -> bool:
+        """Store a settlement unit on the caller's thread, as safely as ``submit(unit, durable=False)`` would,
+        if the store can without reordering it; False: nothing was done, ``submit`` it. Raises
+        ``StoreWriteError`` if it failed (nothing of it stored). Never waits for a disk or another thread."""
+        ...
+
+    def checkpoint_dedup(self, indexes: DedupIndexes, since_us: int) -> bool:
+        """Start a checkpoint of the dedup ``indexes`` (each key first accepted at or before ``since_us``), from
+        the thread that judges and submits, between two of its steps; False: none started (a store without
+        images never starts one: a restart reads its key rows)."""
+        ...
+
+    def keep_dedup_images(self, indexes: Callable[[], DedupIndexes], since_us: int) -> None:
+        """At ``close``, once every unit is committed, store images of ``indexes()`` for the next start
+        (a store without images ignores it)."""
         ...
 
     def close(self) -> None: ...

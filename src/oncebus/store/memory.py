@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from oncebus.core.messages import MessageState, StoredMessage
 from oncebus.store.base import (
     AddCounters,
+    DedupIndexes,
     DeleteEntity,
     DeleteMessage,
     MessageRow,
@@ -51,6 +52,7 @@ class MemoryStore:
         self.counters: dict[str, AddCounters] = {}
         self.rules: dict[str, list[dict[str, Any]]] = {}
         self.commits = 0
+        self.commit_observer: Callable[[float, int], None] | None = None  # commits here are not timed
 
     def load(self) -> Snapshot:
         with self._lock:
@@ -139,6 +141,15 @@ class MemoryStore:
                 current.next_sequence_number = max(current.next_sequence_number, next_seq)
                 for name, delta in deltas.items():
                     current.counters[name] = current.counters.get(name, 0) + delta
+
+    def commit_now(self, unit: Sequence[Op]) -> bool:
+        return False  # ``submit`` commits at once here
+
+    def checkpoint_dedup(self, indexes: DedupIndexes, since_us: int) -> bool:
+        return False  # nothing outlives the process: no images
+
+    def keep_dedup_images(self, indexes: Callable[[], DedupIndexes], since_us: int) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -45,7 +45,15 @@ from pathlib import Path
 
 from oncebus.core.errors import StoreWriteError
 from oncebus.store import dedup_images
-from oncebus.store.base import SETTLEMENT_SYNC_SECONDS, AddCounters, DeleteMessage, MoveMessage, Op, UpdateMessage
+from oncebus.store.base import (
+    SETTLEMENT_SYNC_SECONDS,
+    AddCounters,
+    DedupIndexes,
+    DeleteMessage,
+    MoveMessage,
+    Op,
+    UpdateMessage,
+)
 
 _LOG = logging.getLogger("oncebus.store")
 MAX_UNITS_PER_COMMIT = 512
@@ -54,7 +62,7 @@ _STOP = object()
 _WAKE = object()  # the writer recomputes when to sync (a settlement was committed on another thread)
 
 Unit = tuple[list[Op], Future[None] | None]  # a unit and its waiter (None: its waiter was cancelled)
-Indexes = Iterable[tuple[str, dedup_images.Dumpable]]
+Indexes = DedupIndexes
 
 
 @dataclass(slots=True)
@@ -297,6 +305,11 @@ class GroupCommitWriter:
         self._make_durable()
         self.syncs += 1
         self._unsynced_since = None
+
+    def commit_now(self, unit: Sequence[Op]) -> bool:
+        """Every unit goes through the writer's queue here (``submit``); a store that can commit a settlement
+        on the caller's thread overrides this (``SqliteStore``)."""
+        return False
 
     # ------------------------------------------------------------------ dedup checkpoints
     def keep_dedup_images(self, indexes: Callable[[], Indexes], since_us: int) -> None:

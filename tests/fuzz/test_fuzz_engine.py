@@ -142,3 +142,78 @@ def test_the_engine_takes_any_frames_the_scanner_lets_through(frames: list[bytes
         if conn.pending() == -1:
             ended = True
     assert len(conn.links) <= 64
+
+
+_USUAL_FIELDS = [
+    b"\x40",
+    b"\x41",
+    b"\x42",
+    b"\x56\x01",
+    b"\x56\x00",
+    b"\x56\x02",
+    b"\x43",
+    b"\x52\x07",
+    b"\x70\x00\x01\x00\x00",
+    b"\x53\x07",
+]
+_STATES = [b"\x00\x53\x24\x45", b"\x00\x53\x24\xc0\x01\x00", b"\x00\x53\x26\x45", b"\x00\x53\x25\xc0\x02\x01\x40"]
+_disposition_field = st.one_of(st.sampled_from([*_USUAL_FIELDS, *_STATES]), amqp_values.map(encode_value))
+
+
+def _disposition(fields: list[bytes], short: bool) -> bytes:
+    """A disposition's body (descriptor and list), its list as list8 (``short``, when it fits) or list32."""
+    inner = b"".join(fields)
+    if short and len(inner) < 255 and len(fields) < 256:
+        return b"\x00\x53\x15\xc0" + bytes((len(inner) + 1, len(fields))) + inner
+    return performative(0x15, fields, 0)[8:]
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(
+    st.one_of(
+        st.lists(st.sampled_from([*_USUAL_FIELDS, *_STATES]), max_size=7),  # mostly the fast path's shapes
+        st.lists(_disposition_field, max_size=8),
+    ),
+    st.booleans(),
+    st.binary(max_size=2),
+)
+def test_the_disposition_fast_path_reads_what_the_general_decoder_reads(
+    fields: list[bytes], short: bool, tail: bytes
+) -> None:
+    """``engine.disposition_fields`` (the SDKs' usual completions) answers None or exactly what the general
+    decoder gives for the same bytes; garbage after the list sends it to the general decoder."""
+    body = _disposition(fields, short) + tail
+    try:
+        fast = engine.disposition_fields(memoryview(body))
+    except IndexError:
+        fast = None
+    if fast is None:
+        return
+    reader = engine.Reader(memoryview(body))
+    reader.pos = 3
+    general = reader.list_fields(6)
+    assert fast == general
+    assert [isinstance(value, bool) for value in fast] == [isinstance(value, bool) for value in general]
+
+
+def test_the_python_sdks_completion_takes_the_fast_path() -> None:
+    from azure.servicebus._pyamqp._encode import encode_frame
+    from azure.servicebus._pyamqp.outcomes import Accepted
+    from azure.servicebus._pyamqp.performatives import DispositionFrame
+
+    _, body = encode_frame(
+        DispositionFrame(role=True, first=5, last=None, settled=True, state=Accepted(), batchable=None)
+    )
+    fields = engine.disposition_fields(memoryview(bytes(body)))
+    assert fields is not None and fields[:4] == [True, 5, None, True]
+    assert engine.Disposition().decode(fields[4]) == engine.ACCEPTED
+
+
+def test_the_usual_completion_takes_the_fast_path() -> None:
+    for short in (True, False):
+        for state in _STATES[:2]:
+            body = _disposition([b"\x41", b"\x52\x05", b"\x52\x05", b"\x41", state, b"\x42"], short)
+            fields = engine.disposition_fields(memoryview(body))
+            assert fields is not None and fields[:4] == [True, 5, 5, True]
+            assert engine.Disposition().decode(fields[4]) == engine.ACCEPTED
+        assert engine.disposition_fields(memoryview(_disposition([b"\x41", b"\x52\x05", _STATES[2]], short))) is None

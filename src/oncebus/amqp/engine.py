@@ -60,6 +60,56 @@ TRUE, FALSE = b"\x41", b"\x42"
 _FRAME = struct.Struct(">IBBH")
 _U32 = struct.Struct(">I")
 _ACCEPTED_STATE = b"\x00\x53\x24\x45"
+_ACCEPTED_CODE = proton.ulong(ACCEPTED)
+# a disposition's fields as the SDKs send them, read without the general decoder (anything else goes to it)
+_FLAGS = {0x40: None, 0x41: True, 0x42: False}
+_ACCEPTED_ENCODINGS = (b"\x00\x53\x24\x45", b"\x00\x53\x24\xc0\x01\x00")
+
+
+def disposition_fields(body: memoryview | bytes) -> list[Any] | None:
+    """The fields of a ``disposition`` body (its descriptor at 0..2) if it has the usual shape: flags, delivery
+    ids as uint, and no state or ``accepted``; None for anything else (the general decoder reads it then).
+    Gives what ``Reader.list_fields(6)`` gives for the same bytes (ids as plain ints)."""
+    code = body[3]
+    if code == 0xC0:
+        end, count, pos = 5 + body[4], body[5], 6
+    elif code == 0xD0:
+        end, count, pos = 8 + int(_U32.unpack_from(body, 4)[0]), int(_U32.unpack_from(body, 8)[0]), 12
+    elif code == 0x45:
+        return []
+    else:
+        return None
+    if count > 6 or end != len(body):
+        return None
+    fields: list[Any] = []
+    for index in range(count):
+        byte = body[pos]
+        if byte in _FLAGS:
+            fields.append(_FLAGS[byte])
+            pos += 1
+        elif byte == 0x52:
+            fields.append(body[pos + 1])
+            pos += 2
+        elif byte == 0x56 and body[pos + 1] <= 1:  # a boolean in a byte: the Python SDK's flags
+            fields.append(body[pos + 1] == 1)
+            pos += 2
+        elif byte == 0x43:
+            fields.append(0)
+            pos += 1
+        elif byte == 0x70:
+            fields.append(int(_U32.unpack_from(body, pos + 1)[0]))
+            pos += 5
+        elif index == 4 and bytes(body[pos : pos + 4]) == _ACCEPTED_ENCODINGS[0]:
+            fields.append(proton.Described(_ACCEPTED_CODE, []))
+            pos += 4
+        elif index == 4 and bytes(body[pos : pos + 6]) == _ACCEPTED_ENCODINGS[1]:
+            fields.append(proton.Described(_ACCEPTED_CODE, []))
+            pos += 6
+        else:
+            return None
+    return fields if pos == end else None
+
+
 _RELEASED_STATE = b"\x00\x53\x26\x45"
 _EMPTY_MAP = b"\xc1\x01\x00"
 
@@ -682,7 +732,11 @@ class Connection(Endpoint):
         reader = Reader(body)
         reader.pos = 3
         if code == DISPOSITION:
-            self._on_disposition(channel, reader.list_fields(6))
+            try:
+                fields = disposition_fields(body)
+            except IndexError:
+                fields = None
+            self._on_disposition(channel, reader.list_fields(6) if fields is None else fields)
         elif code == TRANSFER:
             self._on_transfer(channel, reader.list_fields(10), body[reader.pos :])
         elif code == FLOW:

@@ -67,6 +67,14 @@ _ACCEPTED_ENCODINGS = (b"\x00\x53\x24\x45", b"\x00\x53\x24\xc0\x01\x00")
 
 
 def disposition_fields(body: memoryview | bytes) -> list[Any] | None:
+    """:func:`_disposition_fields`, None where the bytes run short (the general decoder says what is wrong)."""
+    try:
+        return _disposition_fields(body)
+    except (IndexError, struct.error):
+        return None
+
+
+def _disposition_fields(body: memoryview | bytes) -> list[Any] | None:
     """The fields of a ``disposition`` body (its descriptor at 0..2) if it has the usual shape: flags, delivery
     ids as uint, and no state or ``accepted``; None for anything else (the general decoder reads it then).
     Gives what ``Reader.list_fields(6)`` gives for the same bytes (ids as plain ints)."""
@@ -732,10 +740,7 @@ class Connection(Endpoint):
         reader = Reader(body)
         reader.pos = 3
         if code == DISPOSITION:
-            try:
-                fields = disposition_fields(body)
-            except IndexError:
-                fields = None
+            fields = disposition_fields(body)
             self._on_disposition(channel, reader.list_fields(6) if fields is None else fields)
         elif code == TRANSFER:
             self._on_transfer(channel, reader.list_fields(10), body[reader.pos :])

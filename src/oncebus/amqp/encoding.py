@@ -163,10 +163,6 @@ def _skip_body(data: bytes | memoryview, code: int, pos: int, end: int, depth: i
     return stop
 
 
-_SIZE8 = frozenset((0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0))
-_SIZE32 = frozenset((0xB0, 0xB1, 0xB3, 0xD0, 0xD1, 0xF0))
-
-
 def jump(data: bytes, pos: int) -> int:
     """The position after the value at ``pos``, from its constructor and declared size alone.
 
@@ -176,9 +172,9 @@ def jump(data: bytes, pos: int) -> int:
     the caller compares with the end.
     """
     code = data[pos]
-    if code in _SIZE8:
-        return pos + 2 + data[pos + 1]
-    if code in _SIZE32:
+    if code in _VARIABLE or code in _COMPOUND or code in _ARRAY:
+        if code & 0x10 == 0:  # 0xa?, 0xc?, 0xe?: a one-byte size; 0xb?, 0xd?, 0xf?: four bytes
+            return pos + 2 + data[pos + 1]
         return pos + 5 + int(_U32.unpack_from(data, pos + 1)[0])
     if code == 0x00:
         return jump(data, jump(data, pos + 1))

@@ -63,7 +63,7 @@ _ACCEPTED_STATE = b"\x00\x53\x24\x45"
 _ACCEPTED_CODE = proton.ulong(ACCEPTED)
 # a disposition's fields as the SDKs send them, read without the general decoder (anything else goes to it)
 _FLAGS = {0x40: None, 0x41: True, 0x42: False}
-_ACCEPTED_ENCODINGS = (b"\x00\x53\x24\x45", b"\x00\x53\x24\xc0\x01\x00")
+_ACCEPTED_ENCODINGS = (_ACCEPTED_STATE, b"\x00\x53\x24\xc0\x01\x00")  # its empty list as list0 or list8
 
 
 def disposition_fields(body: memoryview | bytes) -> list[Any] | None:
@@ -107,15 +107,20 @@ def _disposition_fields(body: memoryview | bytes) -> list[Any] | None:
         elif byte == 0x70:
             fields.append(int(_U32.unpack_from(body, pos + 1)[0]))
             pos += 5
-        elif index == 4 and bytes(body[pos : pos + 4]) == _ACCEPTED_ENCODINGS[0]:
+        elif index == 4 and (size := _accepted_size(body, pos)):
             fields.append(proton.Described(_ACCEPTED_CODE, []))
-            pos += 4
-        elif index == 4 and bytes(body[pos : pos + 6]) == _ACCEPTED_ENCODINGS[1]:
-            fields.append(proton.Described(_ACCEPTED_CODE, []))
-            pos += 6
+            pos += size
         else:
             return None
     return fields if pos == end else None
+
+
+def _accepted_size(body: memoryview | bytes, pos: int) -> int:
+    """The length of an ``accepted`` state at ``pos`` (0: not one)."""
+    for raw in _ACCEPTED_ENCODINGS:
+        if body[pos : pos + len(raw)] == raw:
+            return len(raw)
+    return 0
 
 
 _RELEASED_STATE = b"\x00\x53\x26\x45"
@@ -737,11 +742,13 @@ class Connection(Endpoint):
     # --- frames in
     def _amqp(self, channel: int, body: memoryview) -> None:
         code = body[2] if body[1] == 0x53 else -1
+        if code == DISPOSITION and (fields := disposition_fields(body)) is not None:  # the usual completion
+            self._on_disposition(channel, fields)
+            return
         reader = Reader(body)
         reader.pos = 3
         if code == DISPOSITION:
-            fields = disposition_fields(body)
-            self._on_disposition(channel, reader.list_fields(6) if fields is None else fields)
+            self._on_disposition(channel, reader.list_fields(6))
         elif code == TRANSFER:
             self._on_transfer(channel, reader.list_fields(10), body[reader.pos :])
         elif code == FLOW:

@@ -60,6 +60,7 @@ from oncebus.store import dedup_images
 from oncebus.store import postgres_layout as layout
 from oncebus.store.base import (
     AddCounters,
+    DedupIndexes,
     MessageRow,
     Op,
     PutDedupKey,
@@ -68,7 +69,7 @@ from oncebus.store.base import (
     Snapshot,
 )
 from oncebus.store.dedup_images import DedupImage
-from oncebus.store.writer import Checkpoint, GroupCommitWriter, Indexes
+from oncebus.store.writer import Checkpoint, GroupCommitWriter
 
 _LOG = logging.getLogger("oncebus.store")
 CONNECT_TIMEOUT_SECONDS = 10
@@ -579,7 +580,7 @@ class PostgresStore(GroupCommitWriter):
     def _checkpoint_stored(self, checkpoint: Checkpoint) -> None:
         dedup_images.discard(checkpoint.path)
 
-    def _write_images(self, indexes: Indexes, since_us: int) -> None:
+    def _write_images(self, indexes: DedupIndexes, since_us: int) -> None:
         rows = []
         for entity, index in indexes:
             buffer = io.BytesIO()

@@ -48,6 +48,7 @@ from oncebus.store import dedup_images, settlement_log
 from oncebus.store import sqlite_layout as layout
 from oncebus.store.base import (
     AddCounters,
+    DedupIndexes,
     MessageRow,
     Op,
     PutDedupKey,
@@ -58,7 +59,7 @@ from oncebus.store.base import (
 from oncebus.store.settlement_log import SettlementLog
 from oncebus.store.sqlite_apply import OpWriter
 from oncebus.store.sqlite_layout import SCHEMA_VERSION
-from oncebus.store.writer import SETTLEMENT_OPS, Checkpoint, GroupCommitWriter, Indexes
+from oncebus.store.writer import SETTLEMENT_OPS, Checkpoint, GroupCommitWriter
 
 _LOG = logging.getLogger("oncebus.store")
 IDLE_CHECK_SECONDS = 1.0
@@ -590,7 +591,7 @@ class SqliteStore(GroupCommitWriter):
         except (OSError, sqlite3.Error) as exc:
             _LOG.debug("could not remove replaced dedup index images: %s", exc)
 
-    def _write_images(self, indexes: Indexes, since_us: int) -> None:
+    def _write_images(self, indexes: DedupIndexes, since_us: int) -> None:
         dedup_images.save(self._db, self.path, indexes, since_us)
 
     def _close_connections(self) -> None:

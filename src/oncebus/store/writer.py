@@ -62,7 +62,6 @@ _STOP = object()
 _WAKE = object()  # the writer recomputes when to sync (a settlement was committed on another thread)
 
 Unit = tuple[list[Op], Future[None] | None]  # a unit and its waiter (None: its waiter was cancelled)
-Indexes = DedupIndexes
 
 
 @dataclass(slots=True)
@@ -96,7 +95,7 @@ class GroupCommitWriter:
         self._submitted = 0  # units queued so far (under _submit_lock)
         self._finished = 0  # units of those the writer has committed or failed (under _lock)
         self._unsynced_since: float | None = None  # monotonic time of the first commit not durable yet
-        self._keep_images: Callable[[], Indexes] | None = None
+        self._keep_images: Callable[[], DedupIndexes] | None = None
         self._keep_since_us = 0
         self._loads = 0  # load() calls so far: a checkpoint forked before a reload holds memory from before it
         self._failures_at_load = 0  # a write failed since the broker last loaded: its memory may hold more
@@ -159,7 +158,7 @@ class GroupCommitWriter:
     def _checkpoint_stored(self, checkpoint: Checkpoint) -> None:
         """After ``checkpoint`` was stored (under the lock): tidy up what it replaced."""
 
-    def _write_images(self, indexes: Indexes, since_us: int) -> None:
+    def _write_images(self, indexes: DedupIndexes, since_us: int) -> None:
         """Store images of ``indexes`` at a clean stop (under the lock, every unit committed)."""
         raise NotImplementedError
 
@@ -312,7 +311,7 @@ class GroupCommitWriter:
         return False
 
     # ------------------------------------------------------------------ dedup checkpoints
-    def keep_dedup_images(self, indexes: Callable[[], Indexes], since_us: int) -> None:
+    def keep_dedup_images(self, indexes: Callable[[], DedupIndexes], since_us: int) -> None:
         """At ``close``, once every unit is committed, store images of ``indexes()`` (holding every key first
         accepted before ``since_us``) as the checkpoint the next start reads, unless a write failed since the last
         ``load`` (the broker's memory may then hold a key the store does not, even if it has not heard of the
@@ -320,7 +319,7 @@ class GroupCommitWriter:
         self._keep_images = indexes
         self._keep_since_us = since_us
 
-    def checkpoint_dedup(self, indexes: Indexes, since_us: int) -> bool:
+    def checkpoint_dedup(self, indexes: DedupIndexes, since_us: int) -> bool:
         """Start a checkpoint of the dedup ``indexes`` as they are now, marked ``since_us``; call it on the thread
         that judges and submits (the broker's loop), between two of its steps, so the indexes hold exactly the keys
         of the units submitted so far, each first accepted at or before ``since_us``.

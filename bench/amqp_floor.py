@@ -23,9 +23,15 @@ processes completing each message), servers that keep nothing:
 - ``JetStream, sync always``: nats-server's JetStream with ``sync_interval: always`` and ``bench/amqp_send.py``'s
   JetStream clients (duplicate window on send; pull consumer, ``ack_sync``, on receive), if nats-server is here;
 
+- ``the broker alone, in process``: oncebus's own work with no protocol at all, in a fresh process: the SDK's
+  batches (encoded by the SDK beforehand) decoded by the AMQP door's codec and sent to a ``Namespace`` on the
+  SQLite store by 2 concurrent senders; then received 200 at a time and completed 4 a loop turn, each turn
+  waiting for its outcomes (as 4 receivers with one completion in flight each); process CPU, all threads;
+
 and ``oncebus serve`` itself (dedup on; receive + complete), so the gaps are ratios within one run:
 what proton's event layer costs against a Python engine (the design item 2 of issue 16 decides on), and what
-an engine leaves for the broker and its store inside the goals.
+an engine leaves for the broker and its store inside the goals. The last lines add the engine that stores
+nothing to the broker alone: what the goals' 20 and 50 us would have to hold, against what they allow.
 
 Each row: messages a second, server CPU per message (user + system, all threads, from ``/proc``).
 
@@ -37,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import os
 import signal
 import sqlite3
@@ -57,6 +64,7 @@ from oncebus.amqp.encoding import NULL, Reader, encode_list, encode_symbol, enco
 from oncebus.amqp.performatives import (
     AMQP_HEADER,
     ATTACH,
+    BATCH_MESSAGE_FORMAT,
     BEGIN,
     CLOSE,
     DETACH,
@@ -603,6 +611,129 @@ def serve_proton(port: int) -> None:
         pass
 
 
+# ------------------------------------------------------------------------- the broker with no protocol
+def sdk_batches(count: int, run: str) -> list[bytes]:
+    """The bytes the SDK's sender puts in a batch transfer (message format 0x80013700), ``bench.BATCH`` a batch."""
+    from azure.servicebus import ServiceBusMessage
+    from azure.servicebus._common.message import ServiceBusMessageBatch
+    from azure.servicebus._pyamqp._encode import encode_payload
+    from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
+
+    batches = []
+    for first in range(0, count, bench.BATCH):
+        batch = ServiceBusMessageBatch(max_size_in_bytes=4 * 1024 * 1024, amqp_transport=PyamqpTransport)
+        for i in range(first, min(first + bench.BATCH, count)):
+            batch.add_message(ServiceBusMessage(bench.BODY, message_id=f"{run}-{i}"))
+        out = bytearray()
+        encode_payload(out, batch._message)
+        batches.append(bytes(out))
+    return batches
+
+
+def broker_alone(count: int, senders: int, receivers: int) -> dict[str, float]:
+    """Server CPU a message (this process, all threads) of oncebus's work with no protocol: decode + send, and
+    receive + complete. Run in a fresh process (``--broker-alone``)."""
+    import resource
+
+    from oncebus import Namespace, SqliteStore
+    from oncebus.amqp import codec
+
+    def cpu() -> float:
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        return used.ru_utime + used.ru_stime
+
+    batches = sdk_batches(count, "alone")
+
+    async def main() -> dict[str, float]:
+        workdir = tempfile.mkdtemp(prefix="oncebus-alone-")
+        namespace = await Namespace.open(SqliteStore(Path(workdir) / "oncebus.db"))
+        await namespace.create_queue("q", requires_duplicate_detection=True)
+        await asyncio.sleep(0.2)  # the queue's commit is out of the way
+
+        async def sender(mine: list[bytes]) -> None:
+            for payload in mine:
+                await namespace.send("q", codec.decode_transfer(payload, BATCH_MESSAGE_FORMAT))
+
+        started, loop_started = cpu(), time.thread_time()
+        await asyncio.gather(*(sender(batches[i::senders]) for i in range(senders)))
+        send_us = (cpu() - started) / count * 1e6
+        send_loop_us = (time.thread_time() - loop_started) / count * 1e6
+        await asyncio.sleep(1.0)  # the writer's background work after the sends (checkpoints) is not receive's
+        loop = asyncio.get_running_loop()
+        started, loop_started = cpu(), time.thread_time()
+        held: list[Any] = []
+        taken = 0
+        while taken < count or held:
+            if len(held) < receivers and taken < count:
+                got = await namespace.receive("q", 2 * bench.BATCH, max_wait_time=0)
+                taken += len(got)
+                held += got
+            turn, held = held[:receivers], held[receivers:]
+            outcomes: asyncio.Future[None] = loop.create_future()
+            left = [len(turn)]
+
+            def settled(
+                error: BaseException | None, outcomes: asyncio.Future[None] = outcomes, left: list[int] = left
+            ) -> None:
+                assert error is None, error
+                left[0] -= 1
+                if left[0] == 0:
+                    outcomes.set_result(None)
+
+            for message in turn:
+                namespace.complete_soon("q", message.lock_token, settled)
+            await outcomes
+        receive_us = (cpu() - started) / count * 1e6
+        receive_loop_us = (time.thread_time() - loop_started) / count * 1e6
+        await namespace.close()
+        return {"send": send_us, "send_loop": send_loop_us, "receive": receive_us, "receive_loop": receive_loop_us}
+
+    return asyncio.run(main())
+
+
+def necessary_parts(count: int) -> dict[str, float]:
+    """Per message (``timeit``, best of 5), the send work no design can skip: reading each message of the SDK's
+    batches (its id and properties are needed to judge and check it), checking the send, judging its key."""
+    import timeit
+    from datetime import timedelta
+
+    from oncebus.amqp import codec
+    from oncebus.core.dedup import DuplicateDetector
+    from oncebus.core.entities import QueueProperties
+    from oncebus.core.sending import validate_send
+
+    batches = sdk_batches(min(count, 10 * bench.BATCH), "parts")
+    total = sum(len(codec.decode_transfer(p, BATCH_MESSAGE_FORMAT)) for p in batches)
+
+    def best(work: Any, number: int = 20) -> float:
+        return min(timeit.repeat(work, number=number, repeat=5)) / number / total * 1e6
+
+    decode = best(lambda: [codec.decode_transfer(p, BATCH_MESSAGE_FORMAT) for p in batches])
+    queue = QueueProperties(name="q", requires_duplicate_detection=True)
+    window = timedelta(minutes=10)
+    decoded = [codec.decode_transfer(p, BATCH_MESSAGE_FORMAT) for p in batches]
+    detector = DuplicateDetector(requires_duplicate_detection=True, window=window, partitioned=False)
+    check = best(lambda: [validate_send(queue, detector, unit, scheduled=False) for unit in decoded])
+    keys = [key for unit in decoded for key in validate_send(queue, detector, unit, scheduled=False).keys]
+    clock = [1_800_000_000_000_000]
+
+    def judge_new_keys() -> None:  # each round a fresh detector: every key is new, as in the send rows
+        fresh = DuplicateDetector(requires_duplicate_detection=True, window=window, partitioned=False)
+        clock[0] += 1_000
+        for key in keys:
+            assert key is not None
+            fresh.judge(key, clock[0])
+
+    judge = best(judge_new_keys)
+    return {"decode": decode, "check": check, "judge": judge}
+
+
+def run_broker_alone(count: int, senders: int, receivers: int) -> dict[str, float]:
+    command = [sys.executable, __file__, "--broker-alone", str(count), "--senders", str(senders)]
+    done = subprocess.run([*command, "--receivers", str(receivers)], capture_output=True, text=True, check=True)
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 def start(kind: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
     port = bench.free_port()
     command = [sys.executable, __file__, f"--serve-{kind}", str(port), *extra]
@@ -631,7 +762,12 @@ def main() -> None:
     parser.add_argument("--serve-proton", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--with-proton", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--broker-alone", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.broker_alone:
+        measured = broker_alone(args.broker_alone, args.senders, args.receivers)
+        print(json.dumps(measured | necessary_parts(args.broker_alone)))
+        return
     if args.serve_engine:
         serve_engine(args.serve_engine, args.store, args.with_proton)
         return
@@ -643,6 +779,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="oncebus-floor-"))
     servers: dict[str, tuple[subprocess.Popen[Any], str]] = {}
     rows: dict[str, list[bench.Measured]] = collections.defaultdict(list)
+    alone: list[dict[str, float]] = []
     try:
         servers["oncebus"] = bench.start_oncebus(workdir)
         servers["proton"] = start("proton")
@@ -677,8 +814,15 @@ def main() -> None:
                         bench.sdk_fill(string, "receive", f"r{r}", count)
                     jobs = [(string, "receive", per_receiver)] * receivers
                     rows[f"receive {name}"].append(bench.run_workers(bench.sdk_receiver, jobs, process.pid))
+        for process, _ in servers.values():  # nothing else runs beside the broker alone
+            process.send_signal(signal.SIGINT)
+        for process, _ in servers.values():
+            process.wait(30)
+        alone = [run_broker_alone(count, senders, receivers) for _ in range(args.repeat)]
     finally:
         for process, _ in servers.values():
+            if process.poll() is not None:
+                continue
             process.send_signal(signal.SIGINT)
         for process, _ in servers.values():
             try:
@@ -716,6 +860,39 @@ def main() -> None:
             if what == "receive" and "receive jetstream" in got:
                 ratio = got[f"receive {name}"].rate / got["receive jetstream"].rate
                 print(f"  ratio {titles[name].split(' (')[0]} / JetStream, msg/s: {ratio:6.2f}")
+    if alone:
+        best_alone = {key: min(run[key] for run in alone) for key in alone[0]}
+        print(f"the broker alone, in process (no protocol; best of {len(alone)}), server CPU a message:")
+        for what, title in (("send", "send (decode + judge + store)"), ("receive", "receive + complete")):
+            print(f"  {title:<30} {best_alone[what]:6.1f} us (loop thread {best_alone[what + '_loop']:.1f})")
+        print("what the goals would have to hold: the engine that stores nothing + the broker alone")
+        for what, goal in (("send", 20.0), ("receive", 50.0)):
+            bare = got.get(f"{what} engine")
+            served_by = got.get(f"{what} oncebus")
+            if bare is None or bare.server_cpu_us is None:
+                continue
+            floor = bare.server_cpu_us + best_alone[what]
+            served = ""
+            if served_by is not None and served_by.server_cpu_us is not None:
+                served = f"; oncebus serve {served_by.server_cpu_us:.1f}"
+            print(
+                f"  {what:<8} {bare.server_cpu_us:5.1f} + {best_alone[what]:5.1f} = {floor:6.1f} us against the "
+                f"goal's {goal:.0f} (floor / goal {floor / goal:4.2f}{served})"
+            )
+        send_rows = got.get("send engine+sqlite")
+        if send_rows is not None and send_rows.server_cpu_us is not None:
+            parts = send_rows.server_cpu_us + best_alone["decode"] + best_alone["check"] + best_alone["judge"]
+            print(
+                "  send's necessary parts: the engine storing rows (one a message, fsync a batch) "
+                f"{send_rows.server_cpu_us:.1f} + reading each message {best_alone['decode']:.1f} + checking "
+                f"{best_alone['check']:.1f} + judging {best_alone['judge']:.1f} = {parts:.1f} us against 20"
+            )
+        receive_log = got.get("receive engine+log")
+        if receive_log is not None and receive_log.server_cpu_us is not None:
+            print(
+                "  receive's necessary parts: the engine delivering from a template, each completion an 8-byte "
+                f"log record {receive_log.server_cpu_us:.1f} us against 50, before any broker work"
+            )
     print(f"after: {bench.load()}")
 
 

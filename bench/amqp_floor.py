@@ -45,6 +45,7 @@ import asyncio
 import collections
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import struct
@@ -644,9 +645,8 @@ def broker_alone(count: int, senders: int, receivers: int) -> dict[str, float]:
 
     batches = sdk_batches(count, "alone")
 
-    async def main() -> dict[str, float]:
-        workdir = tempfile.mkdtemp(prefix="oncebus-alone-")
-        namespace = await Namespace.open(SqliteStore(Path(workdir) / "oncebus.db"))
+    async def main(workdir: Path) -> dict[str, float]:
+        namespace = await Namespace.open(SqliteStore(workdir / "oncebus.db"))
         await namespace.create_queue("q", requires_duplicate_detection=True)
         await asyncio.sleep(0.2)  # the queue's commit is out of the way
 
@@ -669,6 +669,8 @@ def broker_alone(count: int, senders: int, receivers: int) -> dict[str, float]:
                 taken += len(got)
                 held += got
             turn, held = held[:receivers], held[receivers:]
+            if not turn:  # every send was acknowledged: an empty queue before the last one is a loss
+                raise RuntimeError(f"the queue gave {taken} of the {count} messages sent")
             outcomes: asyncio.Future[None] = loop.create_future()
             left = [len(turn)]
 
@@ -689,7 +691,8 @@ def broker_alone(count: int, senders: int, receivers: int) -> dict[str, float]:
         await namespace.close()
         return {"send": send_us, "send_loop": send_loop_us, "receive": receive_us, "receive_loop": receive_loop_us}
 
-    return asyncio.run(main())
+    with tempfile.TemporaryDirectory(prefix="oncebus-alone-") as workdir:
+        return asyncio.run(main(Path(workdir)))
 
 
 def necessary_parts(count: int) -> dict[str, float]:
@@ -830,6 +833,7 @@ def main() -> None:
                 process.wait(30)
             except subprocess.TimeoutExpired:
                 process.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
     got = {name: bench.best(measured) for name, measured in rows.items()}
     titles = {
         "proton": "proton reactor (stores nothing)",

@@ -707,7 +707,8 @@ def necessary_parts(count: int) -> dict[str, float]:
     from oncebus.core.sending import validate_send
 
     batches = sdk_batches(min(count, 10 * bench.BATCH), "parts")
-    total = sum(len(codec.decode_transfer(p, BATCH_MESSAGE_FORMAT)) for p in batches)
+    decoded = [codec.decode_transfer(p, BATCH_MESSAGE_FORMAT) for p in batches]
+    total = sum(len(unit) for unit in decoded)
 
     def best(work: Any, number: int = 20) -> float:
         return min(timeit.repeat(work, number=number, repeat=5)) / number / total * 1e6
@@ -715,7 +716,6 @@ def necessary_parts(count: int) -> dict[str, float]:
     decode = best(lambda: [codec.decode_transfer(p, BATCH_MESSAGE_FORMAT) for p in batches])
     queue = QueueProperties(name="q", requires_duplicate_detection=True)
     window = timedelta(minutes=10)
-    decoded = [codec.decode_transfer(p, BATCH_MESSAGE_FORMAT) for p in batches]
     detector = DuplicateDetector(requires_duplicate_detection=True, window=window, partitioned=False)
     check = best(lambda: [validate_send(queue, detector, unit, scheduled=False) for unit in decoded])
     keys = [key for unit in decoded for key in validate_send(queue, detector, unit, scheduled=False).keys]
@@ -752,6 +752,18 @@ def start(kind: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
         process,
         f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=k;SharedAccessKey={key};UseDevelopmentEmulator=true",
     )
+
+
+def stop(servers: dict[str, tuple[subprocess.Popen[Any], str]]) -> None:
+    """Stop the servers still running (SIGINT, as their loops expect; killed after 30 s)."""
+    running = [process for process, _ in servers.values() if process.poll() is None]
+    for process in running:
+        process.send_signal(signal.SIGINT)
+    for process in running:
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def main() -> None:
@@ -818,21 +830,10 @@ def main() -> None:
                         bench.sdk_fill(string, "receive", f"r{r}", count)
                     jobs = [(string, "receive", per_receiver)] * receivers
                     rows[f"receive {name}"].append(bench.run_workers(bench.sdk_receiver, jobs, process.pid))
-        for process, _ in servers.values():  # nothing else runs beside the broker alone
-            process.send_signal(signal.SIGINT)
-        for process, _ in servers.values():
-            process.wait(30)
+        stop(servers)  # nothing else runs beside the broker alone
         alone = [run_broker_alone(count, senders, receivers) for _ in range(args.repeat)]
     finally:
-        for process, _ in servers.values():
-            if process.poll() is not None:
-                continue
-            process.send_signal(signal.SIGINT)
-        for process, _ in servers.values():
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop(servers)
         shutil.rmtree(workdir, ignore_errors=True)
     got = {name: bench.best(measured) for name, measured in rows.items()}
     titles = {

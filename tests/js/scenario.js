@@ -252,6 +252,31 @@ const scenarios = {
     return out;
   },
 
+  // abandonMessage (rhea's modified outcome, undeliverable-here false, no delivery-failed) counts a delivery
+  // attempt as on Service Bus: the count reads 1 after one abandon, and MaxDeliveryCount (10) abandons dead-letter it
+  async abandon() {
+    return withClient(connectionString, async (client) => {
+      const body = `poison-${Date.now()}`;
+      await client.createSender("js-abandon").sendMessages({ body, messageId: body });
+      const receiver = client.createReceiver("js-abandon");
+      const counts = [];
+      for (let attempt = 0; attempt < 10; attempt++) {
+        const got = await receiver.receiveMessages(1, { maxWaitTimeInMs: 5000 });
+        expect(got.length === 1 && got[0].body === body, `attempt ${attempt + 1} to receive ${body}`);
+        counts.push(got[0].deliveryCount);
+        await receiver.abandonMessage(got[0]);
+      }
+      const left = await receiver.receiveMessages(1, { maxWaitTimeInMs: 2000 });
+      const deadLetters = client.createReceiver("js-abandon", { subQueueType: "deadLetter", receiveMode: "receiveAndDelete" });
+      const dead = await deadLetters.receiveMessages(1, { maxWaitTimeInMs: 5000 });
+      return {
+        counts,
+        left: left.map((m) => m.body),
+        deadLettered: dead.map((m) => ({ body: m.body, reason: m.deadLetterReason, deliveryCount: m.deliveryCount })),
+      };
+    });
+  },
+
   // after a restart: what the purge deleted is still gone, and its ids are still duplicates
   async "purge-after-restart"() {
     return withClient(connectionString, async (client) => {

@@ -65,6 +65,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         "js-purge": {"RequiresDuplicateDetection": True, "DuplicateDetectionHistoryTimeWindow": "PT10M"},
         "js-purge-s": {"RequiresSession": True},
         "js-status": {},
+        "js-abandon": {"MaxDeliveryCount": 10},
     }
     topics: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {"js-rules": ({}, {"sub": {}})}
     base = tmp_path_factory.mktemp("js")
@@ -116,6 +117,16 @@ def test_send_and_receive(node: str, server: ServerProcess) -> None:
 
 def test_a_duplicate_resend_is_dropped(node: str, server: ServerProcess) -> None:
     assert run_scenario(node, server, "dedup")["received"] == ["first"]
+
+
+def test_an_abandon_counts_a_delivery_and_the_tenth_dead_letters(node: str, server: ServerProcess) -> None:
+    """Failed before: the SDK's abandon (modified without delivery-failed) did not raise the delivery count, so a
+    poison message abandoned by a JavaScript receiver was redelivered forever and never dead-lettered."""
+    got = run_scenario(node, server, "abandon")
+    assert got["counts"] == list(range(10))  # deliveryCount before each receive: 0, then 1 after one abandon, ...
+    assert got["left"] == []
+    [dead] = got["deadLettered"]
+    assert dead["reason"] == "MaxDeliveryCountExceeded" and dead["deliveryCount"] == 10
 
 
 def test_schedule_and_peek_on_fresh_links(node: str, server: ServerProcess) -> None:

@@ -459,7 +459,6 @@ class ReceiveLink:
         settle = self._settlement(
             token,
             state,
-            failed=bool(remote.failed),
             undeliverable=bool(remote.undeliverable),
             annotations=dict(remote.annotations or {}),
             info=info,
@@ -471,7 +470,6 @@ class ReceiveLink:
         token: uuid.UUID,
         state: int,
         *,
-        failed: bool,
         undeliverable: bool,
         annotations: dict[Any, Any],
         info: dict[str, Any],
@@ -492,8 +490,7 @@ class ReceiveLink:
                 error_description=None if description is None else str(description),
             )
         modify = {str(k): v for k, v in annotations.items()} or None
-        # released, or modified without delivery-failed: no delivery attempt (AMQP 1.0 3.4.4, 3.4.5)
-        counted = state == proton.Delivery.MODIFIED and failed
+        counted = counts_delivery(state == proton.Delivery.MODIFIED)
         return lambda: namespace.abandon(path, token, modify, failed=counted)
 
     def _settle_in_transaction(self, delivery: proton.Delivery, token: uuid.UUID) -> None:
@@ -568,6 +565,13 @@ _OUTCOMES = {
 }
 
 
+def counts_delivery(modified: bool) -> bool:
+    """Whether an abandon counts a delivery attempt: ``modified`` does, whatever its delivery-failed flag (the
+    Python SDK sets it, the JavaScript SDK does not, and Service Bus counts both); ``released`` does not (what an
+    SDK sends for messages it never handed to the application: AMQP 1.0 3.4.4)."""
+    return modified
+
+
 def _txn_id(delivery: proton.Delivery) -> bytes:
     data = delivery.remote.data or []
     value = data[0] if data else None
@@ -607,8 +611,7 @@ def _transactional_settlement(path: str, token: uuid.UUID, code: int | None, fie
     if code in (0x26, 0x27):
         annotations = fields[2] if code == 0x27 and len(fields) > 2 and isinstance(fields[2], dict) else {}
         modify = {str(k): codec.copy_value(v) for k, v in annotations.items()}  # held past this disposition
-        failed = code == 0x27 and bool(fields and fields[0])  # released, modified without delivery-failed: no attempt
-        return PendingSettlement(path, token, "abandon", modify or None, failed=failed)
+        return PendingSettlement(path, token, "abandon", modify or None, failed=counts_delivery(code == 0x27))
     raise InvalidArgumentError(
         "a transactional disposition carries an outcome: accepted (complete), rejected (dead-letter), released or "
         f"modified (abandon; modified with undeliverable-here: defer), not {code!r}"

@@ -84,8 +84,8 @@ class Messaging(Protocol):
         *,
         failed: bool = True,
     ) -> None:
-        """Let the message go (available again); ``failed=False``: not a delivery attempt (AMQP's ``released``, or
-        ``modified`` without delivery-failed: its delivery count is as before this delivery)."""
+        """Let the message go (available again); ``failed=False``: not a delivery attempt (AMQP's ``released``: its
+        delivery count is as before this delivery)."""
         ...
 
     async def defer(self, path: str, lock_token: uuid.UUID | str) -> None: ...

@@ -32,7 +32,7 @@ _WHERE: dict[str, str] = {
     "BrokerGoneError": "oncebus.testing._client",
     "BrokerStartError": "oncebus.testing._launch",
     "Clock": "oncebus.broker.clock",
-    "DataDirBusyError": "oncebus.server.datadir",
+    "DataDirBusyError": _ERRORS,
     "EntityAlreadyExistsError": _ERRORS,
     "EntityNotFoundError": _ERRORS,
     "ImmutablePropertyError": _ERRORS,
@@ -116,6 +116,7 @@ if TYPE_CHECKING:
     from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
     from oncebus.core.errors import (
         ArgumentOutOfRangeError,
+        DataDirBusyError,
         EntityAlreadyExistsError,
         EntityNotFoundError,
         ImmutablePropertyError,
@@ -135,7 +136,6 @@ if TYPE_CHECKING:
         UnauthorizedError,
     )
     from oncebus.core.messages import Message, MessageState, ReceivedMessage, ServiceBusReceiveMode
-    from oncebus.server.datadir import DataDirBusyError
     from oncebus.server.process import ServeError
     from oncebus.store.memory import MemoryStore
     from oncebus.store.sqlite import SqliteStore

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -275,7 +276,12 @@ def test_deleted_store_files_are_recreated_from_the_open_database(tmp_path: Path
         time.sleep(0.1)
     assert store.recreated == 3 and path.exists()
     store._db.execute("SELECT 1")  # still usable
-    copy = SqliteStore(tmp_path / "oncebus.db")  # what a restart after SIGKILL would find (store stays open)
+    # what a restart after SIGKILL would find (the store stays open, and owns its file: read a copy of the files)
+    (tmp_path / "copy").mkdir()
+    for name in ("oncebus.db", "oncebus.db-wal"):
+        if (tmp_path / name).exists():
+            shutil.copyfile(tmp_path / name, tmp_path / "copy" / name)
+    copy = SqliteStore(tmp_path / "copy" / "oncebus.db")
     assert [m[1] for m in copy.load().messages] == [1, 2, 3]
     copy.close()
     store.close()

@@ -130,6 +130,11 @@ class StoreError(OncebusError):
     condition = "amqp:internal-error"
 
 
+class DataDirBusyError(StoreError, RuntimeError):
+    """Another process holds the store (a data directory's ``oncebus serve``, a CLI command, a program that opened
+    the same SQLite file): one process owns a store, others reach it through that process."""
+
+
 def named(where: str, exc: InvalidArgumentError) -> InvalidArgumentError:
     """``exc`` with ``where`` (the rule, entity or field it concerns) in front of its message, once."""
     if str(exc).startswith(where):

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-from oncebus.core.errors import OncebusError
+from oncebus.core.errors import DataDirBusyError as DataDirBusyError
 
 _LOG = logging.getLogger("oncebus.datadir")
 WATCH_SECONDS = 1.0
@@ -33,10 +33,6 @@ STORE_FILE = "oncebus.db"
 TIER_FILE = "tier"  # the namespace's tier, as the last serve or command on it chose it (one word)
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
-
-
-class DataDirBusyError(OncebusError, RuntimeError):
-    """Another process holds the data directory's lock."""
 
 
 def resolve_data_dir(flag: str | None) -> Path:

@@ -33,16 +33,19 @@ reads only what the broker keeps in memory per message.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from oncebus.core.errors import StoreError, StoreWriteError
+from oncebus.core.errors import DataDirBusyError, StoreError, StoreWriteError
 from oncebus.core.messages import StoredMessage
 from oncebus.store import dedup_images, settlement_log
 from oncebus.store import sqlite_layout as layout
@@ -93,13 +96,19 @@ class SqliteStore(GroupCommitWriter):
         self.keys_read = 0  # dedup key rows read by load() and keys_of (what a restart replayed)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._owner = _own(self.path)
+        except OSError as exc:
+            raise _open_error(self.path, exc) from None
+        try:
             self._db = self._connect()
         except (sqlite3.Error, OSError) as exc:
+            _disown(self._owner)
             raise _open_error(self.path, exc) from None
         try:
             self._prepare()
         except BaseException as exc:
             self._db.close()
+            _disown(self._owner)
             if isinstance(exc, sqlite3.Error | OSError | ValueError):
                 raise _open_error(self.path, exc) from None
             raise
@@ -127,6 +136,7 @@ class SqliteStore(GroupCommitWriter):
             self._log = SettlementLog(self.log_path)
         except OSError as exc:
             self._db.close()
+            _disown(self._owner)
             raise _open_error(self.log_path, exc) from None
         self._log_identity = _identity(self.log_path)
         try:
@@ -134,6 +144,7 @@ class SqliteStore(GroupCommitWriter):
         except BaseException as exc:
             self._log.close()
             self._db.close()
+            _disown(self._owner)
             if isinstance(exc, sqlite3.Error | OSError):
                 raise _open_error(self.path, exc) from None
             raise
@@ -599,6 +610,59 @@ class SqliteStore(GroupCommitWriter):
         self._db.close()
         if self._reader is not None:
             self._reader.close()
+        _disown(self._owner)  # last: another process may open the file now
+
+
+def _own(path: Path) -> int:
+    """Take the store file's owner lock (an exclusive ``flock`` on ``<file>-owner``, which holds the owner's pid):
+    one process writes a store, so another process's writes never go behind its back (a server's memory would not
+    see them). The kernel drops the lock with the process, so a crash leaves nothing to clean up. A separate file,
+    not the database: closing a descriptor of the database would drop SQLite's own locks on it. Within one process
+    the lock is shared (counted), as SQLite's own locks are: a program may open its file again before closing it.
+    Returns a descriptor to give to ``_disown``."""
+    owner = path.with_name(path.name + "-owner")
+    fd = os.open(owner, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        stat = os.fstat(fd)
+        key = (stat.st_dev, stat.st_ino)
+        with _OWNED_LOCK:
+            held = _OWNED.get(key)
+            if held is not None:
+                held[1] += 1
+                os.close(fd)
+                return held[0]
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = "?"
+                with contextlib.suppress(OSError):
+                    pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+                raise DataDirBusyError(
+                    f"{path} is in use by another process (pid {pid}): one process owns a store; reach the running "
+                    "oncebus serve through AMQP, the administration API or the oncebus CLI, or stop it first"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
+            _OWNED[key] = [fd, 1]
+            return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _disown(fd: int) -> None:
+    with _OWNED_LOCK:
+        for key, held in _OWNED.items():
+            if held[0] == fd:
+                held[1] -= 1
+                if held[1] == 0:
+                    del _OWNED[key]
+                    os.close(fd)  # the lock goes with the last descriptor
+                return
+
+
+_OWNED: dict[tuple[int, int], list[int]] = {}  # owner file (device, inode) -> [descriptor, stores open on it]
+_OWNED_LOCK = threading.Lock()
 
 
 def _open_error(path: Path, exc: BaseException) -> StoreError:

@@ -193,3 +193,30 @@ def test_count_batches_shrink_to_the_entitys_size_limit(data_dir: Path) -> None:
     assert json.loads(sent.stdout) == {"sent": 9, "stored": 9, "duplicates_dropped": 0}
     got = json.loads(oncebus("receive", "q1", "--max", "20", "--json", data_dir=data_dir).stdout)
     assert sorted(m["message_id"] for m in got) == sorted(f"size-{i}" for i in range(9))
+
+
+def test_every_sender_property_survives_the_cli_and_the_control_socket(data_dir: Path) -> None:
+    """Failed before: the control socket built messages by hand and dropped to, reply_to and reply_to_session_id
+    (``oncebus send`` had no options for them either). Every string property of the message model, from its table."""
+    from oncebus.core.properties import SENDER_PROPERTIES
+
+    strings = [p.field for p in SENDER_PROPERTIES if p.kind is str and p.field not in ("message_id", "session_id")]
+    assert {"to", "reply_to", "reply_to_session_id", "subject"} <= set(strings)
+    options = [arg for field in strings for arg in (f"--{field.replace('_', '-')}", f"{field}-value")]
+    sent = oncebus("send", "q1", "body", "--message-id", "props-1", *options, "--json", data_dir=data_dir)
+    assert sent.returncode == 0, sent.stderr
+    got = oncebus("receive", "q1", "--max", "5", "--wait", "5", "--json", data_dir=data_dir)
+    assert got.returncode == 0, got.stderr
+    [message] = [m for m in json.loads(got.stdout) if m["message_id"] == "props-1"]
+    assert {field: message[field] for field in strings} == {field: f"{field}-value" for field in strings}
+
+
+def test_the_control_socket_refuses_unknown_and_mistyped_message_fields(server: Serve) -> None:
+    client = server.control()
+    try:
+        unknown = client.request("send", {"entity": "q1", "messages": [{"body": "x", "reply_too": "a"}]})
+        assert unknown["ok"] is False and "reply_too" in unknown["message"] and "reply_to," in unknown["message"]
+        mistyped = client.request("send", {"entity": "q1", "messages": [{"body": "x", "to": 5}]})
+        assert mistyped["ok"] is False and "to" in mistyped["message"] and "string" in mistyped["message"]
+    finally:
+        client.close()

@@ -29,6 +29,7 @@ from oncebus.broker import Namespace, SystemClock
 from oncebus.cli_rules import add_rule_parser, rule_command
 from oncebus.core.durations import parse_duration, to_micros
 from oncebus.core.errors import InvalidArgumentError, MessageSizeExceededError, OncebusError
+from oncebus.core.properties import SENDER_PROPERTIES
 from oncebus.core.tiers import TierQuotas
 from oncebus.server import ServeError, ServeOptions, run
 from oncebus.server.control import LATEST_US, MAX_REQUEST_LINE, dispatch, error_from_json
@@ -283,6 +284,10 @@ def _body(args: argparse.Namespace) -> bytes:
     raise CliError("no message body: give it as an argument, with --file, or on stdin ('-')", EXIT_USAGE)
 
 
+# the sender's text properties but the message id (which --count numbers), as options of ``oncebus send``
+_STRING_PROPERTIES = tuple(p.field for p in SENDER_PROPERTIES if p.kind is str and p.field and p.field != "message_id")
+
+
 def _send(args: argparse.Namespace, target: _Remote | _Local) -> int:
     body = base64.b64encode(_body(args)).decode()
     properties: dict[str, str] = {}
@@ -306,13 +311,13 @@ def _send(args: argparse.Namespace, target: _Remote | _Local) -> int:
         out: dict[str, Any] = {"body_b64": body}
         if args.message_id is not None:
             out["message_id"] = args.message_id.replace("{i}", str(i))
-        for name in ("partition_key", "session_id", "correlation_id", "subject", "content_type"):
+        for name in _STRING_PROPERTIES:
             if getattr(args, name) is not None:
                 out[name] = getattr(args, name)
         if args.ttl is not None:
             out["time_to_live"] = args.ttl
         if scheduled_us is not None:
-            out["scheduled_enqueue_time_us"] = scheduled_us
+            out["scheduled_enqueue_time_utc"] = scheduled_us
         if properties:
             out["application_properties"] = properties
         return out
@@ -689,11 +694,8 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("body", nargs="?", help="message body; '-' or omitted reads stdin")
     send.add_argument("--file", help="read the body from a file")
     send.add_argument("--message-id", help="message_id; '{i}' is replaced by the message's number with --count")
-    send.add_argument("--partition-key")
-    send.add_argument("--session-id")
-    send.add_argument("--correlation-id")
-    send.add_argument("--subject")
-    send.add_argument("--content-type")
+    for field in _STRING_PROPERTIES:  # the message model's other text properties, from its table
+        send.add_argument(f"--{field.replace('_', '-')}", dest=field, help=field)
     send.add_argument("--property", action="append", help="application property KEY=VALUE (repeatable)")
     send.add_argument("--ttl", help="time to live, ISO-8601")
     send.add_argument("--schedule-in", help="schedule the message this far ahead, ISO-8601")

@@ -16,7 +16,7 @@ import logging
 import math
 import secrets
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from oncebus.broker import FaultsDisabledError, FaultSpec, Namespace
@@ -24,6 +24,7 @@ from oncebus.core import errors
 from oncebus.core.durations import parse_duration
 from oncebus.core.errors import ArgumentOutOfRangeError, InvalidArgumentError, OncebusError
 from oncebus.core.messages import Message, ServiceBusReceiveMode
+from oncebus.core.properties import SENDER_PROPERTIES
 from oncebus.core.rules import RuleProperties
 from oncebus.core.timeutil import datetime_to_us, us_to_datetime
 from oncebus.server.namespaces import Namespaces
@@ -143,9 +144,22 @@ async def _rule_list(ns: Namespace, args: dict[str, Any]) -> Any:
 
 
 # ---------------------------------------------------------------------------------- messages
+_BODY_FIELDS = ("body", "body_b64", "application_properties")
+_SENDER_FIELDS = {p.field: p for p in SENDER_PROPERTIES if p.field is not None}
+_LEGACY = {"scheduled_enqueue_time_us": "scheduled_enqueue_time_utc"}  # the name earlier CLIs sent
+
+
 def message_from_json(data: dict[str, Any]) -> Message:
+    """A message of the control socket's ``send``: ``body`` (text) or ``body_b64``, ``application_properties``,
+    and the sender's properties by their model names (``core.properties.SENDER_PROPERTIES``): text for the
+    string ones, an ISO-8601 duration for ``time_to_live``, microseconds since the epoch for
+    ``scheduled_enqueue_time_utc``. Anything else is refused, naming what is allowed."""
     if not isinstance(data, dict):
         raise InvalidArgumentError(f"each message must be a JSON object, not {type(data).__name__}")
+    unknown = sorted(str(k) for k in data if k not in _SENDER_FIELDS and k not in _BODY_FIELDS and k not in _LEGACY)
+    if unknown:
+        allowed = ", ".join([*_BODY_FIELDS, *_SENDER_FIELDS])
+        raise InvalidArgumentError(f"a message has no field {', '.join(unknown)}; its fields are {allowed}")
     if "body_b64" in data:
         try:
             body = base64.b64decode(str(data["body_b64"]), validate=True)
@@ -156,29 +170,29 @@ def message_from_json(data: dict[str, Any]) -> Message:
     properties = data.get("application_properties") or {}
     if not isinstance(properties, dict):
         raise InvalidArgumentError("application_properties must be a JSON object")
-    ttl = data.get("time_to_live")
-    return Message(
-        body=body,
-        message_id=data.get("message_id"),
-        session_id=data.get("session_id"),
-        partition_key=data.get("partition_key"),
-        correlation_id=data.get("correlation_id"),
-        subject=data.get("subject"),
-        content_type=data.get("content_type"),
-        application_properties=dict(properties),
-        time_to_live=None if ttl is None else parse_duration(ttl, name="time_to_live"),
-        scheduled_enqueue_time_utc=_scheduled(data.get("scheduled_enqueue_time_us")),
-    )
+    fields: dict[str, Any] = {}
+    for name, value in data.items():
+        field = _LEGACY.get(name, name)
+        prop = _SENDER_FIELDS.get(field)
+        if prop is None or value is None:
+            continue
+        if prop.kind is str:
+            if not isinstance(value, str):
+                raise InvalidArgumentError(f"{name} must be a string, not {value!r}")
+            fields[field] = value
+        elif prop.kind is timedelta:
+            fields[field] = parse_duration(value, name=name)
+        elif prop.kind is datetime:
+            fields[field] = _scheduled(name, value)
+    return Message(body=body, application_properties=dict(properties), **fields)
 
 
-def _scheduled(value: Any) -> datetime | None:
-    if value is None:
-        return None
+def _scheduled(name: str, value: Any) -> datetime:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(f"scheduled_enqueue_time_us must be an integer (microseconds), not {value!r}")
+        raise InvalidArgumentError(f"{name} must be an integer (microseconds since 1970), not {value!r}")
     if not 0 <= value <= LATEST_US:
         raise ArgumentOutOfRangeError(
-            f"scheduled_enqueue_time_us {value} is out of range: a scheduled time must be between 1970 and "
+            f"{name} {value} is out of range: a scheduled time must be between 1970 and "
             f"the end of year 9999 ({LATEST_US})"
         )
     return us_to_datetime(value)

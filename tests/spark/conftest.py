@@ -1,4 +1,4 @@
-"""One local[2] SparkSession for the whole Spark suite (settings from shared/design/spark-notes.md)."""
+"""One local[2] SparkSession for the whole Spark suite (settings measured for fast local tests)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A send at time ``t`` whose key was first accepted at ``t0`` is a duplicate
 when ``t < t0 + W`` (``W`` the entity's current history window). Duplicates
-never refresh ``t0``. See ``shared/design/semantics.md``.
+never refresh ``t0``. The contract: ``docs/semantics.md``.
 
 The index keeps, per held key, a 128-bit digest (keyed BLAKE2b, see ``keyed_digest``) and ``t0`` (microseconds) in
 an append-only, time-ordered log of fixed-size blocks, and an open-addressing

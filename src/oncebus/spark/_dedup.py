@@ -33,7 +33,7 @@ def deduplicate(
 ) -> DataFrame:
     """Drop the rows Azure Service Bus duplicate detection would drop; keep the input's columns.
 
-    The rule (``shared/design/semantics.md``; the tests hold the survivors equal
+    The rule (``docs/semantics.md``; the tests hold the survivors equal
     to ``oncebus.core.DuplicateDetector``'s on the shared scenarios and on
     generated million-row traces): a row at time ``t`` whose key was first
     accepted at ``t0`` is a duplicate when ``t < t0 + window``; duplicates never

@@ -9,7 +9,7 @@ from pyspark.sql import SparkSession
 
 
 def local_session(name: str, driver_memory: str = "1g") -> SparkSession:
-    """The settings of shared/design/spark-notes.md for fast local tests; the venv's Python on workers."""
+    """Settings measured for fast local tests (few shuffle partitions, no UI); the venv's Python on workers."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -423,6 +423,29 @@ def _peek(args: argparse.Namespace, target: _Remote | _Local) -> int:
     return 0
 
 
+def _token(args: argparse.Namespace, target: _Remote | _Local) -> int:
+    """A SAS token for the REST data plane and the administration API, signed by the running server."""
+    if not isinstance(target, _Remote):
+        raise CliError(
+            "oncebus token asks the running server to sign with its keys: start oncebus serve on this data "
+            "directory first",
+            EXIT_UNREACHABLE,
+        )
+    host = args.host or str(target.info.get("amqp_host") or "127.0.0.1")
+    if host in ("0.0.0.0", "::", ""):  # listening everywhere: name the host clients use with --host
+        host = "127.0.0.1"
+    entity = (args.entity or "").strip("/")
+    request: dict[str, Any] = {"resource": f"sb://{host}/{entity}", "ttl": args.ttl}
+    if args.key_name:
+        request["key_name"] = args.key_name
+    result = target.call("token", request)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(result["token"])
+    return 0
+
+
 def _stats(args: argparse.Namespace, target: _Remote | _Local) -> int:
     rows = target.call("stats", {"name": args.entity})
 
@@ -724,6 +747,18 @@ def build_parser() -> argparse.ArgumentParser:
     peek.add_argument("--session-id")
     peek.add_argument("--json", action="store_true")
 
+    token = commands.add_parser(
+        "token",
+        help="print a SAS token for the REST API (Authorization header), signed by the running server",
+        description="Prints a SharedAccessSignature token for ENTITY (default: the whole namespace) made with one of "
+        'the running server\'s keys, e.g. curl -H "Authorization: $(oncebus token orders)" ...',
+    )
+    token.add_argument("entity", nargs="?", help="queue or topic (and its subscriptions) the token is for")
+    token.add_argument("--key-name", help="the key to sign with (default: the key of the printed connection string)")
+    token.add_argument("--ttl", type=int, default=3600, help="seconds the token is valid (default 3600)")
+    token.add_argument("--host", help="the host clients use (default: the server's --host)")
+    token.add_argument("--json", action="store_true", help="the token with its expiry and rights, as JSON")
+
     stats = commands.add_parser("stats", help="per-entity statistics, duplicates and late resends included")
     stats.add_argument("entity", nargs="?")
     stats.add_argument("--json", action="store_true")
@@ -735,7 +770,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Options: --share 0.999, --candidates PT1M,PT10M, --out DIR, --master URL.",
     )
     advise.add_argument("log", help="send-log directory written by 'oncebus serve --send-log'")
+    _data_dir_everywhere(commands)
     return parser
+
+
+def _data_dir_everywhere(commands: argparse._SubParsersAction[Any]) -> None:
+    """``--data-dir`` after the command too (``oncebus serve --data-dir DIR``, the order people type), on every
+    command and action; given there, it wins over one given before the command."""
+    for sub in set(commands.choices.values()):
+        sub.add_argument("--data-dir", default=argparse.SUPPRESS, help="data directory (as before the command)")
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _data_dir_everywhere(action)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -759,7 +805,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(advise_main([args.log, *unknown]) or 0)
         target = _open_target(resolve_data_dir(args.data_dir))
         try:
-            handlers = {"send": _send, "receive": _receive, "peek": _peek, "stats": _stats, "rule": rule_command}
+            handlers = {
+                "send": _send,
+                "receive": _receive,
+                "peek": _peek,
+                "stats": _stats,
+                "token": _token,
+                "rule": rule_command,
+            }
             handler = {**handlers, "fault": _fault}.get(args.command)
             if handler is not None:
                 return handler(args, target)

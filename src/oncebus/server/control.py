@@ -15,10 +15,12 @@ import json
 import logging
 import math
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from oncebus.auth import make_token, resource_path
 from oncebus.broker import FaultsDisabledError, FaultSpec, Namespace
 from oncebus.core import errors
 from oncebus.core.durations import parse_duration
@@ -367,6 +369,8 @@ TOKEN_LINE = 4096
 """A request line longer than this must start with the control token, checked before the rest is read."""
 MAX_CONTROL_CONNECTIONS = 32
 """Control connections served at once."""
+DEFAULT_TOKEN_SECONDS = 3600  # a token's life when ``oncebus token`` is not told (the SDKs' own is an hour)
+MAX_TOKEN_SECONDS = 365 * 24 * 3600
 
 
 def _refusal(message: str) -> dict[str, Any]:
@@ -570,6 +574,8 @@ class ControlServer:
     async def _dispatch(self, op: str, args: dict[str, Any]) -> Any:
         """``namespaces.*`` on the registry; any other operation on the default namespace, or on the created one
         named by ``args["namespace"]``."""
+        if op == "token":
+            return self._token(args)
         if op in _NAMESPACE_OPS or "namespace" in args:
             if self.namespaces is None:
                 raise InvalidArgumentError("this control server has no namespaces created at run time")
@@ -580,6 +586,35 @@ class ControlServer:
             if name is not None:
                 return await dispatch(registry.get(str(name)).namespace, op, args)
         return await dispatch(self.namespace, op, args)
+
+    def _token(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A SAS token for ``resource`` (a URI), signed by the server with its key ``key_name`` (a namespace key,
+        or an entity's own rule on the resource's entity) and valid ``ttl`` seconds: what ``oncebus token``
+        prints, so the keys never leave the server."""
+        if self.namespaces is None:
+            raise InvalidArgumentError("this control server has no keys to sign with")
+        keys = self.namespaces.keys
+        resource = args.get("resource")
+        if not isinstance(resource, str) or "://" not in resource:
+            raise InvalidArgumentError(f"resource must be a URI like sb://127.0.0.1/orders, not {resource!r}")
+        name = args.get("key_name") or keys.printed().name
+        ttl = args.get("ttl", DEFAULT_TOKEN_SECONDS)
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= MAX_TOKEN_SECONDS:
+            raise InvalidArgumentError(f"ttl must be a whole number of seconds from 1 to {MAX_TOKEN_SECONDS}")
+        candidates = keys.candidates(str(name), resource_path(resource))
+        if not candidates:
+            known = ", ".join(k.name for k in keys.entries())
+            raise InvalidArgumentError(
+                f"no key named {name!r} for {resource}: the namespace's keys are {known} (or an entity's own rule "
+                "on that entity)"
+            )
+        key, rights = candidates[0]
+        expiry = int(time.time()) + ttl
+        return {
+            "token": make_token(resource, str(name), key, expiry),
+            "expires_at": expiry,
+            "rights": sorted(rights),
+        }
 
     async def close(self) -> None:
         if self._server is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -57,8 +58,7 @@ class _Carry:
 
 def _is_duplicate(t: np.ndarray, first_accepted: np.ndarray, window: np.ndarray) -> np.ndarray:
     """The core's ``is_duplicate`` over arrays (one rule: its ``t < t0 + W``, element-wise)."""
-    verdict: np.ndarray = is_duplicate(t, first_accepted, window)  # type: ignore[arg-type,assignment]
-    return verdict
+    return cast("np.ndarray", is_duplicate(cast(Any, t), cast(Any, first_accepted), cast(Any, window)))
 
 
 def keep_mask(

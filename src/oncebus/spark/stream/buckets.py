@@ -79,7 +79,7 @@ def build_filter(h1: np.ndarray) -> bytes:
     flags = np.zeros(bits, dtype=bool)
     flags[_filter_slots(h1, bits)] = True
     count = np.array(len(h1), dtype=_COUNT).tobytes()
-    return FILTER_MAGIC + count + np.packbits(flags, bitorder="little").tobytes()
+    return bytes(FILTER_MAGIC + count + np.packbits(flags, bitorder="little").tobytes())
 
 
 def read_filter(key_path: Path, keys: int) -> np.ndarray | None:

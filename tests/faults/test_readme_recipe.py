@@ -1,4 +1,4 @@
-"""The README's "Testing failures" recipe, run as it is written there (and kept equal to
+"""docs/faults.md's recipe, run as it is written there (and kept equal to
 examples/test_lost_ack.py): it passes with duplicate detection and fails, as it should, without.
 
 The recipe is a pytest test taking the plugin's ``oncebus_namespace``; here it is called with this module's
@@ -17,19 +17,16 @@ import pytest
 from oncebus.testing import OncebusServer
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = "## Testing failures: faults on cue"
+PAGE = ROOT / "docs" / "faults.md"
 
 
 def _recipe() -> str:
-    readme = (ROOT / "README.md").read_text()
-    assert SECTION in readme, f"the README lost its section {SECTION!r}"
-    section = readme.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    return re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)[0]
 
 
 def _test_function(source: str) -> Callable[[OncebusServer], None]:
     scope: dict[str, Any] = {}
-    exec(compile(source, "README.md (Testing failures)", "exec"), scope)  # our own README
+    exec(compile(source, "docs/faults.md", "exec"), scope)  # our own page
     (function,) = [value for name, value in scope.items() if name.startswith("test_")]
     return function  # type: ignore[no-any-return]
 

@@ -1,4 +1,4 @@
-"""The README's streaming pipeline, run as written, against a queue that gets one burst and then nothing.
+"""docs/spark-pipeline.md's streaming pipeline, run as written, against a queue that gets one burst and then nothing.
 
 Issue 12, item 5: every row used to wait in the out-of-order buffer for newer
 traffic, so a quiet queue's output stayed empty. The oncebus source vouches
@@ -24,11 +24,11 @@ from pyspark.sql import SparkSession
 from tests.amqp.conftest import ServerProcess, topology
 
 ROOT = Path(__file__).resolve().parents[2]
-TRIGGER_SECONDS = 10  # the README's trigger, checked below
+TRIGGER_SECONDS = 10  # the page's trigger, checked below
 
 
 def readme_stream_block() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "spark-pipeline.md").read_text(), flags=re.S)
     (block,) = [b for b in blocks if "deduplicate_stream(orders" in b]
     return block
 
@@ -61,7 +61,7 @@ def test_readme_pipeline_outputs_a_quiet_queues_burst(
     port = broker.connection_string.split("sb://127.0.0.1:", 1)[1].split(";", 1)[0]
     code = block.replace("127.0.0.1:5672", f"127.0.0.1:{port}").replace('"/tmp/', f'"{tmp_path}/')
     namespace: dict[str, Any] = {"spark": spark}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/spark-pipeline.md", "exec"), namespace)
     assert namespace["conn"] == broker.connection_string
     query = namespace["query"]
     try:

@@ -89,6 +89,6 @@ def test_a_killed_owner_frees_the_file(tmp_path: Path) -> None:
     store.close()
 
 
-def test_the_readme_in_process_example_does_not_aim_at_the_servers_directory() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert 'SqliteStore(".oncebus/' not in readme
+def test_the_in_process_example_does_not_aim_at_the_servers_directory() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "in-process.md").read_text()
+    assert "SqliteStore(" in page and 'SqliteStore(".oncebus/' not in page

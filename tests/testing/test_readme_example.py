@@ -1,4 +1,4 @@
-"""The README's "Testing your Service Bus code with oncebus" examples, run exactly as they are written there."""
+"""docs/testing.md's examples (the pytest plugin), run exactly as they are written there."""
 
 from __future__ import annotations
 
@@ -8,14 +8,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = "## Testing your Service Bus code with oncebus"
+PAGE = ROOT / "docs" / "testing.md"
 
 
 def _python_blocks() -> list[str]:
-    readme = (ROOT / "README.md").read_text()
-    assert SECTION in readme, f"the README lost its section {SECTION!r}"
-    section = readme.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
 
 
 def test_the_example_test_is_at_most_15_lines_and_sends_twice_with_the_sdk() -> None:

@@ -5,7 +5,7 @@ connection (proton's value types and its ``Data`` codec stay: they encode the
 rare frames' maps and conditions). Measured by ``bench/amqp_floor.py``: proton
 driven from asyncio costs 91 us of server CPU per received and completed
 message before oncebus does anything, an engine like this one 43 us (see
-docs/design.md, "why proton has to go").
+docs/performance-log.md, "why proton has to go").
 
 The objects keep the names and meanings of the parts of proton's API that
 oncebus's link handlers use (``Link.credit``, ``Delivery.update``/``settle``,

@@ -161,16 +161,6 @@ def test_refusals_with_the_sdk_exception_types(admin: ServiceBusAdministrationCl
         admin.create_subscription(missing, "sub")
 
 
-def test_features_oncebus_lacks_are_refused_not_ignored(admin: ServiceBusAdministrationClient, name: str) -> None:
-    admin.create_queue(name + "-target")
-    for kwargs in ({"enable_express": True},):
-        with pytest.raises(HttpResponseError) as refused:
-            admin.create_queue(name, **kwargs)
-        assert refused.value.status_code == 400 and "not implemented" in str(refused.value)
-    with pytest.raises(ResourceNotFoundError):
-        admin.get_queue(name)
-
-
 def test_topic_and_subscription_lifecycle(admin: ServiceBusAdministrationClient, name: str) -> None:
     topic = admin.create_topic(
         name,

@@ -22,6 +22,7 @@ from typing import Any
 
 from oncebus.broker.namespace import Namespace
 from oncebus.broker.receivable import Receivable
+from oncebus.core.rules import CorrelationRuleFilter, SqlRuleFilter
 from oncebus.core.messages import MessageState
 from oncebus.core.timeutil import us_to_datetime
 
@@ -39,6 +40,8 @@ class RuntimeProperties:
     transfer_dead_letter_message_count: int = 0
     size_in_bytes: int = 0
     subscription_count: int = 0  # topics
+    sql_filter_count: int = 0  # topics: their subscriptions' SQL filters (True and False filters are SQL filters)
+    correlation_filter_count: int = 0  # topics: their subscriptions' correlation filters
     created_at_utc: datetime = UNKNOWN_TIME
     updated_at_utc: datetime = UNKNOWN_TIME
     accessed_at_utc: datetime = UNKNOWN_TIME
@@ -99,9 +102,12 @@ def topic_runtime_properties(namespace: Namespace, name: str) -> RuntimeProperti
     stats = namespace.stats(name)  # its totals include the scheduled messages waiting at the topic itself
     at_topic = stats.scheduled_message_count - sum(s.scheduled_message_count for s in stats.subscriptions.values())
     waiting_bytes = stats.size_in_bytes - sum(s.size_in_bytes for s in stats.subscriptions.values())
+    filters = [rule.filter for s in subscriptions for rule in namespace.list_rules(name, s.name)]
     runtime = RuntimeProperties(
         scheduled_message_count=len(scheduled) + at_topic,
         size_in_bytes=size + waiting_bytes,
         subscription_count=len(subscriptions),
+        sql_filter_count=sum(isinstance(f, SqlRuleFilter) for f in filters),
+        correlation_filter_count=sum(isinstance(f, CorrelationRuleFilter) for f in filters),
     )
     return _stamped(runtime, namespace.get_topic(name))

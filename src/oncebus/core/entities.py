@@ -253,6 +253,7 @@ _VALIDATORS: dict[str, Any] = {
     "duplicate_detection_history_time_window": validate_duplicate_window,
     "max_delivery_count": _positive_int("max_delivery_count", 2_147_483_647),
     "enable_batched_operations": _flag("enable_batched_operations"),
+    "enable_express": _flag("enable_express"),
     "enable_partitioning": _flag("enable_partitioning"),
     "max_message_size_in_kilobytes": _positive_int("max_message_size_in_kilobytes", MAX_MESSAGE_SIZE_KB),
     "support_ordering": _flag("support_ordering"),
@@ -394,6 +395,9 @@ class QueueProperties(_EntityProperties):
     forward_dead_lettered_messages_to: str | None = None
     status: str = "Active"
     authorization_rules: tuple[AuthorizationRule, ...] = ()
+    # Azure keeps an express entity's messages in memory before it writes them; oncebus takes the setting and
+    # stores every message before it answers, as for any entity
+    enable_express: bool = False
 
 
 @dataclass(frozen=True)
@@ -414,6 +418,7 @@ class TopicProperties(_EntityProperties):
     auto_delete_on_idle: timedelta = TIMESPAN_MAX
     status: str = "Active"
     authorization_rules: tuple[AuthorizationRule, ...] = ()
+    enable_express: bool = False  # accepted and kept; stored durably as any topic (see QueueProperties)
 
 
 @dataclass(frozen=True)

@@ -312,7 +312,7 @@ class AdminApi:
         description = atom.parse_description(request.body)
         update = b"if-match" in request.headers
         if description.kind == "Queue":
-            changes = atom.entity_changes(description, "Queue")
+            changes = atom.entity_changes(description, "Queue", update=update)
             if update:
                 queue = await self.namespace.update_queue(name, **changes)
             else:
@@ -320,7 +320,7 @@ class AdminApi:
             content = self._queue_content(queue, request)
             return self._entry(request, queue.name, queue.name, content, 200 if update else 201)
         if description.kind == "Topic":
-            changes = atom.entity_changes(description, "Topic")
+            changes = atom.entity_changes(description, "Topic", update=update)
             if update:
                 topic = await self.namespace.update_topic(name, **changes)
             else:
@@ -376,8 +376,9 @@ class AdminApi:
             raise InvalidArgumentError(
                 f"PUT /{request.path} takes a SubscriptionDescription, not a {description.kind}Description"
             )
-        changes = atom.entity_changes(description, "Subscription")
-        if b"if-match" in request.headers:  # a DefaultRuleDescription only counts at creation, as in Service Bus
+        update = b"if-match" in request.headers
+        changes = atom.entity_changes(description, "Subscription", update=update)
+        if update:  # a DefaultRuleDescription only counts at creation, as in Service Bus
             props = await self.namespace.update_subscription(topic, name, **changes)
             status = 200
         else:

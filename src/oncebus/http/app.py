@@ -62,6 +62,12 @@ class NamespaceRegistry(Protocol):
     async def delete(self, name: str) -> None: ...
 
 
+def _api_request(scope: Scope) -> bool:
+    """An administration client's request (it always names an ``api-version``; a browser or a scraper never does):
+    ``get_queue_runtime_properties("")`` asks for ``/`` and must get the API's answer, not the dashboard."""
+    return b"api-version=" in bytes(scope.get("query_string") or b"").lower()
+
+
 def is_mounted_path(path: str) -> bool:
     return path in MOUNTED_EXACT or any(path == p or path.startswith(p + "/") for p in MOUNTED_PREFIXES)
 
@@ -106,7 +112,7 @@ class HttpApp:
             await self.faults(scope, receive, send)
         elif match_route(str(scope["method"]).upper(), path) is not None:
             await self.messages(scope, receive, send)
-        elif self.mounted is not None and is_mounted_path(path):
+        elif self.mounted is not None and is_mounted_path(path) and not _api_request(scope):
             refused = self._observe_refused(scope) if self.observe_needs_key else None
             if refused is not None:
                 await _text(send, 401, refused + "\n", [(b"www-authenticate", b'Basic realm="oncebus"')])

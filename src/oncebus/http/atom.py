@@ -136,7 +136,7 @@ def queue_description(props: QueueProperties, rt: RuntimeProperties, api_version
             ("AutoDeleteOnIdle", props.auto_delete_on_idle),
             ("EnablePartitioning", props.enable_partitioning),
             ("EntityAvailabilityStatus", "Available"),
-            ("EnableExpress", False),
+            ("EnableExpress", props.enable_express),
             ("ForwardTo", forward_url(props.forward_to, base)),
             ("UserMetadata", props.user_metadata),
             ("ForwardDeadLetteredMessagesTo", forward_url(props.forward_dead_lettered_messages_to, base)),
@@ -165,13 +165,13 @@ def topic_description(props: TopicProperties, rt: RuntimeProperties, api_version
             ("SupportOrdering", props.support_ordering),
             ("CountDetails", _counts(rt)),
             ("SubscriptionCount", rt.subscription_count),
-            ("SqlFilterCount", 0),
-            ("CorrelationFilterCount", 0),
+            ("SqlFilterCount", rt.sql_filter_count),
+            ("CorrelationFilterCount", rt.correlation_filter_count),
             ("AutoDeleteOnIdle", props.auto_delete_on_idle),
             ("EnablePartitioning", props.enable_partitioning),
             ("EntityAvailabilityStatus", "Available"),
             ("EnableSubscriptionPartitioning", False),
-            ("EnableExpress", False),
+            ("EnableExpress", props.enable_express),
             ("UserMetadata", props.user_metadata),
             ("MaxMessageSizeInKilobytes", None if api_version == "2017-04" else props.max_message_size_in_kilobytes),
         ],
@@ -435,17 +435,25 @@ _READ_ONLY = {
 
 # Service Bus features oncebus does not have: accepted only with the value that means "not used".
 _DEFAULT_ONLY: dict[str, tuple[Any, str]] = {
-    "EnableExpress": (lambda n, e: not _bool(n, e), "express entities are not implemented; it must be false"),
     "IsAnonymousAccessible": (lambda n, e: not _bool(n, e), "anonymous access is not supported; it must be false"),
     "FilteringMessagesBeforePublishing": (lambda n, e: not _bool(n, e), "it must be false"),
     "EnableSubscriptionPartitioning": (lambda n, e: not _bool(n, e), "it must be false"),
 }
 
 
-def entity_changes(description: Description, kind: str) -> dict[str, Any]:
+# optional elements an update clears when it leaves them out (the SDK writes None as an absent element, and
+# Service Bus reads an update's description whole: forward_to = None on an update stops the forwarding)
+_CLEARED_WHEN_ABSENT = ("ForwardTo", "ForwardDeadLetteredMessagesTo")
+
+
+def entity_changes(description: Description, kind: str, *, update: bool = False) -> dict[str, Any]:
     """The core properties an incoming description sets (validated later, by core, through the Namespace)."""
     settable = _SETTABLE[kind]
     changes: dict[str, Any] = {}
+    if update:
+        for name in _CLEARED_WHEN_ABSENT:
+            if name in settable and name not in description.fields:
+                changes[settable[name][0]] = None
     for name, element in description.fields.items():
         if name in settable:
             prop, convert = settable[name]

@@ -22,8 +22,8 @@ from typing import Any
 
 from oncebus.broker.namespace import Namespace
 from oncebus.broker.receivable import Receivable
-from oncebus.core.rules import CorrelationRuleFilter, SqlRuleFilter
 from oncebus.core.messages import MessageState
+from oncebus.core.rules import CorrelationRuleFilter, SqlRuleFilter
 from oncebus.core.timeutil import us_to_datetime
 
 # Azure's own value for a time that never happened (an entity never accessed): 0001-01-01T00:00:00Z.

@@ -411,16 +411,17 @@ class ReceiveLink:
                 await self.namespace.abandon(self.path, message.lock_token, failed=False)  # never sent
 
     def _transfer(self, message: ReceivedMessage) -> None:
-        payload = outgoing.encode_received(message, lock_annotations=self.session is None)
+        token = message.lock_token if self.mode != ServiceBusReceiveMode.RECEIVE_AND_DELETE else None
+        payload = outgoing.encode_received(message, lock_annotations=self.session is None, lock_token=token)
         self.largest = max(self.largest, len(payload))
-        if self.mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE or message.lock_token is None:
+        if token is None:
             delivery = self.link.delivery(uuid.uuid4().bytes)  # type: ignore[arg-type]  # proton takes binary tags
             self.link.send(payload)
             self.link.advance()
             delivery.settle()
         else:
-            delivery = self.link.delivery(message.lock_token.bytes_le)  # type: ignore[arg-type]  # a binary tag
-            delivery.oncebus_lock_token = message.lock_token
+            delivery = self.link.delivery(token.bytes_le)  # type: ignore[arg-type]  # a binary tag
+            delivery.oncebus_lock_token = token
             self.link.send(payload)
             self.link.advance()
         if self.namespace.faults.armed:

@@ -125,11 +125,29 @@ _STATE_ACTIVE = _long(0)
 _NULL_FIELDS = (b"\x40",) * 4  # the header of a message sent without one: nulls before the delivery count
 
 
-def _delivery_annotations(lock_token: uuid.UUID | None) -> bytes:
-    """The lock token as Service Bus gives it with a message received by sequence number (SDK 7.14 reads it)."""
-    if lock_token is None:
+def _delivery_annotations(lock_token: uuid.UUID | None, sender: list[tuple[bytes, bytes]] | None = None) -> bytes:
+    """The delivery annotations a receiver gets: the sender's own (raw key, raw value) entries, as Service Bus keeps
+    them, and a locked message's lock token (``x-opt-lock-token``; the SDK checks it against the delivery tag,
+    and 7.14 reads it for a message received by sequence number)."""
+    pairs: list[bytes] = []
+    for key, value in sender or ():
+        if key != _LOCK_TOKEN_KEY:  # the broker's own, never the sender's
+            pairs += (key, value)
+    if lock_token is not None:
+        pairs += (_LOCK_TOKEN_KEY, b"\x98" + lock_token.bytes)
+    if not pairs:
         return b""
-    return _described_map(DELIVERY_ANNOTATIONS, [_LOCK_TOKEN_KEY, b"\x98" + lock_token.bytes])
+    return _described_map(DELIVERY_ANNOTATIONS, pairs)
+
+
+def _map_pairs(view: memoryview) -> list[tuple[bytes, bytes]]:
+    """A map's entries as (raw key, raw value), read by their declared sizes (the codec checked them on arrival)."""
+    reader = Reader(view)
+    found = reader.map_spans()
+    if reader.pos != len(view):
+        raise Unusual
+    raw = [bytes(view[a:b]) for a, b in found]
+    return list(zip(raw[0::2], raw[1::2], strict=True))
 
 
 def _encode_received_fast(
@@ -144,6 +162,7 @@ def _encode_received_fast(
     """
     header: list[bytes] | None = None
     original: list[tuple[bytes, bytes]] | None = None  # message annotations: (raw key, raw value)
+    delivered: list[tuple[bytes, bytes]] | None = None  # the sender's delivery annotations, the same way
     spans: list[list[int]] = []  # the sections copied as they are, runs of them merged
     pos, end = 0, len(wire)
     try:
@@ -157,7 +176,7 @@ def _encode_received_fast(
                     spans[-1][1] = after
                 else:
                     spans.append([pos, after])
-            elif code == HEADER or code == MESSAGE_ANNOTATIONS:
+            elif code in (HEADER, MESSAGE_ANNOTATIONS, DELIVERY_ANNOTATIONS):
                 view = memoryview(wire)[pos + 3 : after]
                 reader = Reader(view)
                 found = reader.field_spans() if code == HEADER else reader.map_spans()
@@ -169,9 +188,11 @@ def _encode_received_fast(
                         raise Unusual
                     header = [b"\x40"] * 4
                     header[: min(len(raw), 4)] = raw[:4]
-                else:
+                elif code == MESSAGE_ANNOTATIONS:
                     original = list(zip(raw[0::2], raw[1::2], strict=True))
-            elif code != DELIVERY_ANNOTATIONS:
+                else:
+                    delivered = list(zip(raw[0::2], raw[1::2], strict=True))
+            else:
                 raise Unusual
             pos = after
     except (IndexError, struct.error, DecodeError):
@@ -203,8 +224,7 @@ def _encode_received_fast(
         pairs += (key, value)
     count = _uint(max(message.delivery_count - 1, 0))
     out = _described_list(HEADER, [*(_NULL_FIELDS if header is None else header), count])
-    if lock_token is not None:
-        out += _delivery_annotations(lock_token)
+    out += _delivery_annotations(lock_token, delivered)
     out += _described_map(MESSAGE_ANNOTATIONS, pairs)
     if len(spans) == 1 and spans[0][0] == 0 and spans[0][1] == end:
         return out + wire
@@ -234,6 +254,7 @@ def encode_received_with_proton(
     sections = split_sections(wire)
     header: list[Any] = [None, None, None, None, None]
     annotations: dict[Any, Any] = {}
+    delivered: list[tuple[bytes, bytes]] = []
     properties: dict[Any, Any] | None = None
     rest: list[bytes] = []
     dead_lettered = message.dead_letter_reason is not None or message.dead_letter_error_description is not None
@@ -244,7 +265,7 @@ def encode_received_with_proton(
         elif section.code == MESSAGE_ANNOTATIONS:
             annotations = dict(section.value() or {})
         elif section.code == DELIVERY_ANNOTATIONS:
-            continue
+            delivered = _map_pairs(memoryview(section.raw)[3:])
         elif section.code == APPLICATION_PROPERTIES and dead_lettered:
             properties = dict(section.value() or {})
         else:
@@ -261,7 +282,7 @@ def encode_received_with_proton(
     annotations[MESSAGE_STATE] = int(SDK_STATES.get(message.state, 0))
     if lock_annotations and message.locked_until_utc is not None:
         annotations[LOCKED_UNTIL] = _ms(message.locked_until_utc)
-    out = bytearray(encode_section(HEADER, header)) + _delivery_annotations(lock_token)
+    out = bytearray(encode_section(HEADER, header)) + _delivery_annotations(lock_token, delivered)
     out += encode_section(MESSAGE_ANNOTATIONS, proton.AnnotationDict(annotations))
     if dead_lettered:
         properties = properties if properties is not None else {}

@@ -171,9 +171,9 @@ class Router:
         release: Callable[[], None] | None = None
         try:
             self._check_access(conn, link, address, LISTEN)
-            namespace.check_receivable(address)
-            release = namespace.open_receiver(address)  # the tier's concurrent receive requests
             filters = read_filter(link.remote_source)
+            namespace.check_receivable(address, sessionful=SESSION_FILTER in filters)
+            release = namespace.open_receiver(address)  # the tier's concurrent receive requests
             mode = (
                 ServiceBusReceiveMode.RECEIVE_AND_DELETE
                 if link.remote_snd_settle_mode == proton.Link.SND_SETTLED

@@ -364,10 +364,14 @@ class Namespace(Delivery):
         requests per queue or topic (server busy past it); call the returned function when it closes."""
         return self._registry.open_receiver(path)
 
-    def check_receivable(self, path: str) -> None:
-        """Raise the error a receiver of ``path`` would meet (no such entity, a topic, disabled, ...); nothing else."""
-        self.receivable(path)
+    def check_receivable(self, path: str, *, sessionful: bool | None = None) -> None:
+        """Raise the error a receiver of ``path`` would meet (no such entity, a topic, disabled, ...); nothing else.
+        ``sessionful=False``: a receiver without a session, refused on an entity that requires sessions (Service
+        Bus refuses it when its link opens, not at its first receive)."""
+        receivable = self.receivable(path)
         self._check_status(path, "receive")
+        if sessionful is False:
+            self._check_session(receivable, None, path)
 
     def _check_status(self, path: str, operation: str) -> None:
         """Refuse a send or a receive that the status of the entity (or of the subscription's topic) forbids."""

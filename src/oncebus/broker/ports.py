@@ -53,8 +53,9 @@ class Messaging(Protocol):
         """Cancel scheduled messages; their dedup keys stay in the history."""
         ...
 
-    def check_receivable(self, path: str) -> None:
-        """Raise the error a receiver of ``path`` would meet (no such entity, a topic, ...); nothing else."""
+    def check_receivable(self, path: str, *, sessionful: bool | None = None) -> None:
+        """Raise the error a receiver of ``path`` would meet (no such entity, a topic, ...; ``sessionful=False``:
+        an entity that requires sessions); nothing else."""
         ...
 
     async def receive(

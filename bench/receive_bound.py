@@ -259,8 +259,9 @@ def main() -> None:
     if "C echo (epoll)" in best:
         c_cpu = best["C echo (epoll)"][1]
         for name, (_, cpu) in best.items():
-            if name != "C echo (epoll)":
-                print(f"  server CPU {name} / C: {cpu / c_cpu:.2f}")
+            if name != "C echo (epoll)":  # a tiny run may take less CPU than /proc counts (a tick): no ratio then
+                ratio = f"{cpu / c_cpu:.2f}" if c_cpu > 0 else "n/a (too few round trips to measure the C server)"
+                print(f"  server CPU {name} / C: {ratio}")
     print(f"after: load average {os.getloadavg()[0]:.2f}")
 
 

@@ -1,0 +1,59 @@
+"""Every script under bench/ runs, at a tiny size, so none rots unseen (issue 34: ``bench/dedup_window.py`` had
+stopped running at all). The figures a tiny run prints mean nothing and are not read; only that each script
+completes, prints what it measured, and leaves no process behind is held here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY: dict[str, list[str]] = {
+    "amqp_floor": ["--messages", "400", "--senders", "1", "--receivers", "1", "--repeat", "1"],
+    "amqp_send": ["--messages", "400", "--senders", "1", "--receivers", "1", "--repeat", "1"],
+    "amqp_transactions": ["--rounds", "1"],
+    "backlog": ["--messages", "2000", "--senders", "1", "--receive", "500", "--receivers", "1"],
+    "cluster_failover": ["--messages", "500"],
+    "dedup_window": ["--keys", "20000", "--checks", "5000", "--sends", "200", "--senders", "2", "--rounds", "1"],
+    "idle_links": ["--connections", "1", "--links", "50", "--sends", "20", "--idle-seconds", "1"],
+    "metrics_overhead": ["--seconds", "0.5", "--repeat", "1", "--queues", "2", "--topics", "1", "--senders", "2"],
+    "namespaces": ["--quick"],
+    "receive_bound": ["--round-trips", "500", "--clients", "1", "--repeat", "1"],
+    "rules_eval": ["--quick"],
+    "rules_fanout": ["--messages", "200", "--rounds", "1"],
+    "spark_dedup": [
+        "--rows",
+        "20000",
+        "--batch-rows-large",
+        "5000",
+        "--small-rows",
+        "5000",
+        "--batch-rows-small",
+        "1000",
+    ],
+    "store_memory": ["--messages", "2000"],
+    "store_records": ["--batches", "5", "--batch", "10"],
+    "store_send": ["--messages", "400", "--senders", "1", "--receivers", "1", "--repeat", "1", "--resends", "20"],
+    "testing_startup": ["--quick"],
+}
+
+
+def test_every_bench_has_a_tiny_size() -> None:
+    assert sorted(TINY) == sorted(p.stem for p in (ROOT / "bench").glob("*.py"))
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_the_bench_runs_at_a_tiny_size(name: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / f"{name}.py"), *TINY[name]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"bench/{name}.py failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.stdout.strip(), f"bench/{name}.py printed nothing"

@@ -823,8 +823,11 @@ def main() -> None:
                     continue
                 if not args.no_send:
                     queue = "dedup-on" if name == "oncebus" else "sink"
-                    jobs = [(string, queue, f"r{r}", share) for share in bench._shares(count, senders)]
+                    jobs = [(string, queue, f"r{r}", "bare", share) for share in bench._shares(count, senders)]
                     rows[f"send {name}"].append(bench.run_workers(bench.sdk_sender, jobs, process.pid))
+                    if name in ("proton", "oncebus"):  # the message applications send, beside the bare one
+                        jobs = [(string, queue, f"r{r}-real", "realistic", n) for n in bench._shares(count, senders)]
+                        rows[f"realistic {name}"].append(bench.run_workers(bench.sdk_sender, jobs, process.pid))
                 if not args.no_receive:
                     if name == "oncebus":
                         bench.sdk_fill(string, "receive", f"r{r}", count)
@@ -866,6 +869,12 @@ def main() -> None:
             if what == "receive" and "receive jetstream" in got:
                 ratio = got[f"receive {name}"].rate / got["receive jetstream"].rate
                 print(f"  ratio {titles[name].split(' (')[0]} / JetStream, msg/s: {ratio:6.2f}")
+    if "realistic oncebus" in got and "realistic proton" in got:
+        real, sink = got["realistic oncebus"], got["realistic proton"]
+        print("send, the realistic message (subject, content type, correlation id, 4 application properties)")
+        print(f"  {titles['proton']:<40} {bench.describe(sink)}")
+        print(f"  {titles['oncebus']:<40} {bench.describe(real)}")
+        print(f"  ratio oncebus / proton reactor, msg/s:            {real.rate / sink.rate:6.2f}")
     if alone:
         best_alone = {key: min(run[key] for run in alone) for key in alone[0]}
         print(f"the broker alone, in process (no protocol; best of {len(alone)}), server CPU a message:")

@@ -59,6 +59,24 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusRece
 
 BATCH = 100
 BODY = b"x" * 1024
+SHAPES = ("bare", "realistic")
+
+
+def bench_message(shape: str, message_id: str) -> ServiceBusMessage:
+    """``bare``: a 1 KiB body and an id; ``realistic``: what applications send, a subject, a content type, a
+    correlation id and four application properties (str, int, bool, float) beside the same body."""
+    if shape == "bare":
+        return ServiceBusMessage(BODY, message_id=message_id)
+    return ServiceBusMessage(
+        BODY,
+        message_id=message_id,
+        subject="order-created",
+        content_type="application/json",
+        correlation_id=f"corr-{message_id}",
+        application_properties={"tenant": "contoso", "attempt": 1, "priority": True, "amount": 9.5},
+    )
+
+
 KEY = "bench-key"
 
 
@@ -280,7 +298,9 @@ def _report(results: Any, work: Callable[[], tuple[float, float, int, float]]) -
         results.put(f"{exc!r}\n{traceback.format_exc()}")
 
 
-def sdk_sender(connection_string: str, queue: str, prefix: str, numbers: range, barrier: Barrier, results: Any) -> None:
+def sdk_sender(
+    connection_string: str, queue: str, prefix: str, shape: str, numbers: range, barrier: Barrier, results: Any
+) -> None:
     def work() -> tuple[float, float, int, float]:
         with ServiceBusClient.from_connection_string(connection_string) as client:
             with client.get_queue_sender(queue) as sender:
@@ -290,21 +310,21 @@ def sdk_sender(connection_string: str, queue: str, prefix: str, numbers: range, 
                 for start in range(numbers.start, numbers.stop, BATCH):
                     batch = sender.create_message_batch()
                     for i in range(start, min(numbers.stop, start + BATCH)):
-                        batch.add_message(ServiceBusMessage(BODY, message_id=f"{prefix}-{i}"))
+                        batch.add_message(bench_message(shape, f"{prefix}-{i}"))
                     sender.send_messages(batch)
                 return started, time.perf_counter(), len(numbers), time.process_time() - cpu
 
     _report(results, work)
 
 
-def sdk_fill(connection_string: str, queue: str, prefix: str, count: int) -> None:
+def sdk_fill(connection_string: str, queue: str, prefix: str, count: int, shape: str = "bare") -> None:
     """Put ``count`` messages in ``queue`` (not measured)."""
     with ServiceBusClient.from_connection_string(connection_string) as client:
         with client.get_queue_sender(queue) as sender:
             for start in range(0, count, BATCH):
                 batch = sender.create_message_batch()
                 for i in range(start, min(count, start + BATCH)):
-                    batch.add_message(ServiceBusMessage(BODY, message_id=f"{prefix}-{i}"))
+                    batch.add_message(bench_message(shape, f"{prefix}-{i}"))
                 sender.send_messages(batch)
 
 
@@ -569,8 +589,8 @@ def main() -> None:
                 servers.append(started[0])
                 nats_servers[name] = started
 
-        def sdk_send(target: str, pid: int, queue: str, prefix: str) -> Measured:
-            jobs = [(target, queue, prefix, share) for share in _shares(count, senders)]
+        def sdk_send(target: str, pid: int, queue: str, prefix: str, shape: str = "bare") -> Measured:
+            jobs = [(target, queue, f"{prefix}-{shape}", shape, share) for share in _shares(count, senders)]
             return run_workers(sdk_sender, jobs, pid)
 
         per_receiver = (count + receivers - 1) // receivers
@@ -581,6 +601,12 @@ def main() -> None:
                 rows["off"].append(sdk_send(connection_string, oncebus.pid, "dedup-off", f"r{r}"))
                 on = functools.partial(sdk_send, connection_string, oncebus.pid, "dedup-on", f"r{r}")
                 rows["on"].append(profiler.run("send-dedup-on", oncebus.pid, on) if first else on())
+                rows["sink-realistic"].append(sdk_send(sink_string, sink.pid, "sink", f"r{r}", "realistic"))
+                rows["off-realistic"].append(
+                    sdk_send(connection_string, oncebus.pid, "dedup-off", f"r{r}", "realistic")
+                )
+                real = functools.partial(sdk_send, connection_string, oncebus.pid, "dedup-on", f"r{r}", "realistic")
+                rows["on-realistic"].append(profiler.run("send-realistic", oncebus.pid, real) if first else real())
             for name, (process, port) in [] if args.no_send else nats_servers.items():
                 jobs = [(port, f"r{r}", share) for share in _shares(count, senders)]
                 rows[f"js-{name}"].append(run_workers(jetstream_sender, jobs, process.pid))
@@ -590,6 +616,8 @@ def main() -> None:
             jobs = [(connection_string, "receive", per_receiver)] * receivers
             receive = functools.partial(run_workers, sdk_receiver, jobs, oncebus.pid)
             rows["receive"].append(profiler.run("receive-complete", oncebus.pid, receive) if first else receive())
+            sdk_fill(connection_string, "receive", f"r{r}-realistic", count, "realistic")
+            rows["receive-realistic"].append(receive())
             if "sync" in nats_servers:
                 process, port = nats_servers["sync"]
                 jetstream_fill(port, f"r{r}", count)
@@ -621,12 +649,24 @@ def main() -> None:
         for name in ("sync", "default"):
             if "js-" + name in got:
                 print(f"  ratio oncebus (dedup on) / JetStream {name}: {on.rate / got['js-' + name].rate:6.2f}")
+        real = got["on-realistic"]
+        print("  the realistic message (subject, content type, correlation id, 4 application properties):")
+        print(f"  do-nothing AMQP sink (proton)        {describe(got['sink-realistic'])}")
+        print(f"  oncebus, dedup off                   {describe(got['off-realistic'])}")
+        print(f"  oncebus, dedup on                    {describe(real)}")
+        print(f"  ratio oncebus (dedup on) / sink:     {real.rate / got['sink-realistic'].rate:6.2f}")
+        print(f"  ratio dedup on / off:                {real.rate / got['off-realistic'].rate:6.2f}")
+        print(f"  ratio realistic / bare (dedup on):   {real.rate / on.rate:6.2f}")
     if "receive" in got:
         print(f"receive + complete ({count:,} messages per row, {receivers} receiver processes; best of {repeat})")
         print(f"  oncebus, PEEK_LOCK, prefetch {BATCH * 2}      {describe(got['receive'])}")
         if "js-receive" in got:
             print(f"  JetStream pull, ack_sync, sync always {describe(got['js-receive'])}")
             print(f"  ratio oncebus / JetStream:           {got['receive'].rate / got['js-receive'].rate:6.2f}")
+        print(f"  oncebus, the realistic message       {describe(got['receive-realistic'])}")
+        if "js-receive" in got:
+            ratio = got["receive-realistic"].rate / got["js-receive"].rate
+            print(f"  ratio oncebus (realistic) / JetStream: {ratio:6.2f}")
     print("  oncebus acknowledges a send after fsync (SQLite synchronous=FULL); it confirms a completion once")
     print("  committed to the WAL (process-crash safe), fsynced within 100 ms or by the next send")
     profiler.summary()

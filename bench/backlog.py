@@ -224,7 +224,7 @@ def main() -> None:
     try:
         idle = rss_mb(process.pid)
         started = time.perf_counter()
-        jobs = [(connection_string, "receive", "fill", share) for share in _shares(args.messages, args.senders)]
+        jobs = [(connection_string, "receive", "fill", "bare", n) for n in _shares(args.messages, args.senders)]
         filled = run_workers(sdk_sender, jobs, process.pid)
         print(
             f"filled in {time.perf_counter() - started:.0f} s: {describe(filled)}; "
@@ -249,7 +249,7 @@ def main() -> None:
         images = sum(p.stat().st_size for p in (workdir / "data").glob("oncebus.db.dedup.*"))
         print(f"first dedup checkpoint committed {waited:.1f} s later (image {images / 2**20:.0f} MB)")
         # to 'dedup-on': 'receive' may be full (1 GB); its keys since the mark are read the same way
-        jobs = [(connection_string, "dedup-on", "after", share) for share in _shares(args.after, args.senders)]
+        jobs = [(connection_string, "dedup-on", "after", "bare", n) for n in _shares(args.after, args.senders)]
         sent = describe(run_workers(sdk_sender, jobs, process.pid))
         print(f"{args.after:,} more messages after it (to 'dedup-on'): {sent}")
         server_rss = rss_mb(process.pid)

@@ -165,7 +165,7 @@ def main() -> None:
             for store, (process, strings, database, forwarder) in nodes.items():
                 for queue in ("dedup-off", "dedup-on"):
                     jobs = [
-                        (strings[i % len(strings)], queue, f"r{r}", share)
+                        (strings[i % len(strings)], queue, f"r{r}", "realistic", share)
                         for i, share in enumerate(_shares(count, senders))
                     ]
                     send = functools.partial(run_workers, sdk_sender, jobs, process.pid)
@@ -188,7 +188,9 @@ def main() -> None:
             cluster.remove()
         shutil.rmtree(workdir, ignore_errors=True)
     got = {name: max(measured, key=lambda m: m[0].rate) for name, measured in rows.items()}
-    print(f"one node each; {count:,} x 1 KiB per row, batches of {BATCH}, {senders} senders, {receivers} receivers;")
+    print(
+        f"one node each; {count:,} x 1 KiB realistic messages per row (subject, content type, correlation id, 4 properties), batches of {BATCH}, {senders} senders, {receivers} receivers;"
+    )
     print(f"best of {repeat} rounds; after: {load()}")
     print("  (2 nodes: the leader's CPU as server, the standby's as forwarding; clients split between the two)")
     for name, (measured, database, forwarding) in got.items():

@@ -189,7 +189,8 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     got = {name: max(measured, key=lambda m: m[0].rate) for name, measured in rows.items()}
     print(
-        f"one node each; {count:,} x 1 KiB realistic messages per row (subject, content type, correlation id, 4 properties), batches of {BATCH}, {senders} senders, {receivers} receivers;"
+        f"one node each; {count:,} x 1 KiB realistic messages per row (subject, content type, correlation id, "
+        f"4 properties), batches of {BATCH}, {senders} senders, {receivers} receivers;"
     )
     print(f"best of {repeat} rounds; after: {load()}")
     print("  (2 nodes: the leader's CPU as server, the standby's as forwarding; clients split between the two)")

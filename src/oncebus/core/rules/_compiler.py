@@ -22,6 +22,7 @@ from lark.exceptions import VisitError
 from oncebus.core.errors import SqlExpressionError
 from oncebus.core.rules import _values as V
 from oncebus.core.rules._grammar import ACTION_KEYWORDS, KEYWORDS, near, parse
+from oncebus.core.rules._like import PatternError, like_pattern
 from oncebus.core.rules._statements import PropertyRef, Statement, check_system_value
 from oncebus.core.rules._view import SYSTEM_PROPERTIES, MessageView
 
@@ -323,15 +324,15 @@ class _Compiler(Transformer[Token, Any]):
                 match: Fn = lambda v: None  # noqa: E731 - ESCAPE NULL: always unknown
             else:
                 try:
-                    regex = V.like_regex(pattern.value, esc)
-                except V.PatternError as exc:
+                    compiled = like_pattern(pattern.value, esc)
+                except PatternError as exc:
                     raise _Fail(str(exc), pattern.line, pattern.column) from exc
 
                 def match(v: MessageView) -> bool | None:
                     x = lf(v)
                     if type(x) is str:
-                        return regex.fullmatch(x) is not None
-                    return None if x is None or V.kind(x) != V.K_STRING else regex.fullmatch(x) is not None
+                        return compiled.matches(x)
+                    return None if x is None or V.kind(x) != V.K_STRING else compiled.matches(x)
 
         else:
             ef = escape.fn if escape is not None else (lambda _v: None)

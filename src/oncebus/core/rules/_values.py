@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import decimal
 import math
-import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC as _UTC
 from datetime import datetime, timedelta
 from decimal import Decimal
-from functools import lru_cache
 from typing import Any
+
+from oncebus.core.rules._like import PatternError, like_pattern
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -302,42 +302,16 @@ def plus(a: Any) -> Any:
 # ---------------------------------------------------------------- LIKE
 
 
-class PatternError(ValueError):
-    pass
-
-
-@lru_cache(maxsize=1024)
-def like_regex(pattern: str, escape: str | None) -> re.Pattern[str]:
-    """``%`` any run of characters, ``_`` one character; ``escape`` makes the next character literal."""
-    if escape is not None and len(escape) != 1:
-        raise PatternError(f"the ESCAPE character must be one character, got {escape!r}")
-    out = []
-    chars = iter(pattern)
-    for c in chars:
-        if escape is not None and c == escape:
-            nxt = next(chars, None)
-            if nxt is None:
-                raise PatternError(f"the pattern {pattern!r} ends with its escape character {escape!r}")
-            out.append(re.escape(nxt))
-        elif c == "%":
-            out.append(".*")
-        elif c == "_":
-            out.append(".")
-        else:
-            out.append(re.escape(c))
-    return re.compile("".join(out), re.DOTALL)
-
-
 def like(value: Any, pattern: Any, escape: Any = None, *, has_escape: bool = False) -> bool | None:
     if value is None or pattern is None or (has_escape and escape is None):
         return None
     if kind(value) != K_STRING or kind(pattern) != K_STRING or (has_escape and kind(escape) != K_STRING):
         return None
     try:
-        regex = like_regex(pattern, escape if has_escape else None)
+        compiled = like_pattern(pattern, escape if has_escape else None)
     except PatternError as exc:
         raise EvaluationError(str(exc)) from exc
-    return regex.fullmatch(value) is not None
+    return compiled.matches(value)
 
 
 # ---------------------------------------------------------------- three-valued logic

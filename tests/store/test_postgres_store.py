@@ -28,6 +28,7 @@ from oncebus.store.base import (
 from oncebus.store.postgres import PostgresStore, display_url
 from oncebus.store.postgres_url import open_store, store_spec
 from oncebus.store.sqlite import SqliteStore
+from tests.broker.test_session_state_quota import size_is_kept_across_a_restart
 from tests.postgres_cluster import PostgresCluster
 from tests.store.test_contract import _message
 
@@ -334,6 +335,24 @@ def test_a_damaged_dedup_image_is_rebuilt_from_the_key_rows(postgres_cluster: Po
             store.close()
 
     asyncio.run(go())
+
+
+def test_session_states_count_toward_the_size_across_a_restart(postgres_cluster: PostgresCluster) -> None:
+    """Issue 33, item 4, on PostgreSQL: the size a queue's session states take is the same after a restart."""
+    url = postgres_cluster.fresh_url()
+    opened: list[PostgresStore] = []
+
+    def open_again() -> PostgresStore:
+        for store in opened:
+            store.close()
+        opened[:] = [PostgresStore(url)]
+        return opened[0]
+
+    try:
+        asyncio.run(size_is_kept_across_a_restart(open_again))
+    finally:
+        for store in opened:
+            store.close()
 
 
 def test_without_the_postgresql_binaries_the_tests_fail_saying_what_to_install(

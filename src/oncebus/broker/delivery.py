@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 from oncebus.broker.clock import Clock
 from oncebus.broker.contents import ContentCache
 from oncebus.broker.journal import Journal
+from oncebus.broker.paths import parse_path
 from oncebus.broker.receivable import Entry, Receivable, SessionLock
 from oncebus.broker.registry import Entity, EntityKind, Registry
 from oncebus.broker.routing import Router
+from oncebus.broker.sending import check_quota
 from oncebus.broker.signals import ChangeSignal
 from oncebus.broker.upkeep import pump_forwarding
 from oncebus.core.errors import (
@@ -405,15 +407,16 @@ class Delivery:
         return receivable.session_states.get(session.session_id)
 
     async def set_session_state(self, session: SessionLock, state: bytes | None) -> None:
+        """Set (None: clear) the session's state; one that would take its queue or subscription past its size is
+        refused (``QuotaExceededError``), the state left as it was: session states count toward the size."""
         receivable = self.receivable(session.path)
         self._session_lock(receivable, session)
+        state = None if state is None else bytes(state)
+        growth = receivable.session_state_growth(session.session_id, state)
+        if growth > 0:
+            check_quota(self._entity(parse_path(session.path).entity), 0, 0, {receivable.path: growth})
         now_us = self._now()
-        if state is None:
-            receivable.session_states.pop(session.session_id, None)
-            receivable.session_state_times.pop(session.session_id, None)
-        else:
-            receivable.session_states[session.session_id] = bytes(state)
-            receivable.session_state_times[session.session_id] = now_us
+        receivable.set_session_state(session.session_id, state, now_us)
         await self._write([PutSessionState(receivable.path, session.session_id, state, now_us)])
 
     def list_sessions(self, path: str, *, state_updated_after: datetime | None = None) -> list[str]:

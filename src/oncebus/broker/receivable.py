@@ -109,6 +109,15 @@ QUOTA_BYTES_PER_MESSAGE = 256
 """What each held message counts toward its entity's max_size_in_megabytes on top of its encoded size: a message,
 even an empty one, costs the server memory and a store row, so the quota must bound how many it holds."""
 
+QUOTA_BYTES_PER_SESSION_STATE = 256
+"""The same for each session state, on top of its size: Service Bus counts session states toward the entity's
+size, and a state, even an empty one, is a store row too."""
+
+
+def session_state_quota(state: bytes | None) -> int:
+    """What a session's state counts toward its entity's max_size_in_megabytes (None: no state, nothing)."""
+    return 0 if state is None else len(state) + QUOTA_BYTES_PER_SESSION_STATE
+
 
 class Receivable:
     def __init__(
@@ -134,6 +143,7 @@ class Receivable:
         self.sessions: dict[str, SessionLock] = {}
         self.changes = ChangeSignal()  # its waiting receivers: notified when a message becomes available
         self.session_states: dict[str, bytes] = {}
+        self.session_state_bytes = 0  # the states' sizes together (set them with ``set_session_state``)
         # when each session's state was last set (broker time, us; a state restored at start: the start's time)
         self.session_state_times: dict[str, int] = {}
         self.counters = counters if counters is not None else ReceivableCounters()  # shared with the dead-letter queue
@@ -146,8 +156,37 @@ class Receivable:
 
     @property
     def quota_bytes(self) -> int:
-        """What the held messages count toward the entity's size quota: their sizes plus a per-message overhead."""
-        return self.size_bytes + len(self.messages) * QUOTA_BYTES_PER_MESSAGE
+        """What the held messages and session states count toward the entity's size quota: their sizes plus an
+        overhead for each."""
+        return (
+            self.size_bytes
+            + len(self.messages) * QUOTA_BYTES_PER_MESSAGE
+            + self.session_state_bytes
+            + len(self.session_states) * QUOTA_BYTES_PER_SESSION_STATE
+        )
+
+    @property
+    def held_bytes(self) -> int:
+        """Its messages' sizes and its session states' (the runtime properties' ``size_in_bytes``, with the
+        dead-letter queue's ``size_bytes``)."""
+        return self.size_bytes + self.session_state_bytes
+
+    # --- session states ---------------------------------------------------------------------
+    def set_session_state(self, session_id: str, state: bytes | None, now_us: int) -> None:
+        """Set (None: clear) a session's state, set at ``now_us``."""
+        old = self.session_states.pop(session_id, None)
+        if old is not None:
+            self.session_state_bytes -= len(old)
+        if state is None:
+            self.session_state_times.pop(session_id, None)
+        else:
+            self.session_states[session_id] = state
+            self.session_state_bytes += len(state)
+            self.session_state_times[session_id] = now_us
+
+    def session_state_growth(self, session_id: str, state: bytes | None) -> int:
+        """How much ``quota_bytes`` would grow if the session's state were set to ``state`` (negative: shrink)."""
+        return session_state_quota(state) - session_state_quota(self.session_states.get(session_id))
 
     # --- adding -----------------------------------------------------------------------------
     def add(self, entry: Entry, now_us: int) -> None:

@@ -158,9 +158,9 @@ def restore(registry: Registry, snapshot: Snapshot, now_us: int, *, messages: bo
     for state in snapshot.session_states:
         receivable = registry.receivable_by_path(state.path)
         if receivable is not None and state.state is not None:
-            receivable.session_states[state.session_id] = state.state
             # stored since store schema 7 (SQLite) / 2 (PostgreSQL); an older release's state: set at the latest now
-            receivable.session_state_times[state.session_id] = now_us if state.updated_us is None else state.updated_us
+            set_at = now_us if state.updated_us is None else state.updated_us
+            receivable.set_session_state(state.session_id, state.state, set_at)
     loader.read = read
     loader.start(snapshot.keys_of, now_us)
     return loader

@@ -1,7 +1,8 @@
 """Runtime properties with the names ``ServiceBusAdministrationClient`` uses, from the Namespace's public API.
 
 Counts are read after advancing each queue or subscription to now (so due
-scheduled messages count as active and expired ones are gone). A topic holds
+scheduled messages count as active and expired ones are gone). A size counts
+the messages and the session states, as Service Bus does. A topic holds
 only its scheduled messages itself (they go through the rules when due; each
 subscription has its own copy of the others), so its size is the sum of its
 subscriptions' and of those scheduled messages, and its scheduled
@@ -59,7 +60,7 @@ class RuntimeProperties:
 
 def _of(receivable: Receivable) -> RuntimeProperties:
     counts = receivable.counts()
-    size = receivable.size_bytes
+    size = receivable.held_bytes
     if receivable.dead_letter_queue is not None:
         size += receivable.dead_letter_queue.size_bytes
     return RuntimeProperties(
@@ -97,7 +98,7 @@ def topic_runtime_properties(namespace: Namespace, name: str) -> RuntimeProperti
     scheduled: set[int] = set()
     for subscription in subscriptions:
         receivable = namespace.receivable(f"{name}/Subscriptions/{subscription.name}")
-        size += receivable.size_bytes
+        size += receivable.held_bytes
         scheduled.update(seq for seq, m in receivable.messages.objects() if m.state == MessageState.SCHEDULED)
     stats = namespace.stats(name)  # its totals include the scheduled messages waiting at the topic itself
     at_topic = stats.scheduled_message_count - sum(s.scheduled_message_count for s in stats.subscriptions.values())

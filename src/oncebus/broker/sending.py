@@ -10,14 +10,14 @@ what they duplicate is durable.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from oncebus.broker.contents import ContentCache
 from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path
-from oncebus.broker.receivable import QUOTA_BYTES_PER_MESSAGE, Entry, Receivable
+from oncebus.broker.receivable import QUOTA_BYTES_PER_MESSAGE, QUOTA_BYTES_PER_SESSION_STATE, Entry, Receivable
 from oncebus.broker.registry import COUNTERS, Entity, Registry
 from oncebus.broker.routing import Plan, Router
 from oncebus.core.durations import to_micros
@@ -40,6 +40,28 @@ class SendOutcome:
     late_resend_delay_us: int | None = None
 
 
+def check_quota(entity: Entity, total: int, count: int, session_states: Mapping[str, int] | None = None) -> None:
+    """Refuses (``QuotaExceededError``) what would take one of ``entity``'s queue or subscriptions past its size:
+    ``count`` messages of ``total`` bytes sent to it (each counts its size plus ``QUOTA_BYTES_PER_MESSAGE``, so
+    empty messages are bounded too) with what ``session_states``, by queue or subscription path, set there add
+    (see ``Receivable.session_state_growth``)."""
+    props = entity.properties
+    sent = total + count * QUOTA_BYTES_PER_MESSAGE
+    for receivable in entity.receivables():
+        states = session_states.get(receivable.path, 0) if session_states else 0
+        needed = sent + states
+        held = receivable.quota_bytes
+        if needed > 0 and held + needed > receivable.settings.max_size_bytes:
+            what = "send" if not states else "session state" if not count else "transaction"
+            raise QuotaExceededError(
+                f"The maximum entity size has been reached or exceeded for '{props.name}': "
+                f"max_size_in_megabytes={props.max_size_in_megabytes} ({receivable.settings.max_size_bytes} "
+                f"bytes); {receivable.path!r} holds {held} bytes and this {what} needs {needed} more (each message "
+                f"counts its size plus {QUOTA_BYTES_PER_MESSAGE} bytes, each session state its size plus "
+                f"{QUOTA_BYTES_PER_SESSION_STATE})"
+            )
+
+
 class Sender:
     def __init__(
         self,
@@ -56,20 +78,6 @@ class Sender:
         self.now = now
         self.send_log = send_log
         self.contents = contents
-
-    def _check_quota(self, entity: Entity, total: int, count: int) -> None:
-        """Each message counts its size plus ``QUOTA_BYTES_PER_MESSAGE`` (so empty messages are bounded too)."""
-        props = entity.properties
-        needed = total + count * QUOTA_BYTES_PER_MESSAGE
-        for receivable in entity.receivables():
-            held = receivable.quota_bytes
-            if held + needed > receivable.settings.max_size_bytes:
-                raise QuotaExceededError(
-                    f"The maximum entity size has been reached or exceeded for '{props.name}': "
-                    f"max_size_in_megabytes={props.max_size_in_megabytes} ({receivable.settings.max_size_bytes} "
-                    f"bytes); {receivable.path!r} holds {held} bytes and this send needs {needed} more "
-                    f"(each message counts its size plus {QUOTA_BYTES_PER_MESSAGE} bytes)"
-                )
 
     async def send(
         self,
@@ -95,7 +103,7 @@ class Sender:
         checked = validate_send(
             entity.properties, entity.detector, batch, scheduled=scheduled_us is not None, quotas=self.registry.quotas
         )
-        self._check_quota(entity, checked.total_bytes, len(batch))
+        check_quota(entity, checked.total_bytes, len(batch))
         now = self.now()
         verdicts_since = self.journal.failed_writes
         plan = Plan()

@@ -38,7 +38,7 @@ class MessageCounts:
     @classmethod
     def of(cls, receivable: Receivable) -> MessageCounts:
         counts = receivable.counts()
-        size = receivable.size_bytes
+        size = receivable.held_bytes
         if receivable.dead_letter_queue is not None:
             size += receivable.dead_letter_queue.size_bytes
         return cls(counts["active"], counts["scheduled"], counts["deferred"], counts["dead_lettered"], size)

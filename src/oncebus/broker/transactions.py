@@ -32,9 +32,9 @@ from typing import Any, Literal, Protocol
 from oncebus.broker.clock import Clock
 from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path
-from oncebus.broker.receivable import Entry, Receivable, SessionLock
+from oncebus.broker.receivable import Entry, Receivable, SessionLock, session_state_quota
 from oncebus.broker.registry import Entity, EntityKind
-from oncebus.broker.sending import Sender, SendOutcome
+from oncebus.broker.sending import Sender, SendOutcome, check_quota
 from oncebus.core.errors import (
     InvalidArgumentError,
     MessageNotFoundError,
@@ -194,6 +194,25 @@ def _check_cancel(namespace: Host, cancel: PendingCancel) -> None:
 def _check_session_state(namespace: Host, op: PendingSessionState) -> None:
     """What would refuse the session state if it were set now: the session lock lost."""
     namespace._session_lock(namespace.receivable(op.session.path), op.session)
+
+
+class _SessionStateGrowth:
+    """What a transaction's session states add to their queues' or subscriptions' sizes, by path, counted before
+    its commit applies any of it: a refusal halfway through would leave memory ahead of the store. Only growth
+    counts (a state that shrinks frees its room only once applied, maybe after a send that needs it), and a
+    session set twice counts from the state before."""
+
+    def __init__(self) -> None:
+        self.growth: dict[str, int] = {}
+        self._states: dict[tuple[str, str], bytes | None] = {}  # each session's state as the transaction leaves it
+
+    def add(self, receivable: Receivable, op: PendingSessionState) -> None:
+        key = (receivable.path, op.session.session_id)
+        before = self._states[key] if key in self._states else receivable.session_states.get(key[1])
+        self._states[key] = op.state
+        more = session_state_quota(op.state) - session_state_quota(before)
+        if more > 0:
+            self.growth[receivable.path] = self.growth.get(receivable.path, 0) + more
 
 
 def _run_now(work: Coroutine[Any, Any, Any]) -> None:
@@ -407,6 +426,7 @@ class Transactions:
         try:
             namespace._check_alive()
             needed: dict[str, tuple[Entity, int, int]] = {}  # each destination's bytes and messages
+            states = _SessionStateGrowth()
             for op in txn.operations:  # every lock still held, every destination still there and with room
                 if isinstance(op, PendingSettlement):
                     _check_settlement(namespace, op)
@@ -414,6 +434,9 @@ class Transactions:
                     _check_cancel(namespace, op)
                 elif isinstance(op, PendingSessionState):
                     _check_session_state(namespace, op)
+                    states.add(namespace.receivable(op.session.path), op)
+                    entity = namespace._entity(parse_path(op.session.path).entity)
+                    needed.setdefault(entity.path, (entity, 0, 0))
                 else:
                     entity = namespace._entity(parse_path(op.destination).entity)
                     if isinstance(op, PendingSchedule) and entity is not op.reserved_from:
@@ -431,8 +454,8 @@ class Transactions:
                     )
                     _, total, count = needed.get(entity.path, (entity, 0, 0))
                     needed[entity.path] = (entity, total + checked.total_bytes, count + len(op.messages))
-            for entity, total, count in needed.values():
-                namespace._sender._check_quota(entity, total, count)
+            for entity, total, count in needed.values():  # the states' growth and the sends, together
+                check_quota(entity, total, count, states.growth)
         except OncebusError as exc:
             self.rolled_back += 1
             raise TransactionRollbackError(f"{txn.describe()} was rolled back, nothing of it stored: {exc}") from exc

@@ -68,6 +68,10 @@ class AmqpLimits:
     max_unauthenticated: int = 512
     # the same, from one peer address (its own oldest is closed)
     max_unauthenticated_per_peer: int = 256
+    # AMQP over WebSockets: the largest WebSocket message a client may send (its fragments added up); past it the
+    # connection is closed (WebSocket close code 1009). Messages are never buffered (their bytes stream into the
+    # AMQP connection, which bounds its frames as on TCP); the SDKs write one AMQP frame or a few per message
+    websocket_message_size: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.handshake_frame_size < MIN_MAX_FRAME_SIZE:

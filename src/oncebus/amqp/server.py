@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from oncebus.amqp.connection import CONNECTION_FORCED, AmqpConnection, use_own_engine
@@ -16,6 +16,7 @@ from oncebus.amqp.frames import RESOURCE_LIMIT
 from oncebus.amqp.limits import AmqpLimits, OldestFirst
 from oncebus.amqp.routing import Router
 from oncebus.amqp.sas import DEFAULT_KEYS, KeyRing, connection_string
+from oncebus.amqp.websocket import AmqpOverWebSocket
 from oncebus.core.errors import EntityNotFoundError
 
 if TYPE_CHECKING:
@@ -86,6 +87,13 @@ class AmqpServer:
     def connection_protocol(self) -> AmqpConnection:
         """A protocol for a transport accepted elsewhere (``oncebus.server``'s sniffing listener)."""
         return AmqpConnection(self)
+
+    def websocket_protocol(
+        self, target: bytes, headers: Sequence[tuple[bytes, bytes]], early_data: bytes = b""
+    ) -> AmqpOverWebSocket:
+        """A protocol for a WebSocket upgrade request parsed elsewhere (``oncebus.http``'s door): it answers the
+        handshake, then serves the same AMQP connection a TCP transport gets (:mod:`oncebus.amqp.websocket`)."""
+        return AmqpOverWebSocket(self.connection_protocol, self.limits, target, headers, early_data)
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()

@@ -39,9 +39,7 @@ MOUNTED_PREFIXES = ("/dashboard", "/api/dashboard")
 
 
 WEBSOCKET_TEXT = (
-    "AMQP over WebSockets is not served by oncebus: with an emulator connection string the SDK "
-    "(azure-servicebus 7.15) drops the endpoint's port and opens ws://<host>/$servicebus/websocket on port 80 "
-    "(sync) or 443 (aio); use the default TransportType.Amqp\n"
+    "oncebus serves WebSockets on /$servicebus/websocket only (AMQP over WebSockets, subprotocol AMQPWSB10)\n"
 )
 
 
@@ -98,7 +96,7 @@ class HttpApp:
             await self._lifespan(receive, send)
             return
         if scope["type"] != "http":
-            return  # HttpProtocol makes only http scopes; WebSocket upgrades get a 501 below
+            return  # HttpProtocol makes only http scopes; WebSocket upgrades it does not hand over get a 501 below
         path = str(scope["path"])
         if any(k.lower() == b"upgrade" and v.lower() == b"websocket" for k, v in scope["headers"]):
             await _text(send, 501, WEBSOCKET_TEXT)

@@ -13,6 +13,12 @@ refuses more with 431), body at most ``max_body_bytes`` (413), a request must
 arrive completely within ``request_timeout`` seconds of its first byte, an
 idle keep-alive connection is closed after ``keepalive_timeout``; reading
 pauses while a request is being answered, so nothing piles up unbounded.
+
+A WebSocket upgrade on a path given in ``upgrades`` is not the application's:
+once its head (bounded and timed like any request) has arrived, the transport,
+the request and the bytes that followed it go to that path's door (AMQP over
+WebSockets, ``oncebus.amqp.websocket``), which answers the handshake itself and
+from then on owns the connection; it no longer counts as an HTTP connection.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -38,6 +44,25 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SERVER_HEADER = b"oncebus"
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """A WebSocket upgrade request handed to another protocol (see ``HttpProtocol``'s ``upgrades``)."""
+
+    target: bytes  # as the client sent it: path and query
+    headers: list[tuple[bytes, bytes]]
+    scheme: str  # "http" or "https": the connection's, before the upgrade
+    early_data: bytes  # what the client sent after the request, before any answer
+
+
+UpgradeDoor = Callable[[Upgrade], asyncio.Protocol]
+
+
+def upgrade_path(target: bytes) -> str:
+    """The path an upgrade request is routed by: decoded, without query, outer slashes or case
+    (``//$ServiceBus/websocket/?x`` is ``/$servicebus/websocket``)."""
+    return "/" + unquote(target.partition(b"?")[0].decode("latin-1")).strip("/").lower()
 
 
 @dataclass(frozen=True)
@@ -107,8 +132,10 @@ class HttpProtocol(asyncio.Protocol):
         limits: HttpLimits | None = None,
         connections: set[HttpProtocol] | None = None,
         hosts: AllowedHosts | None = None,
+        upgrades: Mapping[str, UpgradeDoor] | None = None,
     ) -> None:
         self.app = app
+        self.upgrades = {upgrade_path(path.encode("latin-1")): door for path, door in (upgrades or {}).items()}
         self.hosts = hosts  # None: any Host
         self.scheme = scheme
         self.limits = limits or HttpLimits()
@@ -266,6 +293,10 @@ class HttpProtocol(asyncio.Protocol):
                 self._body += event.data
             elif isinstance(event, h11.EndOfMessage):
                 assert self._request is not None
+                door = self._upgrade_door(self._request)
+                if door is not None:
+                    self._switch(door, self._request)
+                    return
                 self._disarm()
                 self.idle_since = None
                 if self.transport is not None:
@@ -275,6 +306,34 @@ class HttpProtocol(asyncio.Protocol):
             elif isinstance(event, h11.ConnectionClosed):
                 self.close()
                 return
+
+    def _upgrade_door(self, request: h11.Request) -> UpgradeDoor | None:
+        """The door of a WebSocket upgrade on one of ``upgrades``' paths (anything else: the application's)."""
+        if not self.upgrades:
+            return None
+        upgrade = _header(request, b"upgrade") or b""
+        if not any(token.strip().lower() == b"websocket" for token in upgrade.split(b",")):
+            return None
+        return self.upgrades.get(upgrade_path(request.target))
+
+    def _switch(self, door: UpgradeDoor, request: h11.Request) -> None:
+        """Hand the transport over to ``door``'s protocol: this one never touches it again."""
+        transport = self.transport
+        assert transport is not None
+        early_data = bytes(self.h11.trailing_data[0])
+        self._closed = True
+        self._disarm()
+        if self.connections is not None:
+            self.connections.discard(self)
+        upgrade = Upgrade(
+            target=bytes(request.target),
+            headers=[(bytes(name), bytes(value)) for name, value in request.headers],
+            scheme=self.scheme,
+            early_data=early_data,
+        )
+        protocol = door(upgrade)
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
 
     def _write(self, event: h11.Event) -> None:
         data = self.h11.send(event)

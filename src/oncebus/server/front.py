@@ -4,6 +4,9 @@
 * the TLS port (``--tls-port``, 5671): TLS only (AMQP or HTTPS inside), for
   ``UseDevelopmentEmulator=false`` clients, which always go to 5671;
 * the HTTP port (``--http-port``, 5300, like the emulator's): plain HTTP only.
+
+Wherever HTTP is spoken (HTTP or HTTPS, on any of the three), a WebSocket upgrade
+on ``/$servicebus/websocket`` becomes an AMQP connection (``oncebus.amqp.websocket``).
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from oncebus.amqp.server import AmqpServer
+from oncebus.amqp.websocket import WEBSOCKET_PATH
 from oncebus.auth import connection_string, is_loopback
 from oncebus.broker import Namespace
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.http.app import HttpApp
 from oncebus.http.observe import AmqpTransportGauges, make_observe_app
-from oncebus.http.server import AllowedHosts, ASGIApp, HttpLimits, HttpProtocol, host_name
+from oncebus.http.server import AllowedHosts, ASGIApp, HttpLimits, HttpProtocol, Upgrade, host_name
 from oncebus.server.certs import Certificates
 from oncebus.server.listener import ALL_KINDS, HTTP, TLS, Doors, Listener
 from oncebus.server.namespaces import Namespaces
@@ -151,8 +155,13 @@ async def open_front(
     limits = from_env(HttpLimits(), "ONCEBUS_HTTP_")
     hosts = allowed_hosts(host)
 
+    def websocket(upgrade: Upgrade) -> asyncio.Protocol:
+        return amqp.websocket_protocol(upgrade.target, upgrade.headers, upgrade.early_data)
+
+    upgrades = {WEBSOCKET_PATH: websocket}  # AMQP over WebSockets, on every port that speaks HTTP
+
     def http(scheme: str) -> HttpProtocol:
-        return HttpProtocol(app, scheme=scheme, limits=limits, connections=connections, hosts=hosts)
+        return HttpProtocol(app, scheme=scheme, limits=limits, connections=connections, hosts=hosts, upgrades=upgrades)
 
     doors = from_env(Doors(amqp=amqp.connection_protocol, http=http, tls=context), "ONCEBUS_LISTEN_")
     opened: list[Listener] = []

@@ -277,6 +277,35 @@ const scenarios = {
     });
   },
 
+  // AMQP over WebSockets (webSocketOptions with the ws package): the SDK opens
+  // wss://<endpoint host>:<endpoint port>/$servicebus/websocket (always TLS, even with UseDevelopmentEmulator)
+  async websocket() {
+    const WebSocket = require("ws");
+    const id = `ws-${Date.now()}`;
+    const client = new ServiceBusClient(connectionString, { retryOptions, webSocketOptions: { webSocket: WebSocket } });
+    try {
+      const sender = client.createSender("js-ws");
+      await sender.sendMessages({ body: "first", messageId: id });
+      await sender.sendMessages({ body: "again", messageId: id }); // a resend: dropped
+      const batch = await sender.createMessageBatch();
+      for (const body of ["second", "third"]) batch.tryAddMessage({ body, messageId: `${id}-${body}` });
+      await sender.sendMessages(batch);
+      await sender.sendMessages({ body: "x".repeat(200 * 1024), messageId: `${id}-big` }); // many AMQP frames
+      const receiver = client.createReceiver("js-ws");
+      const got = [];
+      for (let i = 0; i < 5 && got.length < 4; i++) {
+        const some = await receiver.receiveMessages(10, { maxWaitTimeInMs: 3000 });
+        for (const message of some) await receiver.completeMessage(message);
+        got.push(...some);
+      }
+      const left = await receiver.receiveMessages(10, { maxWaitTimeInMs: 1000 });
+      const bodies = got.map((m) => (m.body.length > 100 ? `${m.body.length} bytes` : m.body)).sort();
+      return { received: bodies, left: left.length };
+    } finally {
+      await client.close();
+    }
+  },
+
   // after a restart: what the purge deleted is still gone, and its ids are still duplicates
   async "purge-after-restart"() {
     return withClient(connectionString, async (client) => {

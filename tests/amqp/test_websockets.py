@@ -38,7 +38,7 @@ from tests.amqp.conftest import ServerProcess, topology
 from tests.amqp.raw import AMQP_HEADER, CLOSE, OPEN, SASL_HEADER, SASL_MECHANISMS, error_of, frame, open_frame
 from tests.amqp.wsraw import WsRawClient, read_response, upgrade_request
 
-TIMEOUT = 2.0  # the handshake, HTTP request and close-flush timeouts of the module's server
+TIMEOUT = 3.0  # the handshake, HTTP request and close-flush timeouts of the module's server
 MESSAGE_LIMIT = 256 * 1024
 QUICK = TIMEOUT / 2  # seconds: a close by handshake, well before any timeout
 QUEUES: dict[str, dict[str, Any]] = {

@@ -1,0 +1,153 @@
+package oncebus.sdk;
+
+import static oncebus.sdk.MessagingScenarios.bodies;
+import static oncebus.sdk.MessagingScenarios.receive;
+import static oncebus.sdk.MessagingScenarios.text;
+
+import com.azure.messaging.servicebus.ServiceBusClientBuilder;
+import com.azure.messaging.servicebus.ServiceBusReceivedMessage;
+import com.azure.messaging.servicebus.ServiceBusReceiverClient;
+import com.azure.messaging.servicebus.ServiceBusSenderClient;
+import com.azure.messaging.servicebus.ServiceBusTransactionContext;
+import com.azure.messaging.servicebus.models.CompleteOptions;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+
+/** ServiceBusTransactionContext: a send and a completion in one transaction, committed or rolled back. */
+final class TransactionScenarios {
+    private TransactionScenarios() {
+    }
+
+    static void register(Map<String, Main.Scenario> all) {
+        all.put("transaction-commit", TransactionScenarios::commit);
+        all.put("transaction-rollback", TransactionScenarios::rollback);
+        all.put("transaction-cross-entity", TransactionScenarios::crossEntity);
+        all.put("transaction-refused-send", TransactionScenarios::refusedSend);
+    }
+
+    private static List<String> peekBodies(ServiceBusReceiverClient receiver) {
+        List<ServiceBusReceivedMessage> out = new ArrayList<>();
+        receiver.peekMessages(10, 1).forEach(out::add);
+        return bodies(out);
+    }
+
+    /** Receive "in"; in one transaction send "out" and complete "in"; nothing shows before the commit. */
+    private static Map<String, Object> commit(Env env) {
+        String queue = "java-txn-commit";
+        Map<String, Object> result = new LinkedHashMap<>();
+        ServiceBusClientBuilder builder = env.client();
+        try (ServiceBusSenderClient sender = builder.sender().queueName(queue).buildClient();
+             ServiceBusReceiverClient receiver = builder.receiver().queueName(queue).buildClient()) {
+            sender.sendMessage(text("in").setMessageId("in"));
+            ServiceBusReceivedMessage in = receive(receiver, 1).get(0);
+            ServiceBusTransactionContext transaction = sender.createTransaction();
+            result.put("transactionIdLength", transaction.getTransactionId().remaining());
+            sender.sendMessage(text("out").setMessageId("out"), transaction);
+            receiver.complete(in, new CompleteOptions().setTransactionContext(transaction));
+            result.put("peekBeforeCommit", peekBodies(receiver));
+            sender.commitTransaction(transaction);
+            result.put("peekAfterCommit", peekBodies(receiver));
+            sender.sendMessage(text("out again").setMessageId("out"));  // a duplicate of the committed send
+            List<ServiceBusReceivedMessage> after = receive(receiver, 2);
+            result.put("receivedAfterCommit", bodies(after));
+            after.forEach(receiver::complete);
+        }
+        return result;
+    }
+
+    /** The same, rolled back: "keep" stays (locked until abandoned), "never" is not stored nor its id held. */
+    private static Map<String, Object> rollback(Env env) {
+        String queue = "java-txn-rollback";
+        Map<String, Object> result = new LinkedHashMap<>();
+        ServiceBusClientBuilder builder = env.client();
+        try (ServiceBusSenderClient sender = builder.sender().queueName(queue).buildClient();
+             ServiceBusReceiverClient receiver = builder.receiver().queueName(queue).buildClient()) {
+            sender.sendMessage(text("keep").setMessageId("keep"));
+            ServiceBusReceivedMessage keep = receive(receiver, 1).get(0);
+            ServiceBusTransactionContext transaction = receiver.createTransaction();
+            sender.sendMessage(text("never").setMessageId("never"), transaction);
+            receiver.complete(keep, new CompleteOptions().setTransactionContext(transaction));
+            receiver.rollbackTransaction(transaction);
+            result.put("peekAfterRollback", peekBodies(receiver));
+            try {
+                receiver.abandon(keep);
+                result.put("abandonAfterRollback", "accepted");
+            } catch (IllegalArgumentException e) {
+                result.put("abandonAfterRollback", Main.describe(e));
+            }
+            sender.sendMessage(text("never, sent again").setMessageId("never"));  // new: the rollback kept no key
+            // "keep" stays locked by this receiver until its lock (5 s) expires, then comes again
+            List<ServiceBusReceivedMessage> after = new ArrayList<>();
+            long deadline = System.nanoTime() + java.time.Duration.ofSeconds(20).toNanos();
+            while (after.size() < 2 && System.nanoTime() < deadline) {
+                receiver.receiveMessages(2 - after.size(), java.time.Duration.ofSeconds(2)).forEach(after::add);
+            }
+            result.put("receivedAfterRollback", bodies(after));
+            result.put("deliveryCounts", after.stream().map(ServiceBusReceivedMessage::getDeliveryCount).toList());
+            after.forEach(receiver::complete);
+        }
+        return result;
+    }
+
+    /** enableCrossEntityTransactions: receive from one queue, send to another, complete, commit (send-via). */
+    private static Map<String, Object> crossEntity(Env env) {
+        String source = "java-txn-a";
+        String destination = "java-txn-b";
+        Map<String, Object> result = new LinkedHashMap<>();
+        ServiceBusClientBuilder builder = env.client().enableCrossEntityTransactions();
+        try (ServiceBusSenderClient toSource = builder.sender().queueName(source).buildClient();
+             ServiceBusReceiverClient fromSource = builder.receiver().queueName(source).buildClient();
+             ServiceBusSenderClient toDestination = builder.sender().queueName(destination).buildClient();
+             ServiceBusReceiverClient fromDestination = builder.receiver().queueName(destination).buildClient()) {
+            toSource.sendMessage(text("order"));
+            ServiceBusReceivedMessage order = receive(fromSource, 1).get(0);
+            ServiceBusTransactionContext transaction = fromSource.createTransaction();
+            fromSource.complete(order, new CompleteOptions().setTransactionContext(transaction));
+            result.put("transactionalSend", send(toDestination, "shipped", transaction));
+            result.put("destinationBeforeCommit", peekBodies(fromDestination));
+            fromSource.commitTransaction(transaction);
+            result.put("sourceAfterCommit", peekBodies(fromSource));
+            List<ServiceBusReceivedMessage> shipped = receive(fromDestination, 1);
+            result.put("destinationAfterCommit", bodies(shipped));
+            shipped.forEach(fromDestination::complete);
+        }
+        return result;
+    }
+
+    private static Object send(ServiceBusSenderClient sender, String body, ServiceBusTransactionContext transaction) {
+        try {
+            sender.sendMessage(text(body), transaction);
+            return "returned";
+        } catch (RuntimeException e) {
+            return Main.describe(e);
+        }
+    }
+
+    /**
+     * A transactional send the broker refuses (another entity than the transaction's, without send-via): the SDK's
+     * sendMessage returns as if it were sent, the commit succeeds, and the message is nowhere.
+     */
+    private static Map<String, Object> refusedSend(Env env) {
+        String settled = "java-txn-c";
+        String other = "java-txn-d";
+        Map<String, Object> result = new LinkedHashMap<>();
+        ServiceBusClientBuilder builder = env.client();
+        try (ServiceBusSenderClient toSettled = builder.sender().queueName(settled).buildClient();
+             ServiceBusReceiverClient fromSettled = builder.receiver().queueName(settled).buildClient();
+             ServiceBusSenderClient toOther = builder.sender().queueName(other).buildClient();
+             ServiceBusReceiverClient fromOther = builder.receiver().queueName(other).buildClient()) {
+            toSettled.sendMessage(text("work"));
+            ServiceBusReceivedMessage work = receive(fromSettled, 1).get(0);
+            ServiceBusTransactionContext transaction = toSettled.createTransaction();
+            fromSettled.complete(work, new CompleteOptions().setTransactionContext(transaction));
+            result.put("transactionalSend", send(toOther, "lost", transaction));
+            toSettled.commitTransaction(transaction);
+            result.put("committed", true);
+            result.put("settledAfterCommit", peekBodies(fromSettled));
+            result.put("otherAfterCommit", peekBodies(fromOther));
+        }
+        return result;
+    }
+}

@@ -426,6 +426,43 @@ def test_the_fast_encoder_gives_receivers_what_proton_gives() -> None:
             assert (delivered.get(b"da") == 1) is sent  # the sender's own delivery annotations come through
 
 
+def _annotation_value(encoded: bytes, key: bytes) -> bytes:
+    """The raw encoding that follows symbol ``key`` in ``encoded`` (its constructor and first bytes)."""
+    at = encoded.index(bytes((0xA3, len(key))) + key) + 2 + len(key)
+    return encoded[at : at + 2]
+
+
+@pytest.mark.parametrize(
+    ("state", "number"),
+    [(MessageState.ACTIVE, 0), (MessageState.DEFERRED, 1), (MessageState.SCHEDULED, 2)],
+    ids=["active", "deferred", "scheduled"],
+)
+def test_the_message_state_annotation_is_an_amqp_int(state: MessageState, number: int) -> None:
+    """Failed before: x-opt-message-state went out as a long; the Java SDK reads only an int (Service Bus sends
+    one) and took a scheduled or deferred message for an active one (tests/java: test_schedule_and_cancel)."""
+    for wire in (_sdk_encoding(ServiceBusMessage(b"x", message_id="m")), None):
+        received = _received(wire, state=state)
+        for encoded in (
+            outgoing.encode_received(received, lock_annotations=True),
+            outgoing.encode_received_with_proton(
+                received, wire or outgoing._fields_encoding(received), lock_annotations=True
+            ),
+        ):
+            assert _annotation_value(encoded, b"x-opt-message-state") == bytes((0x54, number))  # smallint
+
+
+def test_a_dead_lettered_message_keeps_string_keys_in_its_application_properties() -> None:
+    """Failed before: the properties a dead-lettered message is delivered with (its own, DeadLetterReason,
+    DeadLetterErrorDescription) had symbol keys; AMQP wants strings there and the Java SDK's proton-j refuses the
+    message ('Expected String type but found encoding: SYM8'; tests/java: test_peek_lock_settlement)."""
+    sent = _sdk_encoding(ServiceBusMessage(b"x", message_id="m", application_properties={"color": "red"}))
+    received = _received(sent, dead_letter_reason="bad", dead_letter_error_description="because")
+    properties = proton.Message()
+    properties.decode(outgoing.encode_received(received, lock_annotations=True))
+    assert properties.properties == {"color": "red", "DeadLetterReason": "bad", "DeadLetterErrorDescription": "because"}
+    assert all(type(key) is str for key in properties.properties)  # a proton.symbol is a str subclass
+
+
 # ------------------------------------------------------------------------------ typed message ids (issue 7, item 3)
 def _with_id(message_id: object) -> bytes:
     return _sdk_encoding(AmqpAnnotatedMessage(data_body=b"d", properties={"message_id": message_id}))

@@ -85,6 +85,17 @@ def test_an_action_rewrites_properties_and_keeps_the_body_and_untouched_types() 
     assert rewritten[0x70] == original[0x70] and rewritten[0x72] == original[0x72]  # nothing changed them
 
 
+def test_an_action_keeps_string_keys_in_the_application_properties() -> None:
+    """Failed before: a copy a rule action changed had its application properties re-encoded with symbol keys;
+    AMQP wants strings there and the Java SDK's proton-j refuses such a message (tests/java:
+    test_admin_client_topics_subscriptions_rules, the SET action's copy)."""
+    copy, changed = _apply(_stored(_sent()), "SET seen = 'yes'")
+    got = proton.Message()
+    got.decode(reencode(_sent(), copy, changed))
+    assert got.properties is not None and got.properties["seen"] == "yes"
+    assert all(type(key) is str for key in got.properties)  # a proton.symbol is a str subclass
+
+
 def test_time_to_live_partition_key_and_removed_system_properties() -> None:
     wire = _sent()
     stored = _stored(wire)

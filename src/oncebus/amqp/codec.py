@@ -348,7 +348,7 @@ def _check_reencodable(
         (
             APPLICATION_PROPERTIES,
             "application properties",
-            lambda: proton.PropertyDict(application) if application else None,
+            lambda: dict(application) if application else None,
         ),
     ):
         try:

@@ -42,7 +42,7 @@ from oncebus.amqp.codec import (
 )
 from oncebus.amqp.encoding import DecodeError, Reader, jump
 from oncebus.amqp.reencode import reencode
-from oncebus.core.messages import ReceivedMessage
+from oncebus.core.messages import MessageState, ReceivedMessage
 from oncebus.core.timeutil import MAX_US, MIN_US, datetime_to_us
 
 
@@ -120,8 +120,9 @@ _LOCKED_UNTIL_KEY = _symbol8(str(LOCKED_UNTIL))
 _LOCK_TOKEN_KEY = _symbol8(str(LOCK_TOKEN))
 
 
-_STATES = {state: _long(int(number)) for state, number in SDK_STATES.items()}
-_STATE_ACTIVE = _long(0)
+# an AMQP int, as Service Bus sends it: the Java SDK reads the state only from an int (a long reads as Active)
+_STATES = {state: bytes((0x54, number)) for state, number in SDK_STATES.items()}  # smallint: 0, 1, 2
+_STATE_ACTIVE = _STATES[MessageState.ACTIVE]
 _NULL_FIELDS = (b"\x40",) * 4  # the header of a message sent without one: nulls before the delivery count
 
 
@@ -279,7 +280,7 @@ def encode_received_with_proton(
         annotations[PARTITION_KEY] = message.partition_key
     if message.dead_letter_source is not None:
         annotations[DEAD_LETTER_SOURCE] = message.dead_letter_source
-    annotations[MESSAGE_STATE] = int(SDK_STATES.get(message.state, 0))
+    annotations[MESSAGE_STATE] = proton.int32(SDK_STATES.get(message.state, 0))
     if lock_annotations and message.locked_until_utc is not None:
         annotations[LOCKED_UNTIL] = _ms(message.locked_until_utc)
     out = bytearray(encode_section(HEADER, header)) + _delivery_annotations(lock_token, delivered)
@@ -292,7 +293,8 @@ def encode_received_with_proton(
             properties[DEAD_LETTER_ERROR_DESCRIPTION] = message.dead_letter_error_description
         # the application properties go before the body, right after the properties section
         index = next((i for i, raw in enumerate(rest) if _code(raw) > APPLICATION_PROPERTIES), len(rest))
-        rest.insert(index, encode_section(APPLICATION_PROPERTIES, proton.PropertyDict(properties)))
+        # string keys, as AMQP wants them there (proton's PropertyDict would make them symbols)
+        rest.insert(index, encode_section(APPLICATION_PROPERTIES, properties))
     for raw in rest:
         out += raw
     return bytes(out)

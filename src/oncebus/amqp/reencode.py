@@ -132,9 +132,8 @@ def reencode(wire: bytes, copy: Rewritten, changed: Collection[str]) -> bytes:
 
     def application() -> bytes:
         current = next((s.value() for s in sections if s.code == APPLICATION_PROPERTIES), None) or {}
-        return encode_section(
-            APPLICATION_PROPERTIES, proton.PropertyDict(_application_properties(current, copy.application_properties))
-        )
+        # string keys, as AMQP wants them there (proton's PropertyDict would make them symbols)
+        return encode_section(APPLICATION_PROPERTIES, _application_properties(current, copy.application_properties))
 
     for section in sections:
         if section.code == HEADER and "time_to_live" in changed:

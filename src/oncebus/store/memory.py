@@ -113,6 +113,7 @@ class MemoryStore:
                     held.delivery_count = op.delivery_count
                     if op.application_properties:
                         held.application_properties.update(op.application_properties)
+                        held.rewritten = held.rewritten | {"application_properties"}  # a receiver gets it re-encoded
             case MoveMessage(path=path, sequence_number=seq):
                 moved = self.messages.pop((path, seq), None)
                 if moved is not None:

@@ -486,6 +486,8 @@ def _patch_properties(db: Connection[Any], path: str, seq: int, changes: dict[st
     properties = dict(meta.get("application_properties") or {})
     properties.update(changes)
     meta["application_properties"] = properties
+    # the sender's encoding no longer holds them: a receiver gets it encoded again (StoredMessage.rewritten)
+    meta["rewritten"] = sorted({*meta.get("rewritten", ()), "application_properties"})
     db.execute(
         "UPDATE oncebus_message SET meta = %s WHERE path = %s AND sequence_number = %s",
         (json.dumps(meta, separators=(",", ":"), default=str), path, seq),

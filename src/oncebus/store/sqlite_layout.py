@@ -340,6 +340,8 @@ def patch_properties(db: sqlite3.Connection, path: str, seq: int, changes: dict[
     properties = dict(meta.get("application_properties") or {})
     properties.update(changes)
     meta["application_properties"] = properties
+    # the sender's encoding no longer holds them: a receiver gets it encoded again (StoredMessage.rewritten)
+    meta["rewritten"] = sorted({*meta.get("rewritten", ()), "application_properties"})
     db.execute(
         "UPDATE message SET meta = ? WHERE path = ? AND sequence_number = ?",
         (json.dumps(meta, separators=(",", ":"), default=str), path, seq),

@@ -218,6 +218,16 @@ def java(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JavaRun]:
         clocked.stop()
 
 
+def test_the_pinned_sdk_ran(java: JavaRun) -> None:
+    got = java.result("sdk-version")
+    assert got == {
+        "azure-messaging-servicebus": SDK_VERSION,
+        "azure-core-amqp": "2.12.0",
+        "azure-core": "1.58.1",
+        "java": "17",
+    }
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["name"] for s in SCENARIOS])
 def test_dedup_scenario(java: JavaRun, scenario: dict[str, Any]) -> None:
     got = java.result("dedup:" + scenario["name"])

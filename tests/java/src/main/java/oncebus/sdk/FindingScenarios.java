@@ -16,7 +16,25 @@ final class FindingScenarios {
     }
 
     static void register(Map<String, Main.Scenario> all) {
+        all.put("sdk-version", FindingScenarios::sdkVersion);
         all.put("admin-connection-string-alone", FindingScenarios::adminConnectionStringAlone);
+    }
+
+    /** The SDK versions on the class path, as their jars name themselves. */
+    private static Map<String, Object> sdkVersion(Env env) throws java.io.IOException {
+        Map<String, Object> result = new LinkedHashMap<>();
+        for (String name : new String[] {"azure-messaging-servicebus", "azure-core-amqp", "azure-core"}) {
+            java.util.Properties properties = new java.util.Properties();
+            try (java.io.InputStream in = FindingScenarios.class.getClassLoader()
+                     .getResourceAsStream(name + ".properties")) {
+                if (in != null) {
+                    properties.load(in);
+                }
+            }
+            result.put(name, properties.getProperty("version"));
+        }
+        result.put("java", System.getProperty("java.specification.version"));
+        return result;
     }
 
     /**

@@ -104,13 +104,18 @@ class Background:
         raise AssertionError(f"{pattern!r} ({count}) not printed in {timeout} s:\n{self.output()[-4000:]}")
 
     def stop(self) -> None:
+        """As Ctrl-C stops it (a worker's warm shutdown stops its own children), then whatever is left of it."""
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.send_signal(signal.SIGINT)
             try:
                 self.process.wait(20)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(20)
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(20)
 
 
 @dataclass

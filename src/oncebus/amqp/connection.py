@@ -398,9 +398,10 @@ class AmqpConnection(asyncio.Protocol):
         # store): running tasks finish, see ``closed`` and leave proton alone; link loops stop on their own
         if drain and self.socket is not None and self.socket.can_write_eof() and self._end_our_half():
             self._linger_timer = self.loop.call_later(self.limits.close_flush_timeout, self.socket.abort)
-        elif self.socket is not None and not self.socket.is_closing():  # aborted (drop) or lost: nothing to flush
-            # (and a TLS transport closed twice forgets its protocol, then fails get_write_buffer_size)
-            self.socket.close()  # after what is buffered has been written, unless the client never reads:
+        elif self.socket is not None:
+            if not self.socket.is_closing():  # aborted (drop) or lost: closing again would do nothing, except to
+                # a TLS transport, which it empties (its get_write_buffer_size then fails)
+                self.socket.close()  # after what is buffered has been written, unless the client never reads:
             if self.socket.get_write_buffer_size() > 0:
                 self._linger_timer = self.loop.call_later(self.limits.close_flush_timeout, self.socket.abort)
         self._set_writable(True)

@@ -30,8 +30,8 @@ from app import CONNECTION_STRING, add, broker
 async def main() -> None:
     await broker.startup()
     await add.kicker().with_task_id("invoice-42").with_labels(_retries=1).kiq(2, 3)  # a retry: a new message
+    print("delayed sent at", time.time(), flush=True)  # before the send: its delay counts from a moment after
     await add.kicker().with_task_id("invoice-44").with_labels(delay=2).kiq(20, 2)  # runs two seconds later
-    print("delayed sent at", time.time(), flush=True)
     await broker.shutdown()
     unchanged = ServiceBusBroker(CONNECTION_STRING, "tasks")
     await unchanged.startup()
@@ -93,8 +93,9 @@ def test_the_taskiq_page_as_written(server: ServerProcess) -> None:
         # a lost acknowledgement: the SDK sends again, and oncebus drops the copy (it ran once; none is left)
         walk.run(walk.take("await add.kiq(1, 2)", "python"))
         stats = stats_row(walk.run(walk.take("oncebus fault arm lost-ack --entity tasks", "sh")), "tasks")
-        assert (stats["ACCEPTED"], stats["DUPLICATES"], stats["ACTIVE"]) == ("2", "2", "0"), stats
+        assert (stats["ACCEPTED"], stats["DUPLICATES"]) == ("2", "2"), stats
         worker.wait_for(r"add\(1, 2\) = 3")
+        assert walk.idle_stats("tasks")["ACTIVE"] == "0"  # settled: the one copy stored ran
         walk.finish()
 
         (folder / "besides.py").write_text(textwrap.dedent(BESIDES))
@@ -116,7 +117,7 @@ def test_the_taskiq_page_as_written(server: ServerProcess) -> None:
             ".venv/bin/python lost.py"
         )
         worker.wait_for(r"add\(50, 5\) = 55")
-        stats = stats_row(walk.shell(".venv/bin/oncebus stats tasks"), "tasks")
+        stats = walk.idle_stats("tasks")
         assert (stats["ACCEPTED"], stats["DUPLICATES"], stats["ACTIVE"]) == ("7", "3", "0"), stats
         assert worker.output().count("add(50, 5) = 55") == 1
         plain = stats_row(walk.shell(".venv/bin/oncebus stats tasks-plain"), "tasks-plain")
@@ -124,6 +125,6 @@ def test_the_taskiq_page_as_written(server: ServerProcess) -> None:
         sent_at = float(sent.split("delayed sent at ", 1)[1].split()[0])
         ran = next(line for line in worker.output().splitlines() if "with ID: invoice-44" in line)
         ran_at = datetime.strptime(ran[1:24], "%Y-%m-%d %H:%M:%S,%f").timestamp()  # the log's local time
-        assert ran_at >= sent_at + 1.5, (sent_at, ran)  # held until its time (2 s, less the log's rounding)
+        assert ran_at >= sent_at + 1.9, (sent_at, ran)  # held until its time (2 s, less the log's rounding)
     finally:
         walk.stop()

@@ -191,6 +191,15 @@ class Walk:
         running.wait_for(re.escape(ready), self.timeout)
         return running
 
+    def idle_stats(self, entity: str, timeout: float = 30.0) -> dict[str, str]:
+        """``oncebus stats`` of ``entity`` once it holds no active message (the worker has settled them all)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            row = stats_row(self.shell(f".venv/bin/oncebus stats {entity}"), entity)
+            if row["ACTIVE"] == "0" or time.monotonic() > deadline:
+                return row
+            time.sleep(0.5)
+
     def finish(self) -> None:
         untaken = [f"{self.where(b)} ({b.lang})" for b in self._blocks[self._taken :]]
         assert untaken == [], f"blocks no test follows: {untaken}"

@@ -112,11 +112,13 @@ class Client(RawClient):
         path: str,
         *,
         key_name: str = "RootManageSharedAccessKey",
+        key: str | None = None,
         host: str = HOST,
         audience: str | None = None,
         expiry: int | None = None,
     ) -> tuple[int, str]:
-        """Put a token for ``sb://host/path`` on $cbs; (status code, description)."""
+        """Put a token for ``sb://host/path`` on $cbs, signed with ``key`` (default: the namespace key named
+        ``key_name``); (status code, description)."""
         if not self.cbs_ready:
             self.send(attach_frame("cbs-sender", 100, "$cbs", sender=True))
             self.send(attach_frame("cbs-receiver", 101, "$cbs", sender=False))
@@ -125,7 +127,8 @@ class Client(RawClient):
             self.expect(ATTACH)
             self.cbs_ready = True
         resource = f"sb://{host}:{self.port}/{path}"
-        token = make_token(resource, key_name, SECRETS[key_name], expiry or int(time.time()) + 3600)
+        signing = SECRETS[key_name] if key is None else key
+        token = make_token(resource, key_name, signing, expiry or int(time.time()) + 3600)
         request = Message(
             value=token,
             properties=Properties(message_id=str(uuid.uuid4()), reply_to="cbs-receiver"),

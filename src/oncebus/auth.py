@@ -14,6 +14,17 @@ Never a sibling (``orders`` does not cover ``orders2``). When the client names t
 AMQP ``open``'s hostname, the HTTP ``Host`` header), a token made for another host is refused, as Azure
 refuses a token for another namespace.
 
+A token signed with an entity's own shared access rule (a queue's or a topic's ``authorization_rules``) is
+bound to that entity besides: it grants on the entity, its sub-queues, its subscriptions with their rules and
+its ``$management`` node, and on no other entity, even one whose name starts with it (a rule of the queue
+``a`` does not reach the queue ``a/b``, whose name merely begins with ``a/``, while a namespace key's token
+for ``sb://host/a`` does). :func:`entity_of_path` tells which entity a path belongs to.
+
+Every door asks :func:`access_denied`, one check: AMQP links and ``$management`` requests with the tokens a
+connection has put on ``$cbs``, CBS itself for the audience a token is put for, and every HTTP request (REST
+messages, the administration API, ``/$faults``, ``/$namespaces``, the dashboard and ``/metrics``) through
+:func:`authorize_request` with the token or HTTP Basic key its ``Authorization`` header carries.
+
 Keys are given as ``NAME=KEY`` (all rights) or ``NAME:RIGHTS=KEY`` (``RIGHTS`` a comma-separated list of
 Send, Listen, Manage): on the command line (``--key``), one per line in a keys file (``--keys-file``), or
 separated by ``;`` or newlines in the ``ONCEBUS_SAS_KEYS`` environment variable. A key name holds neither
@@ -33,10 +44,12 @@ re-exports this module).
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 import hashlib
 import hmac
 import ipaddress
+import math
 import os
 import re
 import time
@@ -45,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote_plus, unquote, unquote_plus, urlencode, urlsplit
 
+from oncebus.core.entities import entity_of_path
 from oncebus.core.errors import UnauthorizedError
 
 DEFAULT_KEY_NAME = "RootManageSharedAccessKey"
@@ -91,7 +105,11 @@ class SasKey:
 
 
 EntityRules = Callable[[str], Iterable[tuple[str, Sequence[str], Iterable[str]]]]
-"""``path -> [(key name, (primary, secondary), rights)]``: the shared access rules of the entity holding ``path``."""
+"""``entity -> [(key name, (primary, secondary), rights)]``: the shared access rules of the queue or topic named
+``entity`` (none when there is no such entity; never those of an entity whose name is a prefix of it)."""
+
+Candidate = tuple[str, frozenset[str], str | None]
+"""A key a token may have been signed with: (key, the rights it grants, the entity it is bound to or None)."""
 
 
 class KeyRing(Mapping[str, str]):
@@ -151,24 +169,26 @@ class KeyRing(Mapping[str, str]):
         return "KeyRing(" + ", ".join(f"{k.name}:{rights_text(k.rights)}" for k in self._keys.values()) + ")"
 
     def attach_entity_rules(self, lookup: EntityRules) -> None:
-        """Let tokens signed with an entity's own shared access rules in: ``lookup(path)`` gives the rules of the
-        queue or topic that holds ``path`` (its subscriptions and sub-queues included), as (key name, keys,
-        rights) triples. The namespace's keys are looked up first."""
+        """Let tokens signed with an entity's own shared access rules in: ``lookup(entity)`` gives the rules of
+        the queue or topic named ``entity``, as (key name, keys, rights) triples. The namespace's keys are looked
+        up first."""
         self._entity_rules = lookup
 
-    def candidates(self, name: str, path: str) -> list[tuple[str, frozenset[str]]]:
-        """The keys a token signed by ``name`` for the resource ``path`` may have used, with their rights: the
-        namespace key of that name, else the primary and secondary key of that rule of the entity at ``path``."""
+    def candidates(self, name: str, path: str) -> list[Candidate]:
+        """The keys a token signed by ``name`` for the resource ``path`` may have used, with their rights and the
+        entity they are bound to: the namespace key of that name (bound to none), else the primary and secondary
+        key of that rule of the entity ``path`` belongs to (:func:`entity_of_path`), bound to that entity."""
         key = self._keys.get(name)
         if key is not None:
-            return [(key.key, key.rights)]
+            return [(key.key, key.rights, None)]
         lookup: EntityRules | None = getattr(self, "_entity_rules", None)
-        if lookup is None:
+        entity = entity_of_path(normalize_path(path))
+        if lookup is None or not entity:
             return []
-        for rule_name, keys, rights in lookup(path):
+        for rule_name, keys, rights in lookup(entity):
             if rule_name == name:
                 granted = frozenset(rights) | (ALL_RIGHTS if MANAGE in rights else frozenset())
-                return [(k, granted) for k in keys]
+                return [(k, granted, entity) for k in keys]
         return []
 
 
@@ -234,16 +254,34 @@ def is_loopback(host: str) -> bool:
 @dataclass(frozen=True)
 class Grant:
     """What a verified token allows: the path it covers, until when (epoch seconds), with which rights,
-    for which host (None: the token names none)."""
+    for which host (None: the token names none), and, for a token signed with an entity's own rule, the
+    entity it is bound to (None: a namespace key's)."""
 
     resource_path: str
     expires_at: float
     key_name: str
     rights: frozenset[str] = ALL_RIGHTS
     host: str | None = None
+    entity: str | None = None
 
     def covers(self, entity_path: str, now: float) -> bool:
-        return now < self.expires_at and path_covers(self.resource_path, normalize_path(entity_path))
+        return self.refusal(normalize_path(entity_path), now) is None
+
+    def refusal(self, wanted: str, now: float) -> str | None:
+        """None when this grant reaches the normalized path ``wanted`` at ``now``; otherwise why not."""
+        if now >= self.expires_at:
+            return f"the token for {self.resource_path or '/'!r} expired at {int(self.expires_at)}"
+        if not path_covers(self.resource_path, wanted):
+            return f"the token for {self.resource_path or '/'!r} does not cover {wanted or 'the namespace'!r}"
+        if self.entity is not None and entity_of_path(wanted) != self.entity:
+            other = entity_of_path(wanted)
+            return (
+                f"the token is signed with {self.key_name!r}, a shared access rule of the entity {self.entity!r}, "
+                "which grants on that entity only (its sub-queues, subscriptions and $management node), not on "
+                + (f"the entity {other!r}: use a rule of {other!r}" if other else "the namespace")
+                + " or a namespace key"
+            )
+        return None
 
 
 def normalize_path(path: str) -> str:
@@ -306,6 +344,44 @@ def ancestors(path: str) -> list[str]:
         parts = path.split("/")
         out += ["/".join(parts[: i + 1]) for i in range(len(parts))]
     return out
+
+
+def access_denied(
+    grants: Iterable[Grant],
+    path: str,
+    right: str | None,
+    now: float,
+    *,
+    shown: str | None = None,
+    hint: str | None = None,
+) -> str | None:
+    """The one access check of every door: None when one of ``grants`` (the tokens an AMQP connection holds, or
+    the one an HTTP request carries) reaches ``path`` at ``now`` with ``right`` (None: any right); otherwise
+    why not, in Azure's words when a token reaches it without the right. ``shown``: the resource that text
+    names (default: ``path``); ``hint``: what to do, added when no token reaches ``path``."""
+    wanted = normalize_path(path)
+    reaching = False
+    reasons = []
+    for grant in grants:
+        why = grant.refusal(wanted, now)
+        if why is not None:
+            reasons.append(why)
+        elif right is None or right in grant.rights:
+            return None
+        else:
+            reaching = True
+    if reaching:
+        assert right is not None
+        return missing_right_text(right, wanted if shown is None else shown)
+    why = "; ".join(reasons) or "no valid token covers it"
+    text = f"Unauthorized access to {wanted or 'the namespace'!r}: {why}"
+    return text if hint is None else f"{text}; {hint}"
+
+
+def refusal_text(error: UnauthorizedError) -> str:
+    """An authorization error as a door answers it: starting ``Unauthorized`` (once)."""
+    text = str(error)
+    return text if text.startswith("Unauthorized") else f"Unauthorized: {text}"
 
 
 def missing_right_text(right: str, resource: str) -> str:
@@ -399,11 +475,12 @@ def verify_token(token: str, keys: Mapping[str, str], now: float | None = None, 
             f"namespace {namespace or '(the default one)'!r}: one connection serves one namespace"
         )
     resource = unquote_plus(fields["sr"])
+    candidates: list[Candidate]
     if isinstance(keys, KeyRing):
         candidates = keys.candidates(key_name, resource_path(resource))
     else:
         key = keys.get(key_name)
-        candidates = [] if key is None else [(key, ALL_RIGHTS)]
+        candidates = [] if key is None else [(key, ALL_RIGHTS, None)]
     if not candidates:
         raise UnauthorizedError(
             f"unknown shared access key name {key_name[:80]!r} (neither a namespace key nor a rule of the entity "
@@ -416,29 +493,33 @@ def verify_token(token: str, keys: Mapping[str, str], now: float | None = None, 
         )
     expiry = int(fields["se"])
     given = unquote(fields["sig"]).encode()
-    rights = next(  # an entity rule has two keys: either signs
+    signer = next(  # an entity rule has two keys: either signs
         (
-            granted
-            for key, granted in candidates
+            (granted, entity)
+            for key, granted, entity in candidates
             if hmac.compare_digest(sign(fields["sr"], expiry, key).encode(), given)
         ),
         None,
     )
-    if rights is None:
+    if signer is None:
         raise UnauthorizedError(f"the signature does not match key {key_name!r}")
     if expiry <= now:
         raise UnauthorizedError(f"the token expired at {expiry} (now {int(now)})")
-    return Grant(resource_path(resource), float(expiry), key_name, rights, resource_host(resource))
+    rights, entity = signer
+    return Grant(resource_path(resource), float(expiry), key_name, rights, resource_host(resource), entity)
 
 
 def authorize(
     token: str, audience: str, keys: Mapping[str, str], now: float | None = None, namespace: str | None = None
 ) -> Grant:
     """Verify ``token`` and check that it covers ``audience`` (the CBS request's ``name``)."""
+    if now is None:
+        now = time.time()
     grant = verify_token(token, keys, now, namespace)
     wanted = resource_path(audience)
-    if not path_covers(grant.resource_path, wanted):
-        raise UnauthorizedError(f"the token for {grant.resource_path or '/'!r} does not cover {wanted or '/'!r}")
+    denied = access_denied([grant], wanted, None, now)
+    if denied is not None:
+        raise UnauthorizedError(denied)
     check_host(grant, resource_host(audience))
     # the client asked for this audience: that is what the token now grants on this connection
     return dataclasses.replace(grant, resource_path=wanted)
@@ -455,22 +536,37 @@ def authorize_request(
     shown: str | None = None,
     missing: str = "sign it with a SharedAccessSignature made with one of the namespace's keys",
     namespace: str | None = None,
+    basic: bool = False,
 ) -> Grant:
-    """An HTTP request's ``Authorization`` header checked as Azure checks it: a valid token that covers ``path``
+    """An HTTP request's ``Authorization`` header checked as Azure checks it: a valid token that reaches ``path``
     (the URL used), made for ``host`` (when both name one), with ``right``. ``shown`` names the resource in the
-    missing-right text (default: ``path``); ``missing`` says what to do when the header is absent."""
+    missing-right text (default: ``path``); ``missing`` says what to do when the header is absent. ``basic``:
+    HTTP Basic is taken too (user: a namespace key's name, password: the key), for the whole namespace (the
+    doors a browser, ``curl -u`` or a scraper use: ``/$faults``, ``/$namespaces``, the dashboard, ``/metrics``)."""
     if header is None:
         raise UnauthorizedError(f"the request has no Authorization header: {missing}")
-    grant = verify_token(header, keys, now, namespace)
-    wanted = normalize_path(path)
-    if not grant.covers(wanted, now):
-        raise UnauthorizedError(
-            f"the token for {grant.resource_path or '/'!r} does not cover {wanted or 'the namespace'!r}"
-        )
+    if basic and header[:6].lower() == "basic ":
+        grant = basic_grant(header, keys)
+    else:
+        grant = verify_token(header, keys, now, namespace)
     check_host(grant, host)
-    if right not in grant.rights:
-        raise UnauthorizedError(missing_right_text(right, wanted if shown is None else shown))
+    denied = access_denied([grant], path, right, now, shown=shown)
+    if denied is not None:
+        raise UnauthorizedError(denied)
     return grant
+
+
+def basic_grant(header: str, keys: Mapping[str, str]) -> Grant:
+    """HTTP Basic credentials (``Basic base64(name:key)``) of a namespace key: that key's rights on the whole
+    namespace, with no expiry."""
+    try:
+        name, _, key = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        raise UnauthorizedError("the Basic credentials are not base64 of NAME:KEY") from None
+    known = keys.get(name)
+    if known is None or not hmac.compare_digest(known.encode(), key.encode()):
+        raise UnauthorizedError("unknown key name or wrong key")
+    return Grant("", math.inf, name, rights_of(keys, name))
 
 
 def connection_string(host: str, port: int, key_name: str = DEFAULT_KEY_NAME, key: str = DEFAULT_KEY) -> str:

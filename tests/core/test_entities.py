@@ -6,7 +6,7 @@ import pytest
 
 from oncebus.core import QueueProperties, SubscriptionProperties, TopicProperties, dedup_key, format_duration
 from oncebus.core.durations import TIMESPAN_MAX, TIMESPAN_MAX_TEXT, format_timespan, parse_duration
-from oncebus.core.entities import validate_entity_name, validate_subscription_name
+from oncebus.core.entities import entity_of_path, validate_entity_name, validate_subscription_name
 from oncebus.core.errors import ArgumentOutOfRangeError, ImmutablePropertyError, InvalidArgumentError
 from oncebus.core.keys import require_identifiable
 
@@ -111,6 +111,26 @@ def test_good_names() -> None:
     validate_subscription_name("audit-1")
     with pytest.raises(InvalidArgumentError):
         validate_subscription_name("a/b")
+
+
+@pytest.mark.parametrize(
+    ("path", "entity"),
+    [
+        ("a", "a"),
+        ("a/b", "a/b"),  # a queue or topic of its own, never a part of a
+        ("a/b/c", "a/b/c"),
+        ("a/$DeadLetterQueue", "a"),
+        ("a/b/$management", "a/b"),
+        ("t/Subscriptions/s", "t"),
+        ("t/subscriptions/s/$deadletterqueue", "t"),
+        ("t/Subscriptions/s/Rules/r", "t"),
+        ("/orders/", "orders"),
+        ("$Resources/Queues", ""),
+        ("", ""),
+    ],
+)
+def test_a_path_belongs_to_the_entity_its_name_spells(path: str, entity: str) -> None:
+    assert entity_of_path(path) == entity
 
 
 def test_key_rules() -> None:

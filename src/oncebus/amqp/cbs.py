@@ -14,7 +14,7 @@ from typing import Any
 
 from oncebus.amqp.sas import Grant, authorize
 from oncebus.amqp.values import string_or_binary as _text
-from oncebus.auth import check_host, token_namespace
+from oncebus.auth import check_host, refusal_text, token_namespace
 from oncebus.core.errors import UnauthorizedError
 
 CBS_NODE = "$cbs"
@@ -53,7 +53,7 @@ def put_token(
         grant = authorize(token, audience, keys, now, namespace)
         check_host(grant, host)
     except UnauthorizedError as exc:
-        return PutTokenResult(401, f"Unauthorized: {exc}", None)
+        return PutTokenResult(401, refusal_text(exc), None)
     return PutTokenResult(202, "Accepted", grant)
 
 

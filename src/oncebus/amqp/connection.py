@@ -27,7 +27,7 @@ from oncebus.amqp.errors import INTERNAL_ERROR, TRACKING_ID
 from oncebus.amqp.frames import RESOURCE_LIMIT, FrameError, FrameScanner, IncomingDelivery, NotAmqpError
 from oncebus.amqp.performatives import AMQP_HEADER, close_frame, open_frame
 from oncebus.amqp.sas import Grant
-from oncebus.auth import ancestors, missing_right_text, normalize_path
+from oncebus.auth import access_denied, ancestors, normalize_path
 from oncebus.core.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -481,24 +481,25 @@ class AmqpConnection(asyncio.Protocol):
         self.grants = {path: grant for path, grant in self.grants.items() if grant.expires_at > now}
         self._grants_expire_at = min((grant.expires_at for grant in self.grants.values()), default=float("inf"))
 
-    def _covering(self, path: str, now: float) -> list[Grant]:
-        """The unexpired grants whose audience is ``path`` or one of its ancestors (a few dict look-ups)."""
+    def _candidates(self, path: str, now: float) -> list[Grant]:
+        """The grants whose audience is ``path`` or one of its ancestors (a few dict look-ups): the only ones
+        that may reach it; :func:`oncebus.auth.access_denied` judges them."""
         self._drop_expired(now)
         grants = self.grants
-        return [g for scope in ancestors(path) if (g := grants.get(scope)) is not None and g.expires_at > now]
+        return [g for scope in ancestors(path) if (g := grants.get(scope)) is not None]
 
     def access_denied(self, path: str, right: str | None, now: float | None = None) -> str | None:
-        """None when an unexpired token on this connection covers ``path`` with ``right`` (None: any right);
-        otherwise why not, in Azure's words when a token covers it without the right."""
+        """None when a token on this connection reaches ``path`` with ``right`` (None: any right); otherwise
+        why not, in Azure's words when a token reaches it without the right."""
         if now is None:
             now = self.host.wall_time()
-        covering = self._covering(path, now)
-        if not covering:
-            return f"Unauthorized access to {normalize_path(path)!r}: no valid token covers it; put a token on $cbs"
-        if right is None or any(right in grant.rights for grant in covering):
-            return None
-        host = self.client_hostname
-        return missing_right_text(right, f"sb://{host}/{normalize_path(path)}" if host else normalize_path(path))
+        grants = self._candidates(path, now)
+        denied = access_denied(grants, path, right, now, hint="put a token on $cbs")
+        host = self.client_hostname if denied is not None else None  # (a transfer's check stays a few look-ups)
+        if host is None:
+            return denied
+        shown = f"sb://{host}/{normalize_path(path)}"  # Azure names the resource by its URI
+        return access_denied(grants, path, right, now, shown=shown, hint="put a token on $cbs")
 
     def check_tokens(self, now: float) -> None:
         """Detach every link whose path no unexpired CBS token covers any more (as Service Bus does).
@@ -523,7 +524,7 @@ class AmqpConnection(asyncio.Protocol):
             path = handler.covered_path() if handler is not None else None
             if path is None:
                 continue
-            if self._covering(path, now):
+            if self.access_denied(path, None, now) is None:
                 link.oncebus_covered = True
                 continue
             if getattr(link, "oncebus_covered", False):

@@ -51,7 +51,7 @@ from oncebus.broker.stats import EntityStats, entity_stats
 from oncebus.broker.transactions import Transactions
 from oncebus.broker.upkeep import Activity, delete_idle, pump_forwarding, release_scheduled
 from oncebus.core.durations import to_micros
-from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
+from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties, entity_of_path
 from oncebus.core.errors import (
     EntityDisabledError,
     InvalidArgumentError,
@@ -437,15 +437,14 @@ class Namespace(Delivery):
         await self.delete_entity("topic", name)
 
     def authorization_rules(self, path: str) -> list[tuple[str, tuple[str, str], tuple[str, ...]]]:
-        """The shared access rules of the queue or topic holding ``path`` (a subscription, sub-queue or
-        ``$management`` node included): (key name, (primary, secondary key), rights) each."""
-        parts = path.strip("/").lower().split("/")
-        for end in range(len(parts), 0, -1):  # the longest name first: entity names may hold '/'
-            entity = self._entities.get("/".join(parts[:end]))
-            if entity is not None and entity.kind in ("queue", "topic"):
-                rules = getattr(entity.properties, "authorization_rules", ())
-                return [(r.key_name, (r.primary_key, r.secondary_key), r.rights) for r in rules]
-        return []
+        """The shared access rules of the queue or topic ``path`` belongs to (its subscriptions, sub-queues and
+        ``$management`` node included): (key name, (primary, secondary key), rights) each. ``a/b`` belongs to the
+        entity ``a/b`` (none when there is none), never to ``a``: a rule of ``a`` reaches no other entity."""
+        entity = self._entities.get(entity_of_path(path.lower()))
+        if entity is None or entity.kind not in ("queue", "topic"):
+            return []
+        rules = getattr(entity.properties, "authorization_rules", ())
+        return [(r.key_name, (r.primary_key, r.secondary_key), r.rights) for r in rules]
 
     def get_queue(self, name: str) -> QueueProperties:
         return cast(QueueProperties, self.get_entity("queue", name))

@@ -52,6 +52,18 @@ def validate_entity_name(name: str, *, kind: str = "queue") -> str:
     return name
 
 
+def entity_of_path(path: str) -> str:
+    """The queue or topic a path belongs to: ``orders/$DeadLetterQueue`` -> ``orders``, ``a/b/$management`` ->
+    ``a/b``, ``t/Subscriptions/s/Rules/r`` -> ``t``; ``$Resources/Queues`` -> ``""`` (no entity). No entity name
+    holds ``$`` or a segment ``Subscriptions`` or ``Rules``, so the first such segment ends the entity's name and
+    every other segment belongs to it: ``a/b`` names the queue or topic ``a/b``, never a part of ``a``."""
+    parts = path.strip("/").split("/")
+    for end, part in enumerate(parts):
+        if part.startswith("$") or part.lower() in _RESERVED:
+            return "/".join(parts[:end])
+    return "/".join(parts)
+
+
 def validate_subscription_name(name: str) -> str:
     """Subscription names: 1-50 letters, digits, '.', '-', '_'; start and end alphanumeric."""
     if not isinstance(name, str) or not _SUBSCRIPTION_NAME.fullmatch(name):

@@ -14,16 +14,13 @@ On loopback it stays open, as before.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hmac
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast
 
 from oncebus import __version__
-from oncebus.auth import MANAGE, KeyRing, header_namespace, missing_right_text, verify_token
+from oncebus.auth import MANAGE, KeyRing, authorize_request, header_namespace, refusal_text
 from oncebus.broker import Namespace
 from oncebus.core.errors import OncebusError, UnauthorizedError
 from oncebus.http.admin import AdminApi
@@ -81,14 +78,16 @@ class HttpApp:
         namespace_name: str = "oncebus",
         observe_needs_key: bool = False,
         namespaces: NamespaceRegistry | None = None,
+        wall_time: Callable[[], float] = time.time,
     ) -> None:
         self.namespace = namespace
+        self.wall_time = wall_time
         self.keys = KeyRing.of(keys)
         self.namespaces = namespaces  # created namespaces (oncebus.server.namespaces): key name "<key>@<name>"
-        self.admin = AdminApi(namespace, self.keys, rules=rules, namespace_name=namespace_name)
+        self.admin = AdminApi(namespace, self.keys, rules=rules, namespace_name=namespace_name, wall_time=wall_time)
         self.mounted = mounted
-        self.faults = FaultsApi(namespace, self.keys)  # /$faults (oncebus.http.faults)
-        self.messages = RestMessaging(namespace, self.keys)  # the REST data plane (oncebus.http.messages)
+        self.faults = FaultsApi(namespace, self.keys, wall_time=wall_time)  # /$faults (oncebus.http.faults)
+        self.messages = RestMessaging(namespace, self.keys, wall_time=wall_time)  # the REST data plane
         self.observe_needs_key = observe_needs_key  # beyond loopback: /metrics and the dashboard need a key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -121,32 +120,30 @@ class HttpApp:
 
     def _observe_refused(self, scope: Scope) -> str | None:
         """None when the request carries a key with the Manage right (SAS token for the root, or Basic)."""
-        header = next((bytes(v) for k, v in scope["headers"] if bytes(k).lower() == b"authorization"), None)
-        if header is None:
-            return (
-                "Unauthorized: this server listens beyond loopback, so /metrics and the dashboard need a key with "
-                "the Manage right: HTTP Basic (user: the key name, password: the key) or a SharedAccessSignature"
+        return self._root_refused(
+            scope,
+            "this server listens beyond loopback, so /metrics and the dashboard need a key with the Manage right: "
+            "HTTP Basic (user: the key name, password: the key) or a SharedAccessSignature",
+        )
+
+    def _root_refused(self, scope: Scope, missing: str) -> str | None:
+        """None when the request carries a key of this namespace with the Manage right on its root (a SAS token
+        for the namespace, or HTTP Basic); otherwise why not (``missing``: what to do without a key)."""
+        headers = {bytes(k).lower(): bytes(v).decode("latin-1") for k, v in scope["headers"]}
+        try:
+            authorize_request(
+                headers.get(b"authorization"),
+                self.keys,
+                "",
+                MANAGE,
+                host=headers.get(b"host"),
+                now=self.wall_time(),
+                shown=str(scope["path"]),
+                missing=missing,
+                basic=True,
             )
-        text = header.decode("latin-1")
-        if text[:6].lower() == "basic ":
-            try:
-                name, _, key = base64.b64decode(text[6:].strip(), validate=True).decode("utf-8").partition(":")
-            except (binascii.Error, UnicodeDecodeError):
-                return "Unauthorized: the Basic credentials are not base64 of NAME:KEY"
-            known = self.keys.get(name)
-            if known is None or not hmac.compare_digest(known.encode(), key.encode()):
-                return "Unauthorized: unknown key name or wrong key"
-            rights = self.keys.rights(name)
-        else:
-            try:
-                grant = verify_token(text, self.keys, time.time())
-            except UnauthorizedError as exc:
-                return f"Unauthorized: {exc}"
-            if grant.resource_path:
-                return f"Unauthorized: the token for {grant.resource_path!r} does not cover the namespace root"
-            rights = grant.rights
-        if MANAGE not in rights:
-            return missing_right_text(MANAGE, str(scope["path"]))
+        except UnauthorizedError as exc:
+            return refusal_text(exc)
         return None
 
     def _named_app(self, scope: Scope) -> ASGIApp | None:
@@ -205,13 +202,11 @@ class HttpApp:
 
     def _manage_refused(self, scope: Scope) -> str | None:
         """None when the request carries a Manage key of the default namespace for its root."""
-        refused = self._observe_refused(scope)
-        if refused is not None and refused.startswith("Unauthorized: this server listens"):
-            return (
-                "Unauthorized: creating, listing or deleting namespaces needs a key with the Manage right of the "
-                "default namespace: Authorization: SharedAccessSignature ... (for the namespace root) or HTTP Basic"
-            )
-        return refused
+        return self._root_refused(
+            scope,
+            "creating, listing or deleting namespaces needs a key with the Manage right of the default namespace: "
+            "Authorization: SharedAccessSignature ... (for the namespace root) or HTTP Basic",
+        )
 
     async def _health(self, scope: Scope, send: Send) -> None:
         body = json.dumps({"status": "ok", "version": __version__}).encode() + b"\n"

@@ -608,7 +608,7 @@ class ControlServer:
                 f"no key named {name!r} for {resource}: the namespace's keys are {known} (or an entity's own rule "
                 "on that entity)"
             )
-        key, rights = candidates[0]
+        key, rights, _ = candidates[0]
         expiry = int(time.time()) + ttl
         return {
             "token": make_token(resource, str(name), key, expiry),

@@ -319,7 +319,8 @@ class ReceiveLink:
             link.snd_settle_mode = proton.Link.SND_SETTLED
         else:
             link.snd_settle_mode = proton.Link.SND_UNSETTLED
-        link.rcv_settle_mode = proton.Link.RCV_FIRST
+        # the receiver's own mode, echoed: go-amqp fails a link answered with another than it asked (second)
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
         if self.session is not None:
             if isinstance(link.source, engine.Terminus):
                 link.source.set_filter({SESSION_FILTER: self.session.session_id})
@@ -748,6 +749,10 @@ class ResponseLink:
         link = self.link
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
+        # answered as asked (any mode suits a response, see the node's send): go-amqp fails a reply link answered
+        # with another mode than the settled it asks for
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = link.remote_rcv_settle_mode
         link.oncebus_handler = self
         link.open()
         self.conn.add_response_link(link, self.address)

@@ -104,6 +104,7 @@ class Frame:
     frame_type: int
     code: int | None  # the performative (None for an empty frame)
     fields: list[Any]
+    body: bytes = b""  # the frame's body as sent (the codec above drops descriptors it does not know)
 
 
 class RawClient:
@@ -164,7 +165,7 @@ class RawClient:
                     if not body:
                         return Frame(channel, frame_type, None, [])
                     code, fields = decode_frame(memoryview(body))
-                    return Frame(channel, frame_type, code, list(fields))
+                    return Frame(channel, frame_type, code, list(fields), bytes(body))
             if not self._fill(deadline):
                 return None
 

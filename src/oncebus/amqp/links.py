@@ -65,6 +65,12 @@ def read_filter(terminus: proton.Terminus) -> dict[Any, Any]:
     return dict(value) if isinstance(value, dict) else {}
 
 
+def filter_value(value: Any) -> Any:
+    """A source filter's value: the filter-set holds described values (the Go SDK sends them so; the Python and
+    JavaScript SDKs send the bare value)."""
+    return value.value if isinstance(value, proton.Described) else value
+
+
 def read_payload(link: proton.Receiver, delivery: proton.Delivery) -> bytes:
     chunks = []
     while True:
@@ -322,11 +328,16 @@ class ReceiveLink:
         # the receiver's own mode, echoed: go-amqp fails a link answered with another than it asked (second)
         link.rcv_settle_mode = link.remote_rcv_settle_mode
         if self.session is not None:
+            # echoed in the form it came (go-amqp cannot read a bare value where it sent a described one)
+            asked = read_filter(link.remote_source).get(SESSION_FILTER)
+            locked: Any = self.session.session_id
+            if isinstance(asked, proton.Described):
+                locked = proton.Described(asked.descriptor, locked)
             if isinstance(link.source, engine.Terminus):
-                link.source.set_filter({SESSION_FILTER: self.session.session_id})
+                link.source.set_filter({SESSION_FILTER: locked})
             else:
                 link.source.filter.clear()
-                link.source.filter.put_object({SESSION_FILTER: self.session.session_id})
+                link.source.filter.put_object({SESSION_FILTER: locked})
             link.properties = {LOCKED_UNTIL_UTC: int(dotnet_ticks(self.session.locked_until_us))}
             self.conn.sessions[(self.session.path, self.session.session_id)] = self.session
         link.oncebus_handler = self

@@ -22,6 +22,7 @@ from oncebus.amqp.links import (
     RequestLink,
     ResponseLink,
     SendLink,
+    filter_value,
     read_filter,
     refuse,
 )
@@ -181,8 +182,7 @@ class Router:
             )
             session = None
             if SESSION_FILTER in filters:
-                session_id = filters[SESSION_FILTER]
-                session_id = text(session_id, errors="strict")
+                session_id = text(filter_value(filters[SESSION_FILTER]), errors="strict")
                 wait = DEFAULT_SESSION_WAIT_SECONDS
                 timeout_ms = (link.remote_properties or {}).get(OPERATION_TIMEOUT)
                 if timeout_ms is not None:

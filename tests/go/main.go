@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	azlog "github.com/Azure/azure-sdk-for-go/sdk/azcore/log"
 	"github.com/Azure/azure-sdk-for-go/sdk/messaging/azservicebus"
 )
 
@@ -25,16 +26,18 @@ import (
 type result = map[string]any
 
 var scenarios = map[string]func(ctx context.Context, arg string) (result, error){
-	"dedup":        runDedupScenario,
-	"send-receive": sendReceive,
-	"credit":       credit,
-	"sessions":     sessions,
-	"settle":       settle,
-	"schedule":     schedule,
-	"peek":         peek,
-	"admin":        adminEntities,
-	"admin-rules":  adminRules,
-	"admin-errors": adminErrors,
+	"dedup":         runDedupScenario,
+	"send-receive":  sendReceive,
+	"credit":        credit,
+	"sessions":      sessions,
+	"settle":        settle,
+	"settle-modify": settleModify,
+	"schedule":      schedule,
+	"peek":          peek,
+	"admin":         adminEntities,
+	"admin-rules":   adminRules,
+	"admin-errors":  adminErrors,
+	"rights":        rights,
 }
 
 func main() {
@@ -50,6 +53,11 @@ func main() {
 	name, arg := os.Args[1], ""
 	if len(os.Args) > 2 {
 		arg = os.Args[2]
+	}
+	if os.Getenv("ONCEBUS_GO_LOG") != "" { // the SDK's own log on stderr (the test shows stderr when it fails)
+		azlog.SetListener(func(event azlog.Event, message string) {
+			fmt.Fprintf(os.Stderr, "%s [%s] %s\n", time.Now().Format("15:04:05.000"), event, message)
+		})
 	}
 	scenario, ok := scenarios[name]
 	if !ok {
@@ -112,7 +120,8 @@ func receiveFor(ctx context.Context, receiver *azservicebus.Receiver, wait time.
 	var out []*azservicebus.ReceivedMessage
 	for {
 		waitCtx, cancel := context.WithTimeout(ctx, wait)
-		batch, err := receiver.ReceiveMessages(waitCtx, 20, nil)
+		// after a first message the SDK waits TimeAfterFirstMessage for more (1 s in receive-and-delete mode)
+		batch, err := receiver.ReceiveMessages(waitCtx, 20, &azservicebus.ReceiveMessagesOptions{TimeAfterFirstMessage: 100 * time.Millisecond})
 		cancel()
 		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 			return out, err

@@ -336,7 +336,7 @@ func settle(ctx context.Context, _ string) (result, error) {
 func settleModify(ctx context.Context, _ string) (result, error) {
 	return withClient(ctx, func(client *azservicebus.Client) (result, error) {
 		const queue = "go-modify"
-		if err := send(ctx, client, queue, plain("m-abandon"), plain("m-defer"), plain("m-dead")); err != nil {
+		if err := send(ctx, client, queue, &azservicebus.Message{MessageID: ptr("m-abandon"), ApplicationProperties: map[string]any{"origin": "go"}}, plain("m-defer"), plain("m-dead")); err != nil {
 			return nil, err
 		}
 		receiver, err := client.NewReceiverForQueue(queue, nil)

@@ -249,7 +249,7 @@ def test_settle_with_properties_to_modify(program: Path, server: ServerProcess) 
     Bus. Failed before: an abandon's properties were stored but a receiver got the message as sent; a defer's
     and a dead-letter's were dropped."""
     got = run_scenario(program, server, "settle-modify")
-    assert got["abandoned"] == {"note": "abandoned once", "attempt": 7}
+    assert got["abandoned"] == {"origin": "go", "note": "abandoned once", "attempt": 7}  # merged with the sender's
     assert got["deferred"] == {"deferredBy": "go"}
     assert got["deadLettered"]["deadBy"] == "go" and got["deadLettered"]["DeadLetterReason"] == "BadOrder"
 

@@ -489,20 +489,16 @@ class ReceiveLink:
     ) -> Callable[[], Awaitable[None]]:
         namespace = self.namespace
         path = self.path
+        modify = {str(k): v for k, v in annotations.items()} or None
         if state == proton.Delivery.ACCEPTED:
             return lambda: namespace.complete(path, token)
         if state == proton.Delivery.MODIFIED and undeliverable:
-            return lambda: namespace.defer(path, token)
+            return lambda: namespace.defer(path, token, modify)
         if state == proton.Delivery.REJECTED:
-            reason = info.get("DeadLetterReason")
-            description = info.get("DeadLetterErrorDescription")
+            reason, description, modify = _dead_letter_info(info)
             return lambda: namespace.dead_letter(
-                path,
-                token,
-                reason=None if reason is None else str(reason),
-                error_description=None if description is None else str(description),
+                path, token, reason=reason, error_description=description, properties_to_modify=modify
             )
-        modify = {str(k): v for k, v in annotations.items()} or None
         counted = counts_delivery(state == proton.Delivery.MODIFIED)
         return lambda: namespace.abandon(path, token, modify, failed=counted)
 
@@ -600,6 +596,18 @@ def _outcome(outcome: Any) -> tuple[int | None, list[Any]]:
     return code, list(outcome.value) if isinstance(outcome.value, list) else []
 
 
+def _dead_letter_info(info: dict[str, Any]) -> tuple[str | None, str | None, dict[str, Any] | None]:
+    """A dead-letter's error info: (reason, description, properties to modify: every other entry, as the .NET
+    and Go SDKs put them there)."""
+    reason, description = info.get(codec.DEAD_LETTER_REASON), info.get(codec.DEAD_LETTER_ERROR_DESCRIPTION)
+    modify = {k: v for k, v in info.items() if k not in (codec.DEAD_LETTER_REASON, codec.DEAD_LETTER_ERROR_DESCRIPTION)}
+    return (
+        None if reason is None else str(reason),
+        None if description is None else str(description),
+        modify or None,
+    )
+
+
 def _transactional_settlement(path: str, token: uuid.UUID, code: int | None, fields: list[Any]) -> PendingSettlement:
     """A transactional disposition's outcome as a settlement, mapped as a plain disposition is (see
     ``ReceiveLink._settlement``): accepted completes, rejected dead-letters, modified with undeliverable-here
@@ -610,20 +618,14 @@ def _transactional_settlement(path: str, token: uuid.UUID, code: int | None, fie
         error = fields[0] if fields else None
         info: dict[str, Any] = {}
         if isinstance(error, proton.Described) and isinstance(error.value, list) and len(error.value) > 2:
-            info = {str(k): v for k, v in dict(cast(Any, error.value[2]) or {}).items()}
-        reason, description = info.get("DeadLetterReason"), info.get("DeadLetterErrorDescription")
-        return PendingSettlement(
-            path,
-            token,
-            "dead_letter",
-            reason=None if reason is None else str(reason),
-            error_description=None if description is None else str(description),
-        )
+            info = {str(k): codec.copy_value(v) for k, v in dict(cast(Any, error.value[2]) or {}).items()}
+        reason, description, properties = _dead_letter_info(info)
+        return PendingSettlement(path, token, "dead_letter", properties, reason=reason, error_description=description)
+    annotations = fields[2] if code == 0x27 and len(fields) > 2 and isinstance(fields[2], dict) else {}
+    modify = {str(k): codec.copy_value(v) for k, v in annotations.items()}  # held past this disposition
     if code == 0x27 and len(fields) > 1 and fields[1]:
-        return PendingSettlement(path, token, "defer")
+        return PendingSettlement(path, token, "defer", modify or None)
     if code in (0x26, 0x27):
-        annotations = fields[2] if code == 0x27 and len(fields) > 2 and isinstance(fields[2], dict) else {}
-        modify = {str(k): codec.copy_value(v) for k, v in annotations.items()}  # held past this disposition
         return PendingSettlement(path, token, "abandon", modify or None, failed=counts_delivery(code == 0x27))
     raise InvalidArgumentError(
         "a transactional disposition carries an outcome: accepted (complete), rejected (dead-letter), released or "

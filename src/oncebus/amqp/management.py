@@ -197,20 +197,21 @@ async def _update_disposition(request: _Request) -> None:
         settlements = [_settlement(request, status, token) for token in tokens]
         namespace.transactions.settle_many(request.txn_id, request.conn, settlements)
         return None
+    modify = request.get("properties-to-modify")
     for token in tokens:
         if status == "completed":
             await namespace.complete(request.entity, token)
         elif status == "abandoned":
-            modify = request.get("properties-to-modify")
             await namespace.abandon(request.entity, token, dict(modify) if modify else None)
         elif status == "defered":
-            await namespace.defer(request.entity, token)
+            await namespace.defer(request.entity, token, dict(modify) if modify else None)
         elif status == "suspended":
             await namespace.dead_letter(
                 request.entity,
                 token,
                 reason=_text(request.get("deadletter-reason")) or None,
                 error_description=_text(request.get("deadletter-description")) or None,
+                properties_to_modify=dict(modify) if modify else None,
             )
         else:
             raise InvalidArgumentError(
@@ -221,18 +222,19 @@ async def _update_disposition(request: _Request) -> None:
 
 def _settlement(request: _Request, status: str | None, token: uuid.UUID) -> PendingSettlement:
     """An update-disposition of ``token`` inside a transaction, as the settlement it holds until the commit."""
+    modify = request.get("properties-to-modify")
     if status == "completed":
         return PendingSettlement(request.entity, token, "complete")
     if status == "abandoned":
-        modify = request.get("properties-to-modify")
         return PendingSettlement(request.entity, token, "abandon", dict(modify) if modify else None)
     if status == "defered":
-        return PendingSettlement(request.entity, token, "defer")
+        return PendingSettlement(request.entity, token, "defer", dict(modify) if modify else None)
     if status == "suspended":
         return PendingSettlement(
             request.entity,
             token,
             "dead_letter",
+            dict(modify) if modify else None,
             reason=_text(request.get("deadletter-reason")) or None,
             error_description=_text(request.get("deadletter-description")) or None,
         )

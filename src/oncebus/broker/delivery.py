@@ -239,13 +239,18 @@ class Delivery:
         ops += receivable.unlock(message, self._now())  # wakes its receivers if it is available again
         await self._settle(ops)
 
-    async def defer(self, path: str, lock_token: uuid.UUID | str) -> None:
+    async def defer(
+        self, path: str, lock_token: uuid.UUID | str, properties_to_modify: dict[str, Any] | None = None
+    ) -> None:
         receivable, message = self._locked(path, lock_token)
+        if properties_to_modify:
+            self._contents.discard(receivable.path, message.sequence_number)  # read again, modified
         self._drop_session_token(receivable, message)
         receivable.set_state(message, MessageState.DEFERRED)
         receivable.counters.deferred += 1
         receivable.unlock(message, self._now())
-        update = UpdateMessage(receivable.path, message.sequence_number, int(message.state), message.delivery_count)
+        seq = message.sequence_number
+        update = UpdateMessage(receivable.path, seq, int(message.state), message.delivery_count, properties_to_modify)
         await self._settle([update])
 
     async def dead_letter(
@@ -254,12 +259,20 @@ class Delivery:
         lock_token: uuid.UUID | str,
         reason: str | None = None,
         error_description: str | None = None,
+        properties_to_modify: dict[str, Any] | None = None,
     ) -> None:
         receivable, message = self._locked(path, lock_token)
         if receivable.is_dead_letter:
             raise InvalidArgumentError("a message in a dead-letter queue cannot be dead-lettered again")
         self._drop_session_token(receivable, message)
-        ops = receivable.move_to_dead_letter(message, reason, error_description)
+        ops: list[Op] = []
+        if properties_to_modify:  # modified first: the properties go along to the dead letters
+            self._contents.discard(receivable.path, message.sequence_number)
+            seq = message.sequence_number
+            ops.append(
+                UpdateMessage(receivable.path, seq, int(message.state), message.delivery_count, properties_to_modify)
+            )
+        ops += receivable.move_to_dead_letter(message, reason, error_description)
         await self._settle(ops)
         forwarded = pump_forwarding(self._registry, self._router, self._now(), self._contents)
         self._write_later(forwarded)  # forwards dead letters now

@@ -89,7 +89,9 @@ class Messaging(Protocol):
         delivery count is as before this delivery)."""
         ...
 
-    async def defer(self, path: str, lock_token: uuid.UUID | str) -> None: ...
+    async def defer(
+        self, path: str, lock_token: uuid.UUID | str, properties_to_modify: dict[str, Any] | None = None
+    ) -> None: ...
 
     async def dead_letter(
         self,
@@ -97,6 +99,7 @@ class Messaging(Protocol):
         lock_token: uuid.UUID | str,
         reason: str | None = None,
         error_description: str | None = None,
+        properties_to_modify: dict[str, Any] | None = None,
     ) -> None: ...
 
     async def renew_lock(self, path: str, lock_token: uuid.UUID | str) -> datetime: ...

@@ -166,9 +166,16 @@ class Host(Protocol):
         *,
         failed: bool = True,
     ) -> None: ...
-    async def defer(self, path: str, lock_token: uuid.UUID | str) -> None: ...
+    async def defer(
+        self, path: str, lock_token: uuid.UUID | str, properties_to_modify: dict[str, Any] | None = None
+    ) -> None: ...
     async def dead_letter(
-        self, path: str, lock_token: uuid.UUID | str, reason: str | None = None, error_description: str | None = None
+        self,
+        path: str,
+        lock_token: uuid.UUID | str,
+        reason: str | None = None,
+        error_description: str | None = None,
+        properties_to_modify: dict[str, Any] | None = None,
     ) -> None: ...
 
 
@@ -488,8 +495,12 @@ class Transactions:
         elif op.outcome == "abandon":
             await namespace.abandon(op.path, op.lock_token, op.properties_to_modify, failed=op.failed)
         elif op.outcome == "defer":
-            await namespace.defer(op.path, op.lock_token)
+            await namespace.defer(op.path, op.lock_token, op.properties_to_modify)
         else:
             await namespace.dead_letter(
-                op.path, op.lock_token, reason=op.reason, error_description=op.error_description
+                op.path,
+                op.lock_token,
+                reason=op.reason,
+                error_description=op.error_description,
+                properties_to_modify=op.properties_to_modify,
             )

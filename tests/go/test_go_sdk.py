@@ -41,7 +41,7 @@ _PROPERTY_NAMES = {
 
 def go_environment() -> dict[str, str]:
     # GOFLAGS=-buildvcs=false: the module sits in a git worktree whose metadata Go need not (and may not) read
-    return dict(os.environ, GOFLAGS="-buildvcs=false")
+    return dict(os.environ, GOFLAGS=f"{os.environ.get('GOFLAGS', '')} -buildvcs=false".strip())
 
 
 def build_program(directory: Path, source: Path = HERE) -> Path:
@@ -160,7 +160,9 @@ def run_scenario(program: Path, server: ServerProcess, name: str, *args: str, **
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["name"] for s in SCENARIOS])
-def test_shared_dedup_scenario(program: Path, clocked: tuple[ServerProcess, TestClock], scenario: dict) -> None:
+def test_shared_dedup_scenario(
+    program: Path, clocked: tuple[ServerProcess, TestClock], scenario: dict[str, Any]
+) -> None:
     server, clock = clocked
     got = run_scenario(
         program,

@@ -49,6 +49,8 @@ def test_a_reply_link_asking_for_settled_sends_is_answered_settled(server: Serve
         assert _answer(client, 1, "$cbs", SND_SETTLED, RCV_FIRST) == (SND_SETTLED, RCV_FIRST)
         assert _answer(client, 2, "plain/$management", SND_SETTLED, RCV_FIRST) == (SND_SETTLED, RCV_FIRST)
         assert _answer(client, 3, "$cbs", SND_MIXED, RCV_FIRST) == (SND_MIXED, RCV_FIRST)
+        # asked unsettled: still mixed, the responses sent settled (tests/amqp/test_token_scope.py)
+        assert _answer(client, 4, "$cbs", SND_UNSETTLED, RCV_FIRST) == (SND_MIXED, RCV_FIRST)
 
 
 def test_a_receiver_gets_the_receiver_settle_mode_it_asked_for(server: ServerProcess) -> None:

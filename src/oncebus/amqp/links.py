@@ -762,9 +762,10 @@ class ResponseLink:
         link = self.link
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
-        # answered as asked (any mode suits a response, see the node's send): go-amqp fails a reply link answered
-        # with another mode than the settled it asks for
-        link.snd_settle_mode = link.remote_snd_settle_mode
+        # responses go settled (a client that never settles them keeps nothing here): settled when asked (go-amqp
+        # fails a reply link answered with another mode than the settled it asks for), mixed otherwise
+        asked = link.remote_snd_settle_mode
+        link.snd_settle_mode = proton.Link.SND_SETTLED if asked == proton.Link.SND_SETTLED else proton.Link.SND_MIXED
         link.rcv_settle_mode = link.remote_rcv_settle_mode
         link.oncebus_handler = self
         link.open()

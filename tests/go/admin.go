@@ -318,6 +318,12 @@ func adminRules(ctx context.Context, _ string) (result, error) {
 		return nil, fmt.Errorf("create correlation rule: %s", errorText(err))
 	}
 	out["vip"] = ruleView(vip.RuleProperties)
+	// a typed correlation value (the Java admin client writes every one as a string; Go keeps the int)
+	if _, err := client.CreateRule(ctx, topic, subscription, &admin.CreateRuleOptions{
+		Name: ptr("tier3"), Filter: &admin.CorrelationFilter{ApplicationProperties: map[string]any{"tier": int64(3)}},
+	}); err != nil {
+		return nil, fmt.Errorf("create typed correlation rule: %s", errorText(err))
+	}
 	got, err := client.GetRule(ctx, topic, subscription, "red", nil)
 	if err != nil {
 		return nil, fmt.Errorf("get rule: %s", errorText(err))
@@ -360,6 +366,7 @@ func adminRules(ctx context.Context, _ string) (result, error) {
 		&azservicebus.Message{MessageID: ptr("m-blue"), ApplicationProperties: map[string]any{"color": "blue"}},
 		&azservicebus.Message{MessageID: ptr("m-vip"), CorrelationID: ptr("vip-1"), ApplicationProperties: map[string]any{"tier": int64(3)}},
 		&azservicebus.Message{MessageID: ptr("m-urgent"), Subject: ptr("urgent")},
+		&azservicebus.Message{MessageID: ptr("m-tier-text"), ApplicationProperties: map[string]any{"tier": "3"}},
 	); err != nil {
 		return nil, err
 	}

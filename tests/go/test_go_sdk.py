@@ -350,14 +350,16 @@ def test_admin_client_rules(program: Path, server: ServerProcess) -> None:
         "name": "vip",
         "filter": {"correlationId": "vip-1", "subject": None, "properties": {"tier": 3}},
     }
-    assert got["rules"] == [
+    assert sorted(got["rules"], key=lambda rule: rule["name"]) == [
         red,
+        {"name": "tier3", "filter": {"correlationId": None, "subject": None, "properties": {"tier": 3}}},
         {"name": "vip", "filter": {"correlationId": None, "subject": "urgent", "properties": None}},
     ]
     assert (got["duplicateStatus"], got["badSqlStatus"], got["deleteAgainStatus"]) == (409, 400, 404)
     assert got["missingNil"] and got["missingError"] == ""
-    # red matches the SQL filter and its action ran; blue matches nothing; vip-1 no longer (the rule was updated)
-    assert got["routed"] == [["m-red", "yes"], ["m-urgent", None]]
+    # red matches the SQL filter and its action ran; blue matches nothing; vip-1 by tier3 (the int 3; vip was
+    # updated to the subject), the text "3" not
+    assert got["routed"] == [["m-red", "yes"], ["m-vip", None], ["m-urgent", None]]
 
 
 def test_admin_client_refusals(program: Path, server: ServerProcess) -> None:

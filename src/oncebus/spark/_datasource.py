@@ -22,11 +22,12 @@ Guarantees
 - Source: messages are received in PEEK_LOCK by the driver-side reader, kept
   locked (their locks renewed) while Spark processes the micro-batch, and
   completed only in ``commit``, which Spark calls once the batch is durably
-  committed (lazily: when the next batch starts). If the query dies, the locks
-  lapse and the broker redelivers: nothing is lost (at-least-once; exactly-once
-  when followed by ``oncebus.spark.deduplicate``). The messages of the last
-  batch of a query that stops stay locked until their lock expires and are
-  then delivered again to the next run.
+  committed (when it constructs the next batch; on a quiet queue the reader
+  asks for one empty batch so that this happens at the next trigger). If the
+  query dies, the locks lapse and the broker redelivers: nothing is lost
+  (at-least-once; exactly-once when followed by ``oncebus.spark.deduplicate``).
+  The messages of a batch still running (or not yet committed) when the query
+  stops are delivered again to the next run.
 """
 
 from __future__ import annotations

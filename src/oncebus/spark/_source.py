@@ -1,11 +1,16 @@
 """The ``oncebus`` stream reader: a queue or subscription, plain or session-enabled.
 
-Messages are received in PEEK_LOCK by the driver-side reader, kept locked
-while Spark processes the micro-batch that carries them (message locks, or
-session locks, renewed by a thread), and completed in ``commit``, which Spark
-calls once the batch is durably committed. If the query dies the locks lapse
-and the broker delivers the messages again (at-least-once; exactly-once
-through ``deduplicate_stream``).
+Messages are received in PEEK_LOCK by the driver-side reader (the one Python
+process that answers Spark's ``latestOffset``, ``partitions`` and ``commit``
+calls, so it holds the receivers and their locks), kept locked while Spark
+processes the micro-batch that carries them (message locks, or session locks,
+renewed by a thread), and completed in ``commit``. Spark calls ``commit`` for a
+batch only when it constructs the next one, after the batch is in the
+checkpoint's commit log; when the queue has gone quiet, ``latestOffset``
+moves the offset without a new message (``settle``) while a batch that ran
+still holds messages, so one empty micro-batch follows and commits it. If the
+query dies the locks lapse and the broker delivers the messages again
+(at-least-once; exactly-once through ``deduplicate_stream``).
 
 Sessions (option ``sessions``): ``*`` accepts up to ``maxSessions`` available
 sessions at a time (a session that has nothing more to give and nothing left
@@ -82,7 +87,8 @@ def _to_row(message: Any) -> tuple[Any, ...]:
 
 
 class OncebusStreamReader(DataSourceStreamReader):
-    """Offsets are ``{"run": <reader run id>, "n": <messages received in that run>}``."""
+    """Offsets are ``{"run": <reader run id>, "n": <messages received in that run>}``, and ``"settle": <k>``
+    on the offsets of the empty micro-batches that commit a batch of a quiet queue."""
 
     def __init__(self, options: _Options) -> None:
         self.options = options
@@ -264,9 +270,15 @@ class OncebusStreamReader(DataSourceStreamReader):
                 self._buffer[self._received] = _BufferedMessage(_to_row(message), message, span, link)
                 link.pending.add(self._received)
             self._release_idle_sessions()
-        if not got:
-            return start if start.get("run") == self.run else {"run": self.run, "n": self._received}
-        return {"run": self.run, "n": self._received}
+            awaiting_commit = start.get("run") == self.run and any(i <= int(start["n"]) for i in self._buffer)
+        if got or start.get("run") != self.run:
+            return {"run": self.run, "n": self._received}
+        if awaiting_commit:
+            # Spark commits a batch only while it constructs the next one, and a quiet queue gives it none: the
+            # messages of the batch that ended at ``start`` would stay locked. An offset that moves without a new
+            # message makes one empty micro-batch, whose construction commits that batch (see ``commit``).
+            return {"run": self.run, "n": int(start["n"]), "settle": int(start.get("settle", 0)) + 1}
+        return start
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         if end.get("run") != self.run:

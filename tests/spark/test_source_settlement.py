@@ -5,6 +5,10 @@ that went quiet no next batch came: the messages of the stream's last micro-batc
 locks renewed) for as long as the query ran, active in the queue, and a stop delivered them again with
 a raised delivery count. The source now asks for one more (empty) micro-batch when a batch it has run
 still holds messages, so Spark commits it and the messages are completed within a trigger or two.
+
+``Trigger.AvailableNow`` had the same defect in full: the source did not support it, so Spark ran a single
+micro-batch whose messages were never completed and came back to every later run. It now reads the backlog
+in micro-batches, settles the last one, and stops.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -33,7 +39,7 @@ SETTLE_SECONDS = 10.0  # a 1 s trigger: the next trigger plus an empty micro-bat
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    queues = {"quiet": {}, "crash": {"LockDuration": "PT5S"}}
+    queues = {"quiet": {}, "crash": {"LockDuration": "PT5S"}, "backlog": {}, "busy": {}}
     process = ServerProcess(tmp_path_factory.mktemp("settle") / "data", topology(queues, {})).start()
     yield process
     process.stop()
@@ -155,3 +161,83 @@ def test_the_queue_drains_after_a_driver_crash_and_restart(broker: ServerProcess
             if second.poll() is None:
                 os.killpg(second.pid, signal.SIGKILL)
                 second.wait()
+
+
+def _available_now(spark: SparkSession, broker: ServerProcess, queue: str, work: Path) -> Any:
+    """One ``availableNow`` run of the source into Parquet, 20 messages a micro-batch; the query, terminated."""
+    register(spark)
+    source = (
+        spark.readStream.format("oncebus")
+        .option("connectionString", broker.connection_string)
+        .option("queue", queue)
+        .option("maxMessagesPerBatch", "20")
+        .option("receiveWaitSeconds", "0.5")
+        .load()
+    )
+    query = (
+        source.select("message_id")
+        .writeStream.format("parquet")
+        .option("path", str(work / "out"))
+        .option("checkpointLocation", str(work / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert query.awaitTermination(180), "the availableNow run did not stop"
+    finally:
+        query.stop()
+    assert query.exception() is None, query.exception()
+    return query
+
+
+def _written(spark: SparkSession, work: Path) -> Counter[str]:
+    return Counter(row["message_id"] for row in spark.read.parquet(str(work / "out")).collect())
+
+
+@pytest.mark.timeout(600)
+def test_an_available_now_run_reads_the_backlog_and_settles_it(
+    spark: SparkSession, broker: ServerProcess, tmp_path: Path
+) -> None:
+    """The source did not support availableNow: Spark ran one micro-batch (20 of 50 messages) and stopped, and
+    that batch's messages, never committed, came back to the next run: the queue never drained."""
+    _send(broker, "backlog", [f"a{i}" for i in range(50)])
+    query = _available_now(spark, broker, "backlog", tmp_path)
+    assert [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]] == [20, 20, 10]
+    assert active_messages(broker, "backlog") == 0
+    _send(broker, "backlog", [f"b{i}" for i in range(10)])
+    _available_now(spark, broker, "backlog", tmp_path)  # the next run, from the checkpoint
+    assert active_messages(broker, "backlog") == 0
+    written = _written(spark, tmp_path)
+    assert set(written) == {f"a{i}" for i in range(50)} | {f"b{i}" for i in range(10)}
+    assert max(written.values()) == 1
+
+
+@pytest.mark.timeout(600)
+def test_an_available_now_run_stops_while_senders_go_on(
+    spark: SparkSession, broker: ServerProcess, tmp_path: Path
+) -> None:
+    """The run reads the backlog and stops at the messages sent after it began, though they keep coming: every
+    round of receives finds one, so "until a receive finds nothing" alone would never end."""
+    backlog = [f"s{i}" for i in range(200)]
+    _send(broker, "busy", backlog)
+    sent = list(backlog)
+    stopping = threading.Event()
+
+    def send() -> None:  # a trickle, a message every 50 ms: shorter than a receive's wait
+        with ServiceBusClient.from_connection_string(broker.connection_string) as client:
+            with client.get_queue_sender("busy") as sender:
+                while not stopping.wait(0.05):
+                    sender.send_messages(ServiceBusMessage("more", message_id=f"s{len(sent)}"))
+                    sent.append(f"s{len(sent)}")
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        _available_now(spark, broker, "busy", tmp_path)
+    finally:
+        stopping.set()
+        sender.join(30)
+    written = _written(spark, tmp_path)
+    assert len(written) >= 200 and max(written.values()) == 1
+    assert set(written) <= set(sent)
+    assert active_messages(broker, "busy") == len(sent) - len(written)  # what it read, it completed

@@ -12,6 +12,11 @@ still holds messages, so one empty micro-batch follows and commits it. If the
 query dies the locks lapse and the broker delivers the messages again
 (at-least-once; exactly-once through ``deduplicate_stream``).
 
+``Trigger.AvailableNow``: micro-batches of the read limit until a round of
+receives finds nothing or a message enqueued after the run began (senders that
+never pause do not keep the run going), then the settling batch, then the
+query stops with every message it read completed.
+
 Sessions (option ``sessions``): ``*`` accepts up to ``maxSessions`` available
 sessions at a time (a session that has nothing more to give and nothing left
 to settle is released, so others get their turn; sessions are accepted by a
@@ -32,6 +37,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from oncebus.spark._options import _Options
 
@@ -86,7 +92,7 @@ def _to_row(message: Any) -> tuple[Any, ...]:
     )
 
 
-class OncebusStreamReader(DataSourceStreamReader):
+class OncebusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets are ``{"run": <reader run id>, "n": <messages received in that run>}``, and ``"settle": <k>``
     on the offsets of the empty micro-batches that commit a batch of a quiet queue."""
 
@@ -102,6 +108,8 @@ class OncebusStreamReader(DataSourceStreamReader):
         self._lock = threading.RLock()
         self._accepting: threading.Thread | None = None  # sessions mode '*': accepts sessions in the background
         self._accepted: list[_Link] = []  # sessions it accepted, taken into _links by the next latestOffset
+        self._available_since: datetime | None = None  # Trigger.AvailableNow: when the run began
+        self._caught_up = False  # Trigger.AvailableNow: nothing more to receive in this run
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "run": self.run}
@@ -241,27 +249,19 @@ class OncebusStreamReader(DataSourceStreamReader):
 
         return ReadMaxRows(self.options.max_messages_per_batch)
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        """``Trigger.AvailableNow``: read what the entity holds now, in micro-batches of the read limit, then stop."""
+        self._available_since = datetime.now(UTC)
+        self._caught_up = False
+
     def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, Any]:
         from pyspark.sql.streaming.datasource import ReadMaxRows
 
         wanted = limit.max_rows if isinstance(limit, ReadMaxRows) else self.options.max_messages_per_batch
-        got: list[tuple[Any, _Link]] = []
         with self._lock:
             self._connect()
             self._accept_sessions()
-            for link in list(self._links):
-                link.drained = False
-                first = True
-                while len(got) < wanted:
-                    wait = self.options.receive_wait_seconds if first and not got else 0.2
-                    chunk = link.receiver.receive_messages(
-                        max_message_count=min(wanted - len(got), 500), max_wait_time=wait
-                    )
-                    first = False
-                    if not chunk:
-                        link.drained = True
-                        break
-                    got += [(message, link) for message in chunk]
+            got = [] if self._caught_up else self._receive(wanted)
             now = datetime.now(UTC)
             for message, link in got:
                 locked = message.locked_until_utc
@@ -270,6 +270,8 @@ class OncebusStreamReader(DataSourceStreamReader):
                 self._buffer[self._received] = _BufferedMessage(_to_row(message), message, span, link)
                 link.pending.add(self._received)
             self._release_idle_sessions()
+            if self._available_since is not None and (not got or self._arrived_later(got, self._available_since)):
+                self._caught_up = True  # an available-now run ends with what it holds
             awaiting_commit = start.get("run") == self.run and any(i <= int(start["n"]) for i in self._buffer)
         if got or start.get("run") != self.run:
             return {"run": self.run, "n": self._received}
@@ -279,6 +281,34 @@ class OncebusStreamReader(DataSourceStreamReader):
             # message makes one empty micro-batch, whose construction commits that batch (see ``commit``).
             return {"run": self.run, "n": int(start["n"]), "settle": int(start.get("settle", 0)) + 1}
         return start
+
+    def _receive(self, wanted: int) -> list[tuple[Any, _Link]]:
+        """Up to ``wanted`` messages from the links held; waits ``receiveWaitSeconds`` only for the first."""
+        got: list[tuple[Any, _Link]] = []
+        for link in list(self._links):
+            link.drained = False
+            first = True
+            while len(got) < wanted:
+                wait = self.options.receive_wait_seconds if first and not got else 0.2
+                chunk = link.receiver.receive_messages(
+                    max_message_count=min(wanted - len(got), 500), max_wait_time=wait
+                )
+                first = False
+                if not chunk:
+                    link.drained = True
+                    break
+                got += [(message, link) for message in chunk]
+        return got
+
+    @staticmethod
+    def _arrived_later(got: list[tuple[Any, _Link]], since: datetime) -> bool:
+        """Whether a message was enqueued after ``since``: an available-now run that meets one has read the
+        entity's backlog (and a little more), so it stops receiving even while senders go on."""
+        for message, _ in got:
+            enqueued = message.enqueued_time_utc
+            if enqueued is not None and (enqueued if enqueued.tzinfo else enqueued.replace(tzinfo=UTC)) > since:
+                return True
+        return False
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         if end.get("run") != self.run:

@@ -209,6 +209,13 @@ def _scheduled_time(value: Any) -> datetime.datetime | None:
     return us_to_datetime(int(value) * 1000)
 
 
+def property_value(value: Any) -> Any:
+    """An application property's value as the broker's model holds it (what every door can show): AMQP's
+    typed values become JSON's (binary as hex, a timestamp its milliseconds, a uuid or a described value its
+    text; a list or map stays one, for the core to refuse)."""
+    return _json_safe(copy_value(value))
+
+
 def _json_safe(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
         if isinstance(value, int) and not isinstance(value, bool):

@@ -1,4 +1,5 @@
-"""Broker errors as AMQP conditions and management status codes."""
+"""Broker errors as AMQP conditions and management status codes: each error class carries both
+(:mod:`oncebus.core.errors`); this module only wraps them for proton."""
 
 from __future__ import annotations
 
@@ -15,20 +16,6 @@ _LOG = logging.getLogger(__name__)
 INTERNAL_ERROR = "amqp:internal-error"
 TRACKING_ID = proton.symbol("com.microsoft:tracking-id")
 
-_STATUS: list[tuple[type[errors.OncebusError], int]] = [
-    (errors.EntityNotFoundError, 404),
-    (errors.MessageNotFoundError, 404),
-    (errors.MessageLockLostError, 410),
-    (errors.SessionLockLostError, 410),
-    (errors.SessionCannotBeLockedError, 409),
-    (errors.EntityAlreadyExistsError, 409),
-    (errors.UnauthorizedError, 401),
-    (errors.OperationTimeoutError, 408),
-    (errors.ServerBusyError, 503),
-    (errors.QuotaExceededError, 403),
-    (errors.InvalidArgumentError, 400),
-]
-
 
 def condition_of(exc: BaseException) -> proton.Condition:
     """The AMQP error for ``exc`` (an unexpected exception is logged and reported as an internal error)."""
@@ -40,9 +27,5 @@ def condition_of(exc: BaseException) -> proton.Condition:
     return proton.Condition(INTERNAL_ERROR, f"oncebus failed: {type(exc).__name__}: {exc}", info)
 
 
-def status_of(exc: BaseException) -> int:
-    """The management response status code for ``exc``."""
-    for kind, status in _STATUS:
-        if isinstance(exc, kind):
-            return status
-    return 500
+status_of = errors.status_of
+"""The management response status code for ``exc`` (its class's, as the HTTP doors answer it)."""

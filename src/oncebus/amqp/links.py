@@ -489,7 +489,7 @@ class ReceiveLink:
     ) -> Callable[[], Awaitable[None]]:
         namespace = self.namespace
         path = self.path
-        modify = {str(k): v for k, v in annotations.items()} or None
+        modify = {str(k): codec.property_value(v) for k, v in annotations.items()} or None
         if state == proton.Delivery.ACCEPTED:
             return lambda: namespace.complete(path, token)
         if state == proton.Delivery.MODIFIED and undeliverable:
@@ -600,7 +600,8 @@ def _dead_letter_info(info: dict[str, Any]) -> tuple[str | None, str | None, dic
     """A dead-letter's error info: (reason, description, properties to modify: every other entry, as the .NET
     and Go SDKs put them there)."""
     reason, description = info.get(codec.DEAD_LETTER_REASON), info.get(codec.DEAD_LETTER_ERROR_DESCRIPTION)
-    modify = {k: v for k, v in info.items() if k not in (codec.DEAD_LETTER_REASON, codec.DEAD_LETTER_ERROR_DESCRIPTION)}
+    dead_letter_keys = (codec.DEAD_LETTER_REASON, codec.DEAD_LETTER_ERROR_DESCRIPTION)
+    modify = {k: codec.property_value(v) for k, v in info.items() if k not in dead_letter_keys}
     return (
         None if reason is None else str(reason),
         None if description is None else str(description),
@@ -622,7 +623,7 @@ def _transactional_settlement(path: str, token: uuid.UUID, code: int | None, fie
         reason, description, properties = _dead_letter_info(info)
         return PendingSettlement(path, token, "dead_letter", properties, reason=reason, error_description=description)
     annotations = fields[2] if code == 0x27 and len(fields) > 2 and isinstance(fields[2], dict) else {}
-    modify = {str(k): codec.copy_value(v) for k, v in annotations.items()}  # held past this disposition
+    modify = {str(k): codec.property_value(v) for k, v in annotations.items()}  # copied: held past this disposition
     if code == 0x27 and len(fields) > 1 and fields[1]:
         return PendingSettlement(path, token, "defer", modify or None)
     if code in (0x26, 0x27):

@@ -41,7 +41,7 @@ from oncebus.amqp.codec import (
     split_sections,
 )
 from oncebus.amqp.encoding import DecodeError, Reader, jump
-from oncebus.amqp.reencode import reencode
+from oncebus.amqp.reencode import amqp_value, reencode
 from oncebus.core.messages import MessageState, ReceivedMessage
 from oncebus.core.timeutil import MAX_US, MIN_US, datetime_to_us
 
@@ -61,7 +61,7 @@ def _fields_encoding(message: ReceivedMessage) -> bytes:
         reply_to=message.reply_to,
         reply_to_group_id=message.reply_to_session_id,
         address=message.to,
-        properties=dict(message.application_properties) or None,
+        properties={name: amqp_value(value) for name, value in message.application_properties.items()} or None,
     )
     out.inferred = True
     if message.time_to_live is not None:

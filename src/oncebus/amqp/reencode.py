@@ -32,7 +32,7 @@ from oncebus.amqp.codec import (
     split_sections,
 )
 from oncebus.amqp.values import text as _text
-from oncebus.core.properties import WIRE_PROPERTY_FIELDS
+from oncebus.core.properties import LONG_MAX, WIRE_PROPERTY_FIELDS
 from oncebus.core.timeutil import datetime_to_us
 
 
@@ -61,15 +61,17 @@ _INT_TYPES = {
 }
 
 
-def _amqp_value(new: Any, old: Any) -> Any:
-    """A property value set by an action, in the type of the value it replaces where that holds it."""
+def amqp_value(new: Any, old: Any = None) -> Any:
+    """An application property's value as proton encodes it: in the type of the value it replaces (``old``, when
+    an action set it) where that holds it; an integer past a long's range as a ulong; times and durations as
+    Service Bus carries them."""
     if isinstance(new, bool):
         return new
     if isinstance(new, int):
         bounds = _INT_TYPES.get(type(old))
         if bounds is not None and bounds[0] <= new <= bounds[1]:
             return type(old)(new)
-        return new
+        return proton.ulong(new) if new > LONG_MAX else int(new)
     if isinstance(new, float):
         return proton.float32(new) if isinstance(old, proton.float32) else new
     if isinstance(new, datetime.datetime):
@@ -91,7 +93,7 @@ def _application_properties(original: Mapping[Any, Any], wanted: Mapping[str, An
         if kept is not None and _json_safe(kept[1]) == value and type(_json_safe(kept[1])) is type(value):
             out[kept[0]] = kept[1]  # untouched: its original AMQP type
         else:
-            out[name] = _amqp_value(value, None if kept is None else kept[1])
+            out[name] = amqp_value(value, None if kept is None else kept[1])
     return out
 
 

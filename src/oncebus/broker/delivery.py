@@ -36,6 +36,7 @@ from oncebus.core.errors import (
     SessionLockLostError,
 )
 from oncebus.core.keys import validate_ids
+from oncebus.core.properties import check_application_properties
 from oncebus.core.messages import (
     MessageState,
     ReceivedMessage,
@@ -223,6 +224,8 @@ class Delivery:
         *,
         failed: bool = True,
     ) -> None:
+        if properties_to_modify:
+            check_application_properties(properties_to_modify, what="properties_to_modify")
         receivable, message = self._locked(path, lock_token)
         if not failed and message.delivery_count > 0:  # released: this delivery was no attempt (counted at lock)
             message.delivery_count -= 1

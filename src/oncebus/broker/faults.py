@@ -68,7 +68,11 @@ _FIELDS = ("kind", "entity", "count", "duration", "after", "delay", "seconds", "
 
 
 class FaultsDisabledError(UnauthorizedError):
-    """Arming faults is switched off on this broker (it serves beyond loopback without ``--allow-faults``)."""
+    """Arming faults is switched off on this broker (it serves beyond loopback without ``--allow-faults``): the key
+    is fine, the broker forbids it (403)."""
+
+    condition = "amqp:unauthorized-access"
+    status = 403
 
 
 def _number(data: Mapping[str, Any], name: str, *, integer: bool, low: float, high: float) -> Any:

@@ -43,6 +43,7 @@ from oncebus.core.errors import (
     ServerBusyError,
 )
 from oncebus.core.messages import Message, MessageState
+from oncebus.core.properties import check_application_properties
 from oncebus.core.sending import CheckedSend, validate_send
 from oncebus.core.tiers import TierQuotas
 
@@ -61,18 +62,22 @@ Outcome = Literal["complete", "abandon", "defer", "dead_letter"]
 
 class UnknownTransactionError(OncebusError, LookupError):
     condition = "amqp:transaction:unknown-id"
+    status = 404
 
 
 class TransactionRollbackError(OncebusError):
     condition = "amqp:transaction:rollback"
+    status = 409
 
 
 class TransactionTimeoutError(OncebusError):
     condition = "amqp:transaction:timeout"
+    status = 408
 
 
 class TransactionSpanError(OncebusError):
     condition = "amqp:not-allowed"
+    status = 400
 
 
 @dataclass
@@ -184,6 +189,8 @@ def _check_settlement(namespace: Host, settlement: PendingSettlement) -> None:
     receivable, _ = namespace._locked(settlement.path, settlement.lock_token)
     if settlement.outcome == "dead_letter" and receivable.is_dead_letter:
         raise InvalidArgumentError("a message in a dead-letter queue cannot be dead-lettered again")
+    if settlement.properties_to_modify:
+        check_application_properties(settlement.properties_to_modify, what="properties_to_modify")
 
 
 def _check_cancel(namespace: Host, cancel: PendingCancel) -> None:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Protocol
 
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.keys import MessageId, id_type, service_bus_text
-from oncebus.core.properties import TEXT_FIELDS
+from oncebus.core.properties import TEXT_FIELDS, check_application_properties, text_error
 from oncebus.core.timeutil import us_to_datetime_or_max
 
 
@@ -64,13 +64,15 @@ def _size(body: bytes, application_properties: dict[str, Any]) -> int:
 
 
 _TEXT_FIELDS = TEXT_FIELDS
+_ALL_TEXT_FIELDS = ("message_id", *TEXT_FIELDS)  # the session id is one of the text fields
 
 
 def check_message(message: Message) -> None:
     """Refuse a message whose fields have the wrong type (what a front end may hand over unchecked).
 
-    Ids are checked by ``keys.validate_ids``; this checks the body, the text fields, the application
-    properties, the time to live (a positive ``timedelta``) and the scheduled enqueue time (a ``datetime``).
+    Ids are checked by ``keys.validate_ids``; this checks the body, the text fields (ids too: Unicode text),
+    the application properties (``properties.check_application_properties``: values every door carries), the
+    time to live (a positive ``timedelta``) and the scheduled enqueue time (a ``datetime``).
     """
     if not isinstance(message.body, bytes | bytearray | memoryview):
         raise InvalidArgumentError(f"body must be bytes, not {type(message.body).__name__}")
@@ -78,12 +80,15 @@ def check_message(message: Message) -> None:
         value = getattr(message, name)
         if value is not None and not isinstance(value, str):
             raise InvalidArgumentError(f"{name} must be text (a string), not {type(value).__name__}")
+    for name in _ALL_TEXT_FIELDS:
+        value = getattr(message, name)
+        if isinstance(value, str) and (problem := text_error(value)) is not None:
+            raise InvalidArgumentError(f"{name} {problem}; it must be Unicode text")
     properties = message.application_properties
-    if not isinstance(properties, dict):
+    if properties:
+        check_application_properties(properties)
+    elif not isinstance(properties, dict):
         raise InvalidArgumentError(f"application_properties must be a map, not {type(properties).__name__}")
-    for key in properties:
-        if not isinstance(key, str):
-            raise InvalidArgumentError(f"application_properties keys must be text, not {type(key).__name__}")
     ttl = message.time_to_live
     if ttl is not None:
         if not isinstance(ttl, timedelta):

@@ -9,13 +9,24 @@ API's XML, the emulator's config and the CLI), and the received message's view.
 Two kinds: the **sender's** properties (set by whoever sends; a rule action may change most of them)
 and the **broker's** (set by the broker: sequence number, times, state, delivery count, lock,
 dead-letter source; read-only to rules and receivers).
+
+Beside them, what an **application property** may hold (:func:`check_application_properties`): the
+simple values every door carries, AMQP's application-properties section above all (no lists, maps or
+arrays; integers within AMQP's long and ulong). Every send and every abandon that modifies properties
+is checked against it once, in core, whichever door it came through.
 """
 
 from __future__ import annotations
 
+import math
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Final
+
+from oncebus.core.errors import ArgumentOutOfRangeError, InvalidArgumentError
 
 # where AMQP carries a property (the section, then the field index or annotation key)
 AMQP_PROPERTIES: Final = "properties"
@@ -137,3 +148,74 @@ for _p in SENDER_PROPERTIES:
         for _n in (_p.name, *_p.aliases, _p.correlation):
             _CORRELATION_BY_KEY[_n.replace("_", "").lower()] = _p.correlation
 del _p, _n
+
+
+# ------------------------------------------------------------------------------ application properties
+LONG_MIN: Final = -(2**63)
+LONG_MAX: Final = 2**63 - 1
+ULONG_MAX: Final = 2**64 - 1
+
+APPLICATION_VALUES: Final = (
+    "a string, a boolean, null, an integer from -2**63 to 2**64 - 1 (an AMQP long; a ulong above 2**63 - 1), "
+    "a floating-point number, binary, a UUID, a time (datetime), a duration (timedelta) or a decimal"
+)
+"""What an application property's value may be, in words (error messages say it)."""
+
+_SIMPLE: Final = (str, bool, float, bytes, bytearray, memoryview, uuid.UUID, datetime, timedelta, Decimal)
+
+
+def text_error(value: str) -> str | None:
+    """Why ``value`` cannot travel as text (AMQP strings are UTF-8: a lone surrogate has none); None if it can."""
+    if value.isascii():
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"holds {value[exc.start]!r} at {exc.start}, a lone UTF-16 surrogate, which is not Unicode text"
+    return None
+
+
+def application_property_error(name: str, value: object) -> InvalidArgumentError | None:
+    """The refusal of ``value`` as the application property ``name`` (naming what was wrong and what is allowed),
+    or None when every door can carry it."""
+    where = f"application property {name!r}"
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        if LONG_MIN <= value <= ULONG_MAX:
+            return None
+        return ArgumentOutOfRangeError(
+            f"{where} is {_shown(value)}, out of range: an integer property must be from -2**63 to "
+            f"2**64 - 1 ({LONG_MIN} to {ULONG_MAX}; AMQP carries no larger one); send a larger number as a "
+            "string or a floating-point number"
+        )
+    if isinstance(value, str):
+        problem = text_error(value)
+        return None if problem is None else InvalidArgumentError(f"{where} {problem}; a string must be Unicode text")
+    if isinstance(value, _SIMPLE):
+        return None
+    kind = "a list" if isinstance(value, list | tuple) else "a map" if isinstance(value, Mapping) else None
+    shown = kind or f"a value of type {type(value).__name__}"
+    return InvalidArgumentError(f"{where} is {shown}, which is not a property value; a value is {APPLICATION_VALUES}")
+
+
+def _shown(value: int) -> str:
+    if value.bit_length() <= 256:
+        return f"the integer {value}"
+    digits = int(value.bit_length() * math.log10(2)) + 1  # str() of a huge int is slow, and refused past 4300 digits
+    return f"a {'negative ' if value < 0 else ''}{digits}-digit integer"
+
+
+def check_application_properties(properties: object, *, what: str = "application_properties") -> None:
+    """Refuse ``properties`` unless it maps text keys to values every door carries (:data:`APPLICATION_VALUES`)."""
+    if not isinstance(properties, dict):
+        raise InvalidArgumentError(f"{what} must be a map, not {type(properties).__name__}")
+    for key, value in properties.items():
+        if not isinstance(key, str):
+            raise InvalidArgumentError(f"{what} keys must be text, not {type(key).__name__}")
+        problem = text_error(key)
+        if problem is not None:
+            raise InvalidArgumentError(f"the name of application property {key!r} {problem}; a name is Unicode text")
+        refusal = application_property_error(key, value)
+        if refusal is not None:
+            raise refusal

@@ -35,9 +35,8 @@ from oncebus.broker import (
     topic_runtime_properties,
 )
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
-from oncebus.core.errors import EntityNotFoundError, InvalidArgumentError, OncebusError
+from oncebus.core.errors import EntityNotFoundError, InvalidArgumentError, OncebusError, status_of
 from oncebus.http import atom
-from oncebus.http.errors import status_of
 from oncebus.http.rules import NamespaceRules, RuleBook
 from oncebus.http.server import Receive, Scope, Send
 

@@ -22,9 +22,8 @@ from typing import Any, Protocol, cast
 from oncebus import __version__
 from oncebus.auth import MANAGE, KeyRing, authorize_request, header_namespace, refusal_text
 from oncebus.broker import Namespace
-from oncebus.core.errors import OncebusError, UnauthorizedError
+from oncebus.core.errors import OncebusError, UnauthorizedError, status_of
 from oncebus.http.admin import AdminApi
-from oncebus.http.errors import status_of
 from oncebus.http.faults import FaultsApi, is_faults_path
 from oncebus.http.messages import RestMessaging, match_route
 from oncebus.http.rules import RuleBook

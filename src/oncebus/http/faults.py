@@ -22,7 +22,8 @@ from typing import Any
 
 from oncebus.auth import MANAGE, KeyRing, authorize_request, refusal_text
 from oncebus.broker import FaultsDisabledError, FaultSpec, Namespace
-from oncebus.core.errors import InvalidArgumentError, OncebusError, UnauthorizedError
+from oncebus.core.errors import OncebusError, UnauthorizedError, status_of
+from oncebus.http.jsonbody import parse_json
 from oncebus.http.server import Receive, Scope, Send
 
 PREFIX = "/$faults"
@@ -57,14 +58,10 @@ class FaultsApi:
                 break
         try:
             status, answer = self._handle(scope, bytes(body))
-        except FaultsDisabledError as exc:
-            status, answer = 403, {"error": str(exc)}
-        except UnauthorizedError as exc:
-            status, answer = 401, {"error": refusal_text(exc)}
-        except InvalidArgumentError as exc:
-            status, answer = 400, {"error": str(exc)}
         except OncebusError as exc:
-            status, answer = 500, {"error": str(exc)}
+            refused = isinstance(exc, UnauthorizedError) and not isinstance(exc, FaultsDisabledError)
+            text = refusal_text(exc) if refused and isinstance(exc, UnauthorizedError) else str(exc)
+            status, answer = status_of(exc), {"error": text}
         await _json(send, status, answer)
 
     def _handle(self, scope: Scope, body: bytes) -> tuple[int, Any]:
@@ -75,10 +72,7 @@ class FaultsApi:
         if fault_id is None and method == "GET":
             return 200, [fault.to_dict() for fault in book.list()]
         if fault_id is None and method == "POST":
-            try:
-                spec = json.loads(body or b"{}")
-            except ValueError as exc:
-                raise InvalidArgumentError(f"the body is not JSON: {exc}") from None
+            spec = parse_json(body or b"{}", "the body", "a JSON object: a fault's kind, entity and settings")
             return 201, book.arm(FaultSpec.from_dict(spec)).to_dict()
         if method == "DELETE":
             if fault_id is not None and fault_id not in {fault.fault_id for fault in book.list()}:

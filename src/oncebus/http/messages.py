@@ -13,10 +13,13 @@ Routes (as Azure's REST API names them; ``{entity}`` is a queue, a topic for sen
 
 A message's system properties travel in the ``BrokerProperties`` header (JSON; names from
 :mod:`oncebus.core.properties`, dates RFC 1123, ``TimeToLive`` in seconds); any other header that is not an
-HTTP one is an application property (a JSON string, number or boolean, or the text as is). ``Authorization:
-SharedAccessSignature ...`` must cover the entity and carry Send (sending) or Listen (receiving, settling).
-Azure's status codes: 400 bad input, 401 no or wrong key or right, 403 message too large, 410 no such entity,
-404 no such lock. Everything goes through the Messaging port.
+HTTP one is an application property (a JSON string, number or boolean, or the text as is; a JSON array or
+object is refused, as AMQP carries none). Property values are checked by the core as every door's are
+(:func:`oncebus.core.properties.check_application_properties`). ``Authorization: SharedAccessSignature ...``
+must cover the entity and carry Send (sending) or Listen (receiving, settling). Azure's status codes, read from
+each error's class (``data_plane_status``, else ``status``): 400 bad input, 401 no or wrong key or right, 403
+message too large or entity disabled, 410 no such entity, 404 no such lock. Everything goes through the
+Messaging port.
 """
 
 from __future__ import annotations
@@ -34,17 +37,16 @@ from urllib.parse import parse_qs, quote
 
 from oncebus.auth import LISTEN, SEND, KeyRing, authorize_request
 from oncebus.broker import Messaging
-from oncebus.core.errors import (
-    EntityNotFoundError,
-    InvalidArgumentError,
-    MessageLockLostError,
-    MessageNotFoundError,
-    MessageSizeExceededError,
-    OncebusError,
-)
+from oncebus.core.errors import ArgumentOutOfRangeError, InvalidArgumentError, OncebusError, named, status_of
 from oncebus.core.messages import Message, ReceivedMessage, ServiceBusReceiveMode
-from oncebus.core.properties import BROKER_PROPERTIES, SENDER_PROPERTIES, SystemProperty
-from oncebus.http.errors import status_of
+from oncebus.core.properties import (
+    APPLICATION_VALUES,
+    BROKER_PROPERTIES,
+    SENDER_PROPERTIES,
+    SystemProperty,
+    text_error,
+)
+from oncebus.http.jsonbody import parse_json
 from oncebus.http.server import Receive, Scope, Send
 
 BATCH_CONTENT_TYPE = "application/vnd.microsoft.servicebus.json"
@@ -79,6 +81,12 @@ _HTTP_HEADERS = frozenset(
         "traceparent",
         "tracestate",
     }
+)
+
+_BROKER_PROPERTIES_SHAPE = "a JSON object of system properties: MessageId, Label, TimeToLive, ..."
+_BATCH_SHAPE = (
+    "a non-empty JSON array of objects {Body: a string, BrokerProperties: an object, UserProperties: an object of "
+    "strings, numbers and booleans}"
 )
 
 _BY_NAME: dict[str, SystemProperty] = {}
@@ -123,6 +131,18 @@ def _parse_date(name: str, value: Any) -> datetime:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
+def _seconds(name: str, value: Any) -> timedelta:
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."  # JSON numbers run to 4300 digits
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or value <= 0:
+        raise InvalidArgumentError(f"BrokerProperties {name} must be a positive number of seconds, not {shown}")
+    try:
+        return timedelta(seconds=value)
+    except OverflowError:
+        raise ArgumentOutOfRangeError(
+            f"BrokerProperties {name} is {shown} seconds, too large: at most {timedelta.max.total_seconds():.0f}"
+        ) from None
+
+
 def message_of(body: bytes, broker: Mapping[str, Any], user: Mapping[str, Any], content_type: str | None) -> Message:
     """A Message from a REST body, its BrokerProperties and its application properties (unknown broker
     properties are ignored, as Azure ignores them)."""
@@ -138,25 +158,32 @@ def message_of(body: bytes, broker: Mapping[str, Any], user: Mapping[str, Any], 
                 raise InvalidArgumentError(f"BrokerProperties {key} must be a JSON string, not {value!r}")
             fields[prop.field] = value
         elif prop.kind is timedelta:
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-                raise InvalidArgumentError(
-                    f"BrokerProperties {key} must be a positive number of seconds, not {value!r}"
-                )
-            try:
-                fields[prop.field] = timedelta(seconds=value)
-            except OverflowError:
-                raise InvalidArgumentError(f"BrokerProperties {key} {value!r} is too large") from None
+            fields[prop.field] = _seconds(str(key), value)
         elif prop.kind is datetime:
             fields[prop.field] = _parse_date(str(key), value)
     return Message(body=body, application_properties=dict(user), **fields)
 
 
-def _user_value(text: str) -> Any:
+
+def _user_value(name: str, text: str) -> Any:
+    """A property header's value: the JSON string, number or boolean it holds, else its text as is (``null`` too).
+
+    A JSON array or object is refused (no door carries one); so is one nested too deeply to read.
+    """
     try:
         value = json.loads(text)
+    except RecursionError:
+        kind = "a JSON array or object nested too deeply to read"
     except ValueError:
         return text
-    return value if isinstance(value, str | int | float | bool) and value is not None else text
+    else:
+        if not isinstance(value, list | dict):
+            return value if isinstance(value, str | int | float | bool) else text
+        kind = "a JSON array" if isinstance(value, list) else "a JSON object"
+    raise InvalidArgumentError(
+        f"property header {name}: its value is {kind}, which is not a property value; a property header holds "
+        f"a JSON string, number or boolean (a value is {APPLICATION_VALUES}), or text"
+    )
 
 
 def broker_properties(message: ReceivedMessage) -> dict[str, Any]:
@@ -185,7 +212,9 @@ def broker_properties(message: ReceivedMessage) -> dict[str, Any]:
 
 
 def _header_value(value: Any) -> bytes:
-    return json.dumps(value if isinstance(value, str | int | float | bool) else str(value)).encode("latin-1")
+    if value is None or isinstance(value, str | int | float | bool):
+        return json.dumps(value).encode("latin-1")
+    return json.dumps(str(value)).encode("latin-1")
 
 
 class RestMessaging:
@@ -211,21 +240,11 @@ class RestMessaging:
             status, headers, payload = exc.status, [], (str(exc) + "\n").encode()
             headers.append((b"content-type", b"text/plain; charset=utf-8"))
         except OncebusError as exc:
-            status, headers, payload = self._status(exc), [], (str(exc) + "\n").encode()
+            status, headers, payload = status_of(exc, data_plane=True), [], (str(exc) + "\n").encode()
             headers.append((b"content-type", b"text/plain; charset=utf-8"))
         headers.append((b"content-length", str(len(payload)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
-
-    @staticmethod
-    def _status(exc: OncebusError) -> int:
-        if isinstance(exc, EntityNotFoundError):
-            return 410  # Azure: "Specified queue or topic doesn't exist"
-        if isinstance(exc, MessageSizeExceededError):
-            return 403  # Azure: "Quota exceeded or message too large"
-        if isinstance(exc, MessageLockLostError | MessageNotFoundError):
-            return 404  # Azure: "No message was found with the specified MessageId or LockToken"
-        return status_of(exc)
 
     async def handle(self, scope: Scope, body: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         method = str(scope["method"]).upper()
@@ -296,39 +315,36 @@ class RestMessaging:
             raw = headers.get("brokerproperties")
             broker: Any = {}
             if raw is not None:
-                try:
-                    broker = json.loads(raw.decode("utf-8"))
-                except (ValueError, UnicodeDecodeError) as exc:
-                    raise InvalidArgumentError(f"the BrokerProperties header is not valid JSON: {exc}") from None
+                broker = parse_json(raw, "the BrokerProperties header", _BROKER_PROPERTIES_SHAPE)
                 if not isinstance(broker, dict):
-                    raise InvalidArgumentError("the BrokerProperties header must be a JSON object")
-            user = {k: _user_value(v.decode("latin-1")) for k, v in headers.items() if k not in _HTTP_HEADERS}
+                    raise InvalidArgumentError(f"the BrokerProperties header must be {_BROKER_PROPERTIES_SHAPE}")
+            user = {k: _user_value(k, v.decode("latin-1")) for k, v in headers.items() if k not in _HTTP_HEADERS}
             messages = [message_of(body, broker, user, content_type)]
         await self.messaging.send(entity, messages)
         return 201, [], b""
 
     @staticmethod
     def _batch(body: bytes) -> list[Message]:
-        try:
-            items = json.loads(body.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InvalidArgumentError(f"the batch is not valid JSON: {exc}") from None
+        items = parse_json(body, "the batch", _BATCH_SHAPE)
         if not isinstance(items, list) or not items:
-            raise InvalidArgumentError("the batch must be a non-empty JSON array of {Body, BrokerProperties, ...}")
+            raise InvalidArgumentError(f"the batch must be {_BATCH_SHAPE}")
         messages = []
         for i, item in enumerate(items):
+            where = f"message {i + 1} of {len(items)}"  # as the core names a batch's messages
             if not isinstance(item, dict) or not isinstance(item.get("Body", ""), str):
-                raise InvalidArgumentError(f"batch item {i} must be an object whose Body is a JSON string")
+                raise InvalidArgumentError(f"{where} must be an object whose Body is a JSON string")
             broker = item.get("BrokerProperties") or {}
             user = item.get("UserProperties") or {}
             if not isinstance(broker, dict) or not isinstance(user, dict):
-                raise InvalidArgumentError(f"batch item {i}: BrokerProperties and UserProperties must be objects")
-            for key, value in user.items():
-                if not isinstance(value, str | int | float | bool):
-                    raise InvalidArgumentError(
-                        f"batch item {i}: UserProperties {key!r} must be a string, number or boolean"
-                    )
-            messages.append(message_of(str(item.get("Body", "")).encode("utf-8"), broker, user, None))
+                raise InvalidArgumentError(f"{where}: BrokerProperties and UserProperties must be objects")
+            text = str(item.get("Body", ""))
+            problem = text_error(text)
+            if problem is not None:
+                raise InvalidArgumentError(f"{where}: its Body {problem}; a Body is Unicode text")
+            try:
+                messages.append(message_of(text.encode("utf-8"), broker, user, None))
+            except InvalidArgumentError as exc:
+                raise named(where, exc) from None
         return messages
 
     async def _receive(

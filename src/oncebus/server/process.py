@@ -38,6 +38,9 @@ from oncebus.store.sendlog import SendLogWriter
 class ServeError(OncebusError):
     """The serve process could not start; ``busy`` when the data directory is in use."""
 
+    condition = "amqp:internal-error"
+    status = 500
+
     def __init__(self, message: str, *, busy: bool = False) -> None:
         super().__init__(message)
         self.busy = busy

@@ -10,6 +10,9 @@ from oncebus.core.errors import InvalidArgumentError
 class OncebusOptionError(InvalidArgumentError):
     """An option of format("oncebus") that is missing or wrong (a ValueError, under OncebusError)."""
 
+    condition = "com.microsoft:argument-error"
+    status = 400
+
 
 @dataclass(frozen=True)
 class _Options:

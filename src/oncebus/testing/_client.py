@@ -16,6 +16,9 @@ from oncebus.server.control import error_from_json
 class BrokerGoneError(OncebusError, RuntimeError):
     """The broker under test stopped answering (it crashed or was stopped); the message carries its output."""
 
+    condition = "amqp:internal-error"
+    status = 500
+
 
 class ControlClient:
     """One connection, reused; thread-safe (one request at a time)."""

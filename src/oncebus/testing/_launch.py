@@ -14,6 +14,9 @@ _OUTPUT_LINES = 200
 class BrokerStartError(OncebusError, RuntimeError):
     """``oncebus serve`` did not become ready; the message carries its output."""
 
+    condition = "amqp:internal-error"
+    status = 500
+
 
 @dataclass(frozen=True)
 class Launch:

@@ -186,3 +186,99 @@ def test_rest_and_the_sdk_see_each_others_messages(
     props = json.loads(reply.headers["BrokerProperties"])
     assert props["MessageId"] == "s1" and props["Label"] == "S"
     assert reply.headers["n"] == "5"
+
+
+BATCH = "application/vnd.microsoft.servicebus.json"
+
+
+def post(server: Served, entity: str, body: bytes, **headers: str) -> requests.Response:
+    return requests.post(url(server, f"{entity}/messages"), data=body, headers={**auth(server), **headers}, timeout=10)
+
+
+def test_an_integer_property_past_64_bits_is_refused_and_the_queue_still_delivers(
+    server: Served, admin: ServiceBusAdministrationClient, name: str
+) -> None:
+    """Issue 33 item 2: it was answered 201, and AMQP receivers of the queue got nothing from then on."""
+    admin.create_queue(name)
+    assert post(server, name, b"before").status_code == 201
+    big = post(server, name, b"big", **{"X-Big": "1000000000000000000000000000000"})
+    assert big.status_code == 400, big.text
+    assert "x-big" in big.text.lower() and "1000000000000000000000000000000" in big.text
+    assert "-2**63 to 2**64 - 1" in big.text  # the range allowed
+    negative = post(server, name, b"negative", **{"X-Low": str(-(2**63) - 1)})
+    assert negative.status_code == 400 and "x-low" in negative.text.lower()
+    batch = [{"Body": "one", "UserProperties": {"n": 1}}, {"Body": "two", "UserProperties": {"Big": 10**30}}]
+    refused = post(server, name, json.dumps(batch).encode(), **{"Content-Type": BATCH})
+    assert refused.status_code == 400, refused.text
+    assert "message 2 of 2" in refused.text and "'Big'" in refused.text and "2**64 - 1" in refused.text
+    nested = [{"Body": "one", "UserProperties": {"tags": ["a", "b"]}}]
+    listed = post(server, name, json.dumps(nested).encode(), **{"Content-Type": BATCH})
+    assert listed.status_code == 400 and "'tags' is a list" in listed.text, listed.text
+    # the widest integers AMQP carries are kept, as a long and as a ulong
+    edges = {"X-Min": str(-(2**63)), "X-Max": str(2**64 - 1)}
+    assert post(server, name, b"edges", **edges).status_code == 201
+    assert post(server, name, b"after").status_code == 201
+    with ServiceBusClient.from_connection_string(server.connection_string) as sb:
+        with sb.get_queue_receiver(name, max_wait_time=5) as receiver:
+            got = receiver.receive_messages(max_message_count=10, max_wait_time=5)
+            while len(got) < 3 and (more := receiver.receive_messages(max_message_count=10, max_wait_time=2)):
+                got += more
+            assert [b"".join(m.body) for m in got] == [b"before", b"edges", b"after"]  # none of the refused
+            properties = {
+                str(k, "utf-8") if isinstance(k, bytes) else k: v for k, v in got[1].application_properties.items()
+            }
+            assert properties == {"x-min": -(2**63), "x-max": 2**64 - 1}
+            for message in got:
+                receiver.complete_message(message)
+
+
+def test_deep_json_is_a_400_naming_where_it_was(
+    server: Served, admin: ServiceBusAdministrationClient, name: str
+) -> None:
+    """Issue 33 item 5: 15,000 "[" in BrokerProperties or a property header, 400,000 in a batch: 500 and a
+    RecursionError in the log."""
+    admin.create_queue(name)
+    deep = "[" * 15_000
+    broker = post(server, name, b"x", BrokerProperties=deep)
+    assert broker.status_code == 400 and "BrokerProperties" in broker.text and "nested too deeply" in broker.text
+    closed = post(server, name, b"x", BrokerProperties=deep + "]" * 15_000)
+    assert closed.status_code == 400 and "BrokerProperties" in closed.text
+    header = post(server, name, b"x", **{"X-Deep": deep})
+    assert header.status_code == 400 and "x-deep" in header.text.lower(), header.text
+    array = post(server, name, b"x", **{"X-Tags": '["a", "b"]'})
+    assert array.status_code == 400 and "x-tags" in array.text.lower() and "JSON array" in array.text
+    batch = post(server, name, b"[" * 400_000, **{"Content-Type": BATCH})
+    assert batch.status_code == 400 and "batch" in batch.text and "nested too deeply" in batch.text
+    in_batch = post(
+        server, name, b'[{"Body": "x", "UserProperties": ' + b"[" * 20_000 + b"]", **{"Content-Type": BATCH}
+    )
+    assert in_batch.status_code == 400 and "batch" in in_batch.text
+    text = post(server, name, b"kept", **{"X-Note": "[draft] not JSON, kept as text"})
+    assert text.status_code == 201
+    got = take(server, name)
+    assert got.status_code == 200 and got.content == b"kept"  # nothing of the refused ones was stored
+    assert json.loads(got.headers["X-Note"]) == "[draft] not JSON, kept as text"
+    assert take(server, name).status_code == 204
+    assert not [line for line in server.output if "RecursionError" in line or "Traceback" in line]
+
+
+def test_a_disabled_entity_is_a_403_naming_its_status(
+    server: Served, admin: ServiceBusAdministrationClient, name: str
+) -> None:
+    """Issue 33 item 5: a send to a SendDisabled queue, a receive from a ReceiveDisabled one: 500."""
+    admin.create_queue(name + "-s", status="SendDisabled")
+    admin.create_queue(name + "-r", status="ReceiveDisabled")
+    admin.create_queue(name + "-d", status="Disabled")
+    refused = post(server, name + "-s", b"x")
+    assert refused.status_code == 403 and "SendDisabled" in refused.text and "refuses sends" in refused.text
+    assert lock(server, name + "-s").status_code == 204  # it still receives (nothing there)
+    assert post(server, name + "-r", b"x").status_code == 201  # it still takes sends
+    for answer in (lock(server, name + "-r"), take(server, name + "-r")):
+        assert answer.status_code == 403 and "ReceiveDisabled" in answer.text and "refuses receives" in answer.text
+    assert post(server, name + "-d", b"x").status_code == 403
+    assert lock(server, name + "-d").status_code == 403
+    queue = admin.get_queue(name + "-r")
+    queue.status = "Active"
+    admin.update_queue(queue)
+    got = take(server, name + "-r")
+    assert got.status_code == 200 and got.content == b"x"  # the message sent while receives were refused

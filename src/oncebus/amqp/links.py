@@ -40,6 +40,7 @@ MAX_BATCH_SIZE = proton.symbol("com.microsoft:max-message-batch-size")
 TRANSFER_DESTINATION = proton.symbol("com.microsoft:transfer-destination-address")  # send-via
 TRANSACTIONAL_STATE = 0x34  # AMQP 1.0 section 4.5.5 (see oncebus.amqp.coordinator)
 DOTNET_EPOCH_TICKS = 621_355_968_000_000_000
+NOT_ENCODED_REASON = "MessageEncodingFailed"  # the DeadLetterReason of a message the encoder failed on
 DEFAULT_SESSION_WAIT_SECONDS = 65.0
 SEND_CREDIT = 64
 REQUEST_CREDIT = 16
@@ -424,7 +425,11 @@ class ReceiveLink:
 
     def _transfer(self, message: ReceivedMessage) -> None:
         token = message.lock_token if self.mode != ServiceBusReceiveMode.RECEIVE_AND_DELETE else None
-        payload = outgoing.encode_received(message, lock_annotations=self.session is None, lock_token=token)
+        try:
+            payload = outgoing.encode_received(message, lock_annotations=self.session is None, lock_token=token)
+        except Exception as exc:  # a failure of ours: this message is not sent, the others are
+            self._not_encoded(message, token, exc)
+            return
         self.largest = max(self.largest, len(payload))
         if token is None:
             delivery = self.link.delivery(uuid.uuid4().bytes)  # type: ignore[arg-type]  # proton takes binary tags
@@ -438,6 +443,28 @@ class ReceiveLink:
             self.link.advance()
         if self.namespace.faults.armed:
             faulting.delivered(self.conn, self.link, self.namespace, self.path, message.lock_token, self.session)
+
+    def _not_encoded(self, message: ReceivedMessage, token: uuid.UUID | None, exc: Exception) -> None:
+        """A message the encoder failed on (the broker dead-letters what the core refuses before it gets here): logged,
+        not sent; locked, it goes to the dead-letter queue with why (one already there keeps its lock until it expires,
+        and is tried again then); received and deleted, it is gone, and the log says so."""
+        gone = "it was received and deleted, so it is lost" if token is None else "it is not sent"
+        _LOG.error(
+            "message %d of %s could not be encoded for its receiver; %s",
+            message.sequence_number,
+            self.path,
+            gone,
+            exc_info=exc,
+        )
+        if token is not None:
+            description = f"oncebus could not encode it for an AMQP receiver: {type(exc).__name__}: {exc}"
+            self.conn.spawn(self._dead_letter_not_encoded(token, description[:1024]))
+
+    async def _dead_letter_not_encoded(self, token: uuid.UUID, description: str) -> None:
+        try:
+            await self.namespace.dead_letter(self.path, token, NOT_ENCODED_REASON, description)
+        except OncebusError as exc:  # in a dead-letter queue already, or the lock is gone: it stays where it is
+            _LOG.warning("the message that could not be encoded stays in %s: %s", self.path, exc)
 
     def on_delivery(self, delivery: proton.Delivery) -> None:
         """The client settled (or proposed an outcome for) a delivery (``settled`` is the client's flag)."""

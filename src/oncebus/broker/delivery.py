@@ -11,6 +11,7 @@ for one receiver at a time and keep its state.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -36,13 +37,13 @@ from oncebus.core.errors import (
     SessionLockLostError,
 )
 from oncebus.core.keys import validate_ids
-from oncebus.core.properties import check_application_properties
 from oncebus.core.messages import (
     MessageState,
     ReceivedMessage,
     ServiceBusReceiveMode,
     StoredMessage,
 )
+from oncebus.core.properties import carried_properties, check_application_properties
 from oncebus.core.timeutil import clamp_us, datetime_to_us, us_to_datetime
 from oncebus.store.base import (
     Op,
@@ -52,6 +53,10 @@ from oncebus.store.base import (
 )
 
 _LOG = logging.getLogger("oncebus.broker")
+
+UNCARRIED_PROPERTY_REASON = "InvalidApplicationProperty"
+"""The DeadLetterReason of a message stored with an application property no door carries (see
+``Delivery._dead_letter_uncarried``)."""
 
 MAX_PEEK_MESSAGES = 250
 """The most messages one peek returns, whatever it asks for: Service Bus, too, answers a larger peek with fewer
@@ -141,8 +146,14 @@ class Delivery:
             )
         return current
 
-    def _contents_of(self, receivable: Receivable, entries: list[Entry]) -> list[tuple[Entry, StoredMessage]]:
-        """Each entry with its content (from the cache or the store; the state is the entry's, not the record's)."""
+    def _contents_of(
+        self, receivable: Receivable, entries: list[Entry], *, as_carried: bool = True
+    ) -> list[tuple[Entry, StoredMessage]]:
+        """Each entry with its content (from the cache or the store; the state is the entry's, not the record's).
+
+        ``as_carried``: a record holding application properties no door carries (stored before its door refused
+        them) comes as a copy with them as text (:func:`carried_properties`), so every door can hand it out.
+        """
         records = self._contents.read(receivable.path, [e.sequence_number for e in entries])
         out = []
         for entry in entries:
@@ -151,8 +162,41 @@ class Delivery:
                 _LOG.error("message %d of %s is not in the store; dropped", entry.sequence_number, receivable.path)
                 receivable.remove(entry)
                 continue
+            if as_carried and record.wire is None and record.application_properties:
+                repaired = carried_properties(record.application_properties)
+                if repaired is not None:
+                    record = dataclasses.replace(record, application_properties=repaired[0])
             out.append((entry, record))
         return out
+
+    def _dead_letter_uncarried(
+        self, receivable: Receivable, delivered: list[tuple[Entry, StoredMessage]]
+    ) -> list[tuple[Entry, StoredMessage]]:
+        """Move to the dead-letter queue each message holding application properties no door carries (sent before
+        its door refused them, e.g. an integer past 64 bits over REST): delivered, it would fail its receiver's
+        encoding; there a receiver gets it with those values as text, and why in its DeadLetterErrorDescription."""
+        kept: list[tuple[Entry, StoredMessage]] = []
+        ops: list[Op] = []
+        for entry, record in delivered:
+            repaired = None
+            if record.wire is None and record.application_properties:
+                repaired = carried_properties(record.application_properties)
+            if repaired is None:
+                kept.append((entry, record))
+                continue
+            _LOG.error(
+                "message %d of %s cannot be delivered as it was stored: %s; moved to the dead-letter queue",
+                entry.sequence_number,
+                receivable.path,
+                repaired[1],
+            )
+            description = f"{repaired[1]}; it was stored before such values were refused, and is delivered as text"
+            ops += receivable.move_to_dead_letter(entry, UNCARRIED_PROPERTY_REASON, description)
+        if not ops:
+            return delivered
+        self._write_later(ops)
+        self._write_later(pump_forwarding(self._registry, self._router, self._now(), self._contents))
+        return kept
 
     async def _deliver(
         self,
@@ -161,22 +205,25 @@ class Delivery:
         mode: ServiceBusReceiveMode,
         session: SessionLock | None,
     ) -> list[ReceivedMessage]:
+        if receivable.is_dead_letter:
+            delivered = self._contents_of(receivable, entries)
+        else:
+            found = self._contents_of(receivable, entries, as_carried=False)
+            delivered = self._dead_letter_uncarried(receivable, found)
         now = self._now()
-        receivable.counters.received += len(entries)
+        receivable.counters.received += len(delivered)
         if mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
             ops: list[Op] = []
-            for entry in entries:
-                entry.delivery_count += 1
-            delivered = self._contents_of(receivable, entries)
             for entry, _ in delivered:
+                entry.delivery_count += 1
                 ops += receivable.remove(entry)
                 self._contents.discard(receivable.path, entry.sequence_number)
             await self._write(ops)
             return [ReceivedMessage.of(record, entry) for entry, record in delivered]
-        for entry in entries:
+        for entry, _ in delivered:
             entry.delivery_count += 1
             receivable.lock(entry, now, session)
-        return [ReceivedMessage.of(record, entry) for entry, record in self._contents_of(receivable, entries)]
+        return [ReceivedMessage.of(record, entry) for entry, record in delivered]
 
     def _locked(self, path: str, lock_token: uuid.UUID | str) -> tuple[Receivable, Entry]:
         receivable = self.receivable(path)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Final
+from typing import Any, Final
 
 from oncebus.core.errors import ArgumentOutOfRangeError, InvalidArgumentError
 
@@ -219,3 +219,27 @@ def check_application_properties(properties: object, *, what: str = "application
         refusal = application_property_error(key, value)
         if refusal is not None:
             raise refusal
+
+
+def carried_properties(properties: Mapping[Any, Any]) -> tuple[dict[str, Any], str] | None:
+    """None when every door carries all of ``properties``; else a copy in which each name and value no door carries
+    is its text, and what was wrong (the first one). For a message stored before its door refused such values."""
+    repaired: dict[str, Any] = {}
+    why: str | None = None
+    for key, value in properties.items():
+        name = key if isinstance(key, str) and text_error(key) is None else _as_text(key)
+        refusal = application_property_error(name, value)
+        if name is not key and why is None:
+            why = f"the name of application property {name!r} is not Unicode text"
+        if refusal is not None:
+            why = why or str(refusal)
+            value = _as_text(value)
+        repaired[name] = value
+    return None if why is None else (repaired, why)
+
+
+def _as_text(value: object) -> str:
+    if isinstance(value, int) and value.bit_length() > 13_000:  # past str()'s 4300 digits
+        return hex(value)
+    text = value if isinstance(value, str) else str(value)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

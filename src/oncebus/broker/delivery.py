@@ -120,7 +120,10 @@ class Delivery:
                     break
                 got.append(message)
             if got:
-                return await self._deliver(receivable, got, receive_mode, session)
+                delivered = await self._deliver(receivable, got, receive_mode, session)
+                if delivered:
+                    return delivered
+                continue  # each was dead-lettered instead (_dead_letter_uncarried): take the next ones
             if not await self._wait(deadline, receivable):
                 return []
 

@@ -220,3 +220,27 @@ def test_the_control_socket_refuses_unknown_and_mistyped_message_fields(server: 
         assert mistyped["ok"] is False and "to" in mistyped["message"] and "string" in mistyped["message"]
     finally:
         client.close()
+
+
+def test_the_control_socket_refuses_property_values_no_door_carries(server: Serve) -> None:
+    """Issue 33 item 2, at the CLI's door: the values REST refuses (past 64 bits, lists, maps) are refused here
+    too, by the same check in the core, naming the property and what is allowed; nothing is stored."""
+    client = server.control()
+    cases = {"big": 10**30, "low": -(2**63) - 1, "tags": ["a"], "nested": {"a": 1}}
+    try:
+        for name, value in cases.items():
+            message = {"body": "refused", "application_properties": {"ok": 1, name: value}}
+            reply = client.request("send", {"entity": "q1", "messages": [message]})
+            assert reply["ok"] is False and reply["error"] in ("InvalidArgumentError", "ArgumentOutOfRangeError")
+            assert f"application property {name!r}" in reply["message"], reply
+            assert "2**64 - 1" in reply["message"]  # what is allowed
+        edges = {"low": -(2**63), "high": 2**64 - 1, "none": None, "f": 1.5, "b": True}
+        reply = client.request(
+            "send", {"entity": "q1", "messages": [{"body": "edges", "application_properties": edges}]}
+        )
+        assert reply["ok"] is True, reply
+    finally:
+        client.close()
+    got = json.loads(oncebus("peek", "q1", "--max", "250", "--json", data_dir=server.data_dir).stdout)
+    assert [m["body"] for m in got if m["body"] in ("refused", "edges")] == ["edges"]
+    assert [m["application_properties"] for m in got if m["body"] == "edges"] == [edges]

@@ -1,0 +1,93 @@
+"""Application property values at the AMQP door, with the azure-servicebus SDK against the AMQP listener in this
+process (issue 33 item 2): what no other door could carry is refused, naming the property and what is allowed;
+and a message the delivery encoder fails on stops nothing: its receiver gets the others, and it waits in the
+dead-letter queue with why."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
+from azure.servicebus.exceptions import ServiceBusError
+
+from oncebus.amqp import outgoing
+from oncebus.amqp.limits import AmqpLimits
+from oncebus.amqp.sas import DEFAULT_KEY, DEFAULT_KEY_NAME
+from oncebus.core.messages import ReceivedMessage
+from tests.amqp.inprocess import InProcessServer
+
+
+@pytest.fixture(scope="module")
+def listener() -> Iterator[InProcessServer]:
+    server = InProcessServer(AmqpLimits(), ["values", "encoding", "deleting"]).start()
+    yield server
+    server.stop()
+
+
+def _client(server: InProcessServer) -> ServiceBusClient:
+    return ServiceBusClient.from_connection_string(
+        f"Endpoint=sb://127.0.0.1:{server.port};SharedAccessKeyName={DEFAULT_KEY_NAME};"
+        f"SharedAccessKey={DEFAULT_KEY};UseDevelopmentEmulator=true"
+    )
+
+
+def _texts(properties: dict[Any, Any] | None) -> dict[str, Any]:
+    return {(k.decode() if isinstance(k, bytes) else k): v for k, v in (properties or {}).items()}
+
+
+def test_a_list_property_is_refused_naming_it(listener: InProcessServer) -> None:
+    with _client(listener) as sb:
+        with sb.get_queue_sender("values") as sender:
+            with pytest.raises(ServiceBusError, match="'tags' is a list"):
+                sender.send_messages(ServiceBusMessage(b"refused", application_properties={"tags": [1, 2]}))
+            sender.send_messages(ServiceBusMessage(b"kept", application_properties={"n": 7, "s": "x"}))
+        with sb.get_queue_receiver("values", max_wait_time=5) as receiver:
+            (got,) = receiver.receive_messages(max_message_count=10, max_wait_time=5)
+            assert b"".join(got.body) == b"kept"  # the refused one was not stored
+            assert _texts(got.application_properties) == {"n": 7, "s": b"x"}
+            receiver.complete_message(got)
+
+
+@pytest.fixture
+def failing_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The delivery encoder fails on the body ``cursed`` (a stand-in for any failure of ours in it), unless it is
+    dead-lettered."""
+    encode = outgoing.encode_received
+
+    def encode_or_fail(message: ReceivedMessage, **kwargs: Any) -> bytes:
+        if message.body == b"cursed" and message.dead_letter_reason is None:
+            raise RuntimeError("the encoder failed on purpose")
+        return encode(message, **kwargs)
+
+    monkeypatch.setattr(outgoing, "encode_received", encode_or_fail)
+
+
+def test_a_message_the_encoder_fails_on_does_not_stop_the_others(
+    listener: InProcessServer, failing_encoder: None
+) -> None:
+    with _client(listener) as sb:
+        with sb.get_queue_sender("encoding") as sender:
+            sender.send_messages([ServiceBusMessage(body) for body in (b"one", b"cursed", b"two")])
+        with sb.get_queue_receiver("encoding", max_wait_time=5) as receiver:
+            got = receiver.receive_messages(max_message_count=10, max_wait_time=5)
+            got += receiver.receive_messages(max_message_count=10, max_wait_time=1)
+            assert [b"".join(m.body) for m in got] == [b"one", b"two"]
+            for message in got:
+                receiver.complete_message(message)
+        with sb.get_queue_receiver("encoding", sub_queue=ServiceBusSubQueue.DEAD_LETTER, max_wait_time=5) as receiver:
+            (dead,) = receiver.receive_messages(max_message_count=10, max_wait_time=5)
+            assert b"".join(dead.body) == b"cursed" and dead.dead_letter_reason == "MessageEncodingFailed"
+            assert "the encoder failed on purpose" in (dead.dead_letter_error_description or "")
+
+
+def test_the_link_goes_on_in_receive_and_delete_mode_too(listener: InProcessServer, failing_encoder: None) -> None:
+    with _client(listener) as sb:
+        with sb.get_queue_sender("deleting") as sender:
+            sender.send_messages([ServiceBusMessage(body) for body in (b"one", b"cursed", b"two")])
+        mode = ServiceBusReceiveMode.RECEIVE_AND_DELETE
+        with sb.get_queue_receiver("deleting", receive_mode=mode, max_wait_time=5) as receiver:
+            got = receiver.receive_messages(max_message_count=10, max_wait_time=5)
+            got += receiver.receive_messages(max_message_count=10, max_wait_time=1)
+            assert [b"".join(m.body) for m in got] == [b"one", b"two"]

@@ -6,16 +6,23 @@ dead-letter queue with why."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import proton
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
 from azure.servicebus.exceptions import ServiceBusError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oncebus.amqp import outgoing
 from oncebus.amqp.limits import AmqpLimits
 from oncebus.amqp.sas import DEFAULT_KEY, DEFAULT_KEY_NAME
-from oncebus.core.messages import ReceivedMessage
+from oncebus.core.errors import InvalidArgumentError
+from oncebus.core.messages import ReceivedMessage, StoredMessage
+from oncebus.core.properties import application_property_error, check_application_properties
+from oncebus.http.messages import _header_value as rest_header_value
 from tests.amqp.inprocess import InProcessServer
 
 
@@ -91,3 +98,49 @@ def test_the_link_goes_on_in_receive_and_delete_mode_too(listener: InProcessServ
             got = receiver.receive_messages(max_message_count=10, max_wait_time=5)
             got += receiver.receive_messages(max_message_count=10, max_wait_time=1)
             assert [b"".join(m.body) for m in got] == [b"one", b"two"]
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([-(2**63), -(2**63) - 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(),
+    st.text(st.characters(codec=None, categories=["Cs"]), min_size=1, max_size=3),  # lone surrogates
+    st.binary(max_size=20),
+    st.uuids(),
+    st.datetimes(min_value=datetime(1970, 1, 2), timezones=st.just(UTC)),
+    st.timedeltas(min_value=timedelta(0), max_value=timedelta(days=10_000)),
+    st.decimals(allow_nan=False, places=4),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(value=_VALUES, dead_lettered=st.booleans())
+def test_a_value_the_core_takes_every_door_can_hand_out(value: Any, dead_lettered: bool) -> None:
+    """The core's check is the contract: what it takes, the AMQP encoder (both paths), the store's record and the
+    REST door's header all carry; what it refuses, it refuses naming the property."""
+    refusal = application_property_error("p", value)
+    if refusal is not None:
+        assert "'p'" in str(refusal)
+        with pytest.raises(InvalidArgumentError, match="'p'"):
+            check_application_properties({"p": value})
+        return
+    stored = StoredMessage("q", 1, "m", b"x", 0, None, application_properties={"p": value})
+    if dead_lettered:
+        stored.dead_letter_reason = "r"
+    decoded = proton.Message()
+    decoded.decode(outgoing.encode_received(ReceivedMessage.of(stored), lock_annotations=True))
+    assert "p" in decoded.properties
+    if isinstance(value, int) and not isinstance(value, bool):
+        assert decoded.properties["p"] == value  # a long, or a ulong above a long's range
+    kept = StoredMessage.from_row(
+        path="q", sequence_number=1, state=0, delivery_count=0, enqueued_time_us=0, expires_at_us=None,
+        body=b"x", wire=None, meta=stored.meta_json(),
+    )  # fmt: skip
+    assert "p" in kept.application_properties
+    header = rest_header_value(value)
+    assert header.decode("latin-1").isprintable() or header == b""

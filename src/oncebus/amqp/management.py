@@ -431,6 +431,12 @@ def _response(status: int, description: str, body: Body | None, condition: str |
     return proton.Message(body=body if body is not None else None, properties=properties)
 
 
+def error_response(exc: BaseException) -> proton.Message:
+    """The response to a request that failed with ``exc``: its class's status code and condition."""
+    condition = condition_of(exc)
+    return _response(status_of(exc), condition.description or "", None, condition.name)
+
+
 async def handle_request(
     namespace: Namespace, conn: AmqpConnection, link: proton.Link, request: proton.Message
 ) -> proton.Message:
@@ -461,8 +467,7 @@ async def handle_request(
         result = await handler(_Request(namespace, conn, entity, body, properties, txn_id))
     except Exception as exc:
         _LOG.info("management %s on %r failed: %s", operation, entity, exc)
-        condition = condition_of(exc)
-        return _response(status_of(exc), condition.description or "", None, condition.name)
+        return error_response(exc)
     if result is None:
         status = 204 if name in _NO_CONTENT else 200
         return _response(status, "No Content" if status == 204 else "OK", None)

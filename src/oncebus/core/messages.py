@@ -63,7 +63,6 @@ def _size(body: bytes, application_properties: dict[str, Any]) -> int:
     return len(body) + len(props.encode())
 
 
-_TEXT_FIELDS = TEXT_FIELDS
 _ALL_TEXT_FIELDS = ("message_id", *TEXT_FIELDS)  # the session id is one of the text fields
 
 
@@ -76,14 +75,15 @@ def check_message(message: Message) -> None:
     """
     if not isinstance(message.body, bytes | bytearray | memoryview):
         raise InvalidArgumentError(f"body must be bytes, not {type(message.body).__name__}")
-    for name in _TEXT_FIELDS:
-        value = getattr(message, name)
-        if value is not None and not isinstance(value, str):
-            raise InvalidArgumentError(f"{name} must be text (a string), not {type(value).__name__}")
     for name in _ALL_TEXT_FIELDS:
         value = getattr(message, name)
-        if isinstance(value, str) and (problem := text_error(value)) is not None:
-            raise InvalidArgumentError(f"{name} {problem}; it must be Unicode text")
+        if value is None:
+            continue
+        if isinstance(value, str):
+            if not value.isascii() and (problem := text_error(value)) is not None:
+                raise InvalidArgumentError(f"{name} {problem}; it must be Unicode text")
+        elif name != "message_id":  # an id may be binary, a uuid or a ulong (keys.validate_ids checks it)
+            raise InvalidArgumentError(f"{name} must be text (a string), not {type(value).__name__}")
     properties = message.application_properties
     if properties:
         check_application_properties(properties)

@@ -59,8 +59,9 @@ class FaultsApi:
         try:
             status, answer = self._handle(scope, bytes(body))
         except OncebusError as exc:
-            refused = isinstance(exc, UnauthorizedError) and not isinstance(exc, FaultsDisabledError)
-            text = refusal_text(exc) if refused and isinstance(exc, UnauthorizedError) else str(exc)
+            text = str(exc)
+            if isinstance(exc, UnauthorizedError) and not isinstance(exc, FaultsDisabledError):
+                text = refusal_text(exc)
             status, answer = status_of(exc), {"error": text}
         await _json(send, status, answer)
 

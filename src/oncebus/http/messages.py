@@ -164,7 +164,6 @@ def message_of(body: bytes, broker: Mapping[str, Any], user: Mapping[str, Any], 
     return Message(body=body, application_properties=dict(user), **fields)
 
 
-
 def _user_value(name: str, text: str) -> Any:
     """A property header's value: the JSON string, number or boolean it holds, else its text as is (``null`` too).
 

@@ -82,18 +82,23 @@ def test_every_simple_value_is_taken() -> None:
     run(go())
 
 
-def test_an_abandon_modifying_a_property_to_what_no_door_carries_is_refused_and_the_lock_kept() -> None:
+def test_a_settlement_modifying_a_property_to_what_no_door_carries_is_refused_and_the_lock_kept() -> None:
+    """An abandon's, a defer's and a dead-letter's properties to modify go through the core's check, as a send's."""
+
     async def go() -> None:
         ns = await Namespace.open(MemoryStore(), ManualClock())
         await ns.create_queue("q")
         await ns.send("q", Message(b"x", application_properties={"n": 1}))
         (got,) = await ns.receive("q")
-        assert got.lock_token is not None
+        token = got.lock_token
+        assert token is not None
         with pytest.raises(InvalidArgumentError, match="application property 'n' is the integer 1000"):
-            await ns.abandon("q", got.lock_token, {"n": 10**30})
+            await ns.abandon("q", token, {"n": 10**30})
         with pytest.raises(InvalidArgumentError, match="'tags' is a list"):
-            await ns.abandon("q", got.lock_token, {"tags": [1]})
-        await ns.abandon("q", got.lock_token, {"n": 2})  # the lock was kept; a valid change is taken
+            await ns.defer("q", token, {"tags": [1]})
+        with pytest.raises(InvalidArgumentError, match="'m' is a map"):
+            await ns.dead_letter("q", token, "r", "d", properties_to_modify={"m": {"a": 1}})
+        await ns.abandon("q", token, {"n": 2})  # the lock was kept; a valid change is taken
         (again,) = await ns.receive("q", receive_mode=RAD)
         assert dict(again.application_properties) == {"n": 2}
 

@@ -197,21 +197,21 @@ async def _update_disposition(request: _Request) -> None:
         settlements = [_settlement(request, status, token) for token in tokens]
         namespace.transactions.settle_many(request.txn_id, request.conn, settlements)
         return None
-    modify = request.get("properties-to-modify")
+    modify = _properties_to_modify(request)
     for token in tokens:
         if status == "completed":
             await namespace.complete(request.entity, token)
         elif status == "abandoned":
-            await namespace.abandon(request.entity, token, dict(modify) if modify else None)
+            await namespace.abandon(request.entity, token, modify)
         elif status == "defered":
-            await namespace.defer(request.entity, token, dict(modify) if modify else None)
+            await namespace.defer(request.entity, token, modify)
         elif status == "suspended":
             await namespace.dead_letter(
                 request.entity,
                 token,
                 reason=_text(request.get("deadletter-reason")) or None,
                 error_description=_text(request.get("deadletter-description")) or None,
-                properties_to_modify=dict(modify) if modify else None,
+                properties_to_modify=modify,
             )
         else:
             raise InvalidArgumentError(
@@ -220,21 +220,32 @@ async def _update_disposition(request: _Request) -> None:
     return None
 
 
+def _properties_to_modify(request: _Request) -> dict[str, Any] | None:
+    """An update-disposition's properties-to-modify as the model holds application properties (the core checks
+    them as it checks a send's)."""
+    modify = request.get("properties-to-modify")
+    if not modify:
+        return None
+    if not isinstance(modify, dict):
+        raise InvalidArgumentError(f"properties-to-modify must be a map, not {type(modify).__name__}")
+    return {str(k): codec.property_value(v) for k, v in modify.items()}
+
+
 def _settlement(request: _Request, status: str | None, token: uuid.UUID) -> PendingSettlement:
     """An update-disposition of ``token`` inside a transaction, as the settlement it holds until the commit."""
-    modify = request.get("properties-to-modify")
+    modify = _properties_to_modify(request)
     if status == "completed":
         return PendingSettlement(request.entity, token, "complete")
     if status == "abandoned":
-        return PendingSettlement(request.entity, token, "abandon", dict(modify) if modify else None)
+        return PendingSettlement(request.entity, token, "abandon", modify)
     if status == "defered":
-        return PendingSettlement(request.entity, token, "defer", dict(modify) if modify else None)
+        return PendingSettlement(request.entity, token, "defer", modify)
     if status == "suspended":
         return PendingSettlement(
             request.entity,
             token,
             "dead_letter",
-            dict(modify) if modify else None,
+            modify,
             reason=_text(request.get("deadletter-reason")) or None,
             error_description=_text(request.get("deadletter-description")) or None,
         )

@@ -295,6 +295,8 @@ class Delivery:
     async def defer(
         self, path: str, lock_token: uuid.UUID | str, properties_to_modify: dict[str, Any] | None = None
     ) -> None:
+        if properties_to_modify:
+            check_application_properties(properties_to_modify, what="properties_to_modify")
         receivable, message = self._locked(path, lock_token)
         if properties_to_modify:
             self._contents.discard(receivable.path, message.sequence_number)  # read again, modified
@@ -314,6 +316,8 @@ class Delivery:
         error_description: str | None = None,
         properties_to_modify: dict[str, Any] | None = None,
     ) -> None:
+        if properties_to_modify:
+            check_application_properties(properties_to_modify, what="properties_to_modify")
         receivable, message = self._locked(path, lock_token)
         if receivable.is_dead_letter:
             raise InvalidArgumentError("a message in a dead-letter queue cannot be dead-lettered again")

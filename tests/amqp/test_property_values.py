@@ -24,11 +24,12 @@ from oncebus.core.messages import ReceivedMessage, StoredMessage
 from oncebus.core.properties import application_property_error, check_application_properties
 from oncebus.http.messages import _header_value as rest_header_value
 from tests.amqp.inprocess import InProcessServer
+from tests.amqp.txn_client import TxnClient
 
 
 @pytest.fixture(scope="module")
 def listener() -> Iterator[InProcessServer]:
-    server = InProcessServer(AmqpLimits(), ["values", "encoding", "deleting"]).start()
+    server = InProcessServer(AmqpLimits(), ["values", "encoding", "deleting", "modify"]).start()
     yield server
     server.stop()
 
@@ -144,3 +145,27 @@ def test_a_value_the_core_takes_every_door_can_hand_out(value: Any, dead_lettere
     assert "p" in kept.application_properties
     header = rest_header_value(value)
     assert header.decode("latin-1").isprintable() or header == b""
+
+
+def test_properties_to_modify_are_checked_as_a_send_and_keep_their_service_bus_types(listener: InProcessServer) -> None:
+    """A modified outcome's message annotations (an abandon's properties to modify, as the .NET and Go SDKs send
+    them) go through the core's check: a list is refused naming it, the lock kept; a .NET TimeSpan (described
+    ``com.microsoft:timespan``) and binary reach the next receiver as they were sent."""
+    client = TxnClient(listener.port)
+    try:
+        client.send("modify", proton.Message(body=b"refused", properties={"n": 1}))
+        client.send("modify", proton.Message(body=b"changed", properties={"n": 2}))
+        _, delivery = client.receive("modify")
+        delivery.local.annotations = {proton.symbol("tags"): [1, 2]}
+        refused = client.settle(delivery, None, proton.Delivery.MODIFIED)
+        assert refused.state == proton.Delivery.REJECTED and "'tags' is a list" in (refused.description or "")
+        _, second = client.receive("modify")  # the first stays locked: its abandon was refused
+        span = proton.Described(proton.symbol("com.microsoft:timespan"), 90 * 10_000_000)  # 90 s in ticks
+        second.local.annotations = {proton.symbol("span"): span, proton.symbol("raw"): b"\x01\x02"}
+        assert client.settle(second, None, proton.Delivery.MODIFIED).state == proton.Delivery.MODIFIED
+        message, last = client.receive("modify")
+        assert message.body == b"changed" and message.properties["n"] == 2
+        assert message.properties["raw"] == b"\x01\x02" and message.properties["span"] == span
+        client.settle(last, None)
+    finally:
+        client.close()

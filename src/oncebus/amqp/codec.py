@@ -25,6 +25,7 @@ import proton
 
 from oncebus.amqp.encoding import DEFAULT_MAX_DEPTH, DecodeError, Reader, decode
 from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT, PLAIN_MESSAGE_FORMAT
+from oncebus.amqp.rules import value_from_amqp
 from oncebus.amqp.values import text as _text
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.messages import Message, MessageState
@@ -210,10 +211,14 @@ def _scheduled_time(value: Any) -> datetime.datetime | None:
 
 
 def property_value(value: Any) -> Any:
-    """An application property's value as the broker's model holds it (what every door can show): AMQP's
-    typed values become JSON's (binary as hex, a timestamp its milliseconds, a uuid or a described value its
-    text; a list or map stays one, for the core to refuse)."""
-    return _json_safe(copy_value(value))
+    """A value a settlement merges into a message's application properties (its properties to modify) as the model
+    holds one: copied out of proton's buffer; a timestamp and Service Bus's described TimeSpan and DateTimeOffset
+    as times (the delivery encoder writes them back so); another described value as the value it describes (a
+    .NET Uri as its text); the rest as it came, for the core to check as it checks a send's."""
+    value = value_from_amqp(copy_value(value))
+    if isinstance(value, proton.Described) and not isinstance(value.value, list | dict | proton.Described):
+        return value_from_amqp(value.value)
+    return value
 
 
 def _json_safe(value: Any) -> Any:

@@ -198,6 +198,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     process.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def connection_string(server: ServerProcess) -> str:
+    """Read at each test: a test that restarts the session's server (on a new free port) changes it, and with
+    pytest-xdist the files a worker runs come in any order."""
     return server.connection_string

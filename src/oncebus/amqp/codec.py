@@ -268,12 +268,12 @@ def scalar(data: bytes, pos: int) -> tuple[Any, int]:
         return data[pos + 4 : end], end
     if code == 0x98:
         return uuid.UUID(bytes=data[pos : pos + 16]), pos + 16
-    if code == 0xA3:
+    if code == 0xA3:  # symbols are ASCII (proton reads them so: anything else is refused by the general path)
         end = pos + 1 + data[pos]
-        return proton.symbol(data[pos + 1 : end].decode("utf-8")), end
+        return proton.symbol(data[pos + 1 : end].decode("ascii")), end
     if code == 0xB3:
         end = pos + 4 + _UNPACK_U32(data, pos)[0]
-        return proton.symbol(data[pos + 4 : end].decode("utf-8")), end
+        return proton.symbol(data[pos + 4 : end].decode("ascii")), end
     if code == 0x83:  # timestamps (creation-time, absolute-expiry-time)
         return _UNPACK_I64(data, pos)[0], pos + 8
     if code == 0x43:
@@ -309,6 +309,7 @@ _LIST_CODES = (0x45, 0xC0, 0xD0)
 _FIELD_AT = {field: at for at, field in WIRE_PROPERTY_FIELDS.items()}  # the properties section's fields
 _MESSAGE_ID_AT, _SESSION_ID_AT = _FIELD_AT["message_id"], _FIELD_AT["session_id"]
 _TEXT_AT = tuple((at, field) for at, field in WIRE_PROPERTY_FIELDS.items() if field not in ("message_id", "session_id"))
+_TEXT_NAMES = tuple(dict(_TEXT_AT).get(at) for at in range(13))  # the text field a properties-section index holds
 
 
 def _message(
@@ -374,20 +375,267 @@ def _check_reencodable(
             ) from None
 
 
-def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
-    """:func:`decode_message` for the usual shape; raises :class:`Unusual` otherwise.
+# The fast path reads the sections applications send itself, once, and validates what it reads: what it
+# accepts, proton (the delivery path's encoder for the header, the annotations and a dead-lettered message's
+# application properties) can decode and encode again, so nothing is encoded here to find out. Values of the
+# shapes it does not read (lists, maps, arrays, described values, chars, decimals) go to the general path.
+_TYPE_NAMES = {
+    0x40: "null",
+    0x41: "boolean",
+    0x42: "boolean",
+    0x56: "boolean",
+    0x50: "ubyte",
+    0x51: "byte",
+    0x60: "ushort",
+    0x61: "short",
+    0x43: "uint",
+    0x52: "uint",
+    0x70: "uint",
+    0x54: "int",
+    0x71: "int",
+    0x44: "ulong",
+    0x53: "ulong",
+    0x80: "ulong",
+    0x55: "long",
+    0x81: "long",
+    0x72: "float",
+    0x82: "double",
+    0x83: "timestamp",
+    0x98: "uuid",
+    0xA0: "binary",
+    0xB0: "binary",
+    0xA1: "string",
+    0xB1: "string",
+    0xA3: "symbol",
+    0xB3: "symbol",
+    0x45: "list",
+    0xC0: "list",
+    0xD0: "list",
+    0xC1: "map",
+    0xD1: "map",
+    0xE0: "array",
+    0xF0: "array",
+    0x00: "described value",
+}
+# fixed-width numbers as JSON-safe Python values (what ``_json_safe`` makes of proton's): (unpack, width)
+_NUMBERS = {
+    code: (struct.Struct(fmt).unpack_from, struct.calcsize(fmt))
+    for code, fmt in {
+        0x50: ">B",
+        0x51: ">b",
+        0x52: ">B",
+        0x53: ">B",
+        0x54: ">b",
+        0x55: ">b",
+        0x60: ">H",
+        0x61: ">h",
+        0x70: ">I",
+        0x71: ">i",
+        0x72: ">f",
+        0x80: ">Q",
+        0x81: ">q",
+        0x82: ">d",
+        0x83: ">q",
+    }.items()
+}
+_SCALARS = frozenset(_TYPE_NAMES) - {0x45, 0xC0, 0xD0, 0xC1, 0xD1, 0xE0, 0xF0, 0x00}
+_MAP_CODES = (-1, 0xC1, 0xD1)  # no map0 in AMQP
 
-    Reads the properties and the data sections itself (all a Service Bus batch's inner messages
-    usually hold); the header, annotations and application properties, rarer and of many types,
-    are checked here and decoded by proton (the outgoing path re-encodes them with proton).
+
+def _type_name(code: int) -> str:
+    return _TYPE_NAMES.get(code) or f"a value of constructor 0x{code:02x}"
+
+
+def _span(data: bytes, pos: int, codes: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(first item, item count, end) of the list or map at ``pos`` (``codes``: its 0-, 8- and 32-bit forms),
+    checked to lie within ``data`` and to have no more items than bytes; anything else is unusual."""
+    code = data[pos]
+    if code == codes[1]:
+        first, count, stop = pos + 3, data[pos + 2], pos + 2 + data[pos + 1]
+    elif code == codes[2]:
+        first, count, stop = pos + 9, _UNPACK_U32(data, pos + 5)[0], pos + 5 + _UNPACK_U32(data, pos + 1)[0]
+    elif code == codes[0]:
+        return pos + 1, 0, pos + 1
+    else:
+        raise Unusual
+    if stop > len(data) or first > stop or count > stop - first:
+        raise Unusual
+    return first, count, stop
+
+
+def _ascii(data: bytes, start: int, end: int, what: str) -> str:
+    """The symbol (or annotation key) in ``data[start:end]``: ASCII, or the message is refused."""
+    raw = data[start:end]
+    if not raw.isascii():
+        raise InvalidArgumentError(f"a symbol in the message's {what} is not ASCII ({raw!r}): AMQP symbols are ASCII")
+    return raw.decode("ascii")
+
+
+def _plain(data: bytes, pos: int, what: str) -> tuple[Any, int]:
+    """An application property value at ``pos`` as the store keeps it (JSON-safe: a binary as hex, a uuid as
+    text, every number a plain ``int`` or ``float``), and the position after it; a value of a shape read
+    elsewhere (compound, described, char, decimal) is :class:`Unusual`."""
+    code = data[pos]
+    if code == 0xA1:
+        end = pos + 2 + data[pos + 1]
+        return data[pos + 2 : end].decode("utf-8"), end
+    number = _NUMBERS.get(code)
+    if number is not None:
+        unpack, width = number
+        return unpack(data, pos + 1)[0], pos + 1 + width
+    if code == 0x56:
+        return data[pos + 1] != 0, pos + 2
+    if code == 0x41:
+        return True, pos + 1
+    if code == 0x42:
+        return False, pos + 1
+    if code == 0x40:
+        return None, pos + 1
+    if code == 0x43 or code == 0x44:
+        return 0, pos + 1
+    if code == 0xB1:
+        end = pos + 5 + _UNPACK_U32(data, pos + 1)[0]
+        return data[pos + 5 : end].decode("utf-8"), end
+    if code == 0xA3:
+        end = pos + 2 + data[pos + 1]
+        return _ascii(data, pos + 2, end, what), end
+    if code == 0xB3:
+        end = pos + 5 + _UNPACK_U32(data, pos + 1)[0]
+        return _ascii(data, pos + 5, end, what), end
+    if code == 0xA0:
+        end = pos + 2 + data[pos + 1]
+        return data[pos + 2 : end].hex(), end
+    if code == 0xB0:
+        end = pos + 5 + _UNPACK_U32(data, pos + 1)[0]
+        return data[pos + 5 : end].hex(), end
+    if code == 0x98:
+        return str(uuid.UUID(bytes=data[pos + 1 : pos + 17])), pos + 17
+    raise Unusual
+
+
+def _typed(data: bytes, pos: int, stop: int, what: str) -> tuple[Any, int]:
+    """A scalar at ``pos`` with proton's types (``symbol``, ``uint``, ``timestamp``...), for the fields checked
+    by type (the header's ttl, the partition key, the scheduled time); other shapes are :class:`Unusual`."""
+    code = data[pos]
+    if code not in _SCALARS:
+        raise Unusual
+    if code == 0xA3 or code == 0xB3:
+        _plain(data, pos, what)  # refuses a symbol that is not ASCII
+    return decode(data, pos, stop, 1)
+
+
+def _key(data: bytes, pos: int, what: str) -> tuple[str | None, int, int]:
+    """(name, constructor, position after) of a map key here: a string's or ASCII symbol's text, or None."""
+    code = data[pos]
+    if code == 0xA3 or code == 0xA1:
+        end = pos + 2 + data[pos + 1]
+        return _ascii(data, pos + 2, end, what) if code == 0xA3 else data[pos + 2 : end].decode("utf-8"), code, end
+    if code == 0xB3 or code == 0xB1:
+        end = pos + 5 + _UNPACK_U32(data, pos + 1)[0]
+        return _ascii(data, pos + 5, end, what) if code == 0xB3 else data[pos + 5 : end].decode("utf-8"), code, end
+    if code == 0x73:  # a char: proton takes it as a string key (rare: the general path)
+        raise Unusual
+    return None, code, pos
+
+
+def _application_properties(data: bytes, pos: int) -> tuple[dict[str, Any], int]:
+    """The application properties section's map at ``pos``: string (or symbol) keys, plain values."""
+    item, count, stop = _span(data, pos, _MAP_CODES)
+    if count % 2:
+        raise Unusual
+    found: dict[str, Any] = {}
+    for _ in range(count >> 1):
+        if item >= stop:
+            raise Unusual
+        if data[item] == 0xA1:  # the usual key: a short string
+            end = item + 2 + data[item + 1]
+            key = data[item + 2 : end].decode("utf-8")
+            item = end
+        else:
+            name, code, item = _key(data, item, "application properties")
+            if name is None:
+                raise InvalidArgumentError(f"application property keys must be strings, not {_type_name(code)}")
+            key = name
+        if item >= stop:
+            raise Unusual
+        if data[item] == 0xA1:
+            end = item + 2 + data[item + 1]
+            found[key] = data[item + 2 : end].decode("utf-8")
+            item = end
+        else:
+            found[key], item = _plain(data, item, "application properties")
+    if item != stop:
+        raise Unusual
+    return found, stop
+
+
+_PARTITION_KEY_NAME, _SCHEDULED_NAME = str(PARTITION_KEY), str(SCHEDULED_ENQUEUE_TIME)
+_ULONG_CODES = frozenset((0x44, 0x53, 0x80))
+
+
+def _message_annotations(data: bytes, pos: int) -> tuple[Any, Any, int]:
+    """(partition key, scheduled enqueue time, position after) of the message annotations' map at ``pos``, both
+    with proton's types (None: absent); every key a symbol, an ASCII string (proton makes it a symbol) or a
+    ulong, every value a scalar whose symbols are ASCII."""
+    item, count, stop = _span(data, pos, _MAP_CODES)
+    if count % 2:
+        raise Unusual
+    what = "message annotations"
+    partition_key = scheduled = None
+    for _ in range(count >> 1):
+        if item >= stop:
+            raise Unusual
+        name, code, item = _key(data, item, what)
+        if name is None:
+            if code not in _ULONG_CODES:
+                raise InvalidArgumentError(f"message annotation keys must be symbols or ulongs, not {_type_name(code)}")
+            _, item = _plain(data, item, what)  # the key
+        elif (code == 0xA1 or code == 0xB1) and not name.isascii():  # a string key goes out as a symbol
+            raise InvalidArgumentError(
+                f"message annotation keys must be symbols or ulongs; the string key {name!r} is taken as a symbol, "
+                "but it is not ASCII as AMQP symbols are"
+            )
+        if item >= stop:
+            raise Unusual
+        if name == _PARTITION_KEY_NAME:
+            partition_key, item = _typed(data, item, stop, what)
+        elif name == _SCHEDULED_NAME:
+            scheduled, item = _typed(data, item, stop, what)
+        else:
+            _, item = _plain(data, item, what)
+    if item != stop:
+        raise Unusual
+    return partition_key, scheduled, stop
+
+
+def _header(data: bytes, pos: int) -> tuple[Any, int]:
+    """(the ttl field, with proton's type, or None; position after) of the header's list at ``pos``."""
+    item, count, stop = _span(data, pos, _LIST_CODES)
+    ttl = None
+    for index in range(count):
+        value, item = _typed(data, item, stop, "header")
+        if index == 2:
+            ttl = value
+    if item != stop:
+        raise Unusual
+    return ttl, stop
+
+
+def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
+    """:func:`decode_message` for the shapes applications send; raises :class:`Unusual` otherwise.
+
+    Reads the header, the message annotations, the properties, the application properties and the data
+    sections itself, each value once, and refuses (:class:`InvalidArgumentError`) what the delivery path could
+    not encode again; a message it does not read whole (a value or sequence body, a compound or described
+    property value, a section twice...) goes to :func:`decode_message_general`, which decides.
     """
     data = payload
     end = len(data)
     pos = 0
-    header: list[Any] | None = None
-    annotations: dict[Any, Any] | None = None
-    props: list[Any] = []
-    application: dict[Any, Any] | None = None
+    seen = 0  # the sections read so far, a bit each: a second one of a kind is the general path's to refuse
+    ttl = partition_key = scheduled = message_id = session_id = None
+    texts: dict[str, str | None] = {}
+    application: dict[str, Any] = {}
     bodies: list[bytes] = []
     try:
         while pos < end:
@@ -401,55 +649,70 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
                 if not isinstance(value, bytes):
                     raise Unusual
                 bodies.append(value)
-            elif code == PROPERTIES:
-                item, count, list_end = _compound(data, pos, _LIST_CODES)
+                continue
+            bit = 1 << (code & 0x0F)
+            if seen & bit:
+                raise Unusual
+            seen |= bit
+            if code == PROPERTIES:
+                item, count, list_end = _span(data, pos, _LIST_CODES)
                 if count > 13:
                     raise Unusual
-                for _ in range(count):
-                    if data[item] == 0x40:  # most of the thirteen fields are unset
-                        props.append(None)
+                for index in range(count):
+                    field = data[item]
+                    if field == 0x40:  # most of the thirteen fields are unset
                         item += 1
+                        continue
+                    if field == 0xA1:
+                        after = item + 2 + data[item + 1]
+                        value = data[item + 2 : after].decode("utf-8")
+                        item = after
+                    elif field == 0xA3 and _TEXT_NAMES[index] is not None:  # a symbol (content-type) read as text
+                        after = item + 2 + data[item + 1]
+                        value = data[item + 2 : after].decode("ascii")
+                        item = after
                     else:
                         value, item = scalar(data, item)
-                        props.append(value)
+                    if index == _MESSAGE_ID_AT:
+                        message_id = value
+                    elif index == _SESSION_ID_AT:
+                        session_id = value
+                    elif (name := _TEXT_NAMES[index]) is not None:
+                        texts[name] = value if type(value) is str else _text(value)
                 if item != list_end:
                     raise Unusual
                 pos = list_end
-            elif code in (HEADER, MESSAGE_ANNOTATIONS, APPLICATION_PROPERTIES, DELIVERY_ANNOTATIONS, FOOTER):
+            elif code == APPLICATION_PROPERTIES:
+                application, pos = _application_properties(data, pos)
+            elif code == MESSAGE_ANNOTATIONS:
+                partition_key, scheduled, pos = _message_annotations(data, pos)
+            elif code == HEADER:
+                ttl, pos = _header(data, pos)
+            elif code == DELIVERY_ANNOTATIONS or code == FOOTER:
                 reader = Reader(memoryview(data)[start:], max_depth)
                 reader.descriptor()
                 reader.skip()
                 pos = start + reader.pos
-                if code == DELIVERY_ANNOTATIONS or code == FOOTER:
-                    continue
-                value = Section(code, data[start:pos]).value()
-                if code == HEADER:
-                    header = value
-                elif code == MESSAGE_ANNOTATIONS:
-                    annotations = value
-                else:
-                    application = value
             else:  # an amqp-value or amqp-sequence body, or not a section at all
                 raise Unusual
-    except (IndexError, struct.error, UnicodeDecodeError, ValueError, DecodeError, proton.DataException):
-        raise Unusual from None
-    except Exception:  # whatever proton made of an odd value: the general path says what it is
+    except InvalidArgumentError:
+        raise
+    except (IndexError, struct.error, UnicodeDecodeError, ValueError):  # DecodeError is a ValueError
         raise Unusual from None
     if pos != end or not bodies:
         raise Unusual
-    if (header is not None and not isinstance(header, list)) or (
-        annotations is not None and not isinstance(annotations, dict)
-    ):
-        raise Unusual
-    if application is not None and not isinstance(application, dict):
-        raise Unusual
-    return _message(
+    return Message(
         body=bodies[0] if len(bodies) == 1 else b"".join(bodies),
-        properties=props,
-        header=header,
-        annotations=annotations,
-        application=application,
+        message_id=message_id if type(message_id) is str else message_id_of(message_id),
+        session_id=None if session_id is None else _string_field(session_id, "the session id (properties group-id)"),
+        partition_key=(
+            None if partition_key is None else _string_field(partition_key, "the partition key (x-opt-partition-key)")
+        ),
+        application_properties=application,
+        time_to_live=None if ttl is None else _ttl(ttl),
+        scheduled_enqueue_time_utc=None if scheduled is None else _scheduled_time(scheduled),
         wire=payload,
+        **texts,
     )
 
 

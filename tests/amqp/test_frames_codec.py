@@ -554,3 +554,106 @@ def test_a_string_that_is_not_utf8_is_a_decode_error_alone_or_inside_an_array() 
     for value in (alone, in_array):
         with pytest.raises(DecodeError, match="not valid UTF-8"):
             skip(value, 0)
+
+
+def _sections(
+    *,
+    header: list[bytes] | None = None,
+    annotations: list[tuple[bytes, bytes]] | None = None,
+    properties: list[bytes] | None = None,
+    application: list[tuple[bytes, bytes]] | None = None,
+) -> bytes:
+    """An encoded message with these fields (raw encodings) and a one-byte data section."""
+    out = b""
+    for code, fields in ((0x70, header), (0x72, annotations), (0x73, properties), (0x74, application)):
+        if fields is None:
+            continue
+        items = b"".join(f if isinstance(f, bytes) else f[0] + f[1] for f in fields)
+        count = len(fields) * (2 if code in (0x72, 0x74) else 1)
+        out += bytes((0, 0x53, code, 0xD1 if code in (0x72, 0x74) else 0xD0))
+        out += struct.pack(">II", len(items) + 4, count) + items
+    return out + b"\x00\x53\x75\xa0\x01x"
+
+
+def _sym(name: bytes) -> bytes:
+    return (b"\xa3" + bytes((len(name),)) if len(name) < 256 else b"\xb3" + struct.pack(">I", len(name))) + name
+
+
+_KEY = b"\xa1\x01k"
+_PK, _SCHEDULED = _sym(b"x-opt-partition-key"), _sym(b"x-opt-scheduled-enqueue-time")
+# (what, wire, what the codec makes of it: the application properties / partition key / ttl / scheduled time it
+# reads, or "refused"); each is read by the fast path and judged as proton's decode and re-encode judged it
+_FAST_CASES = [
+    ("the SDK's bool", _sections(application=[(_KEY, b"\x56\x01")]), {"k": True}),
+    ("a bool byte other than 1", _sections(application=[(_KEY, b"\x56\x02")]), {"k": True}),
+    (
+        "a float",
+        _sections(application=[(_KEY, b"\x72" + struct.pack(">f", 1.1))]),
+        {"k": struct.unpack(">f", struct.pack(">f", 1.1))[0]},
+    ),
+    ("a timestamp", _sections(application=[(_KEY, b"\x83" + struct.pack(">q", -5))]), {"k": -5}),
+    ("a ulong", _sections(application=[(_KEY, b"\x80" + b"\xff" * 8)]), {"k": 2**64 - 1}),
+    (
+        "a uuid",
+        _sections(application=[(_KEY, b"\x98" + bytes(range(16)))]),
+        {"k": str(uuid.UUID(bytes=bytes(range(16))))},
+    ),
+    ("a binary", _sections(application=[(_KEY, b"\xa0\x02\x01\xab")]), {"k": "01ab"}),
+    ("a symbol value", _sections(application=[(_KEY, _sym(b"s"))]), {"k": "s"}),
+    ("a symbol key", _sections(application=[(_sym(b"k"), b"\x40")]), {"k": None}),
+    ("a key twice", _sections(application=[(_KEY, b"\x41"), (_sym(b"k"), b"\x42")]), {"k": False}),
+    ("a symbol value not ASCII", _sections(application=[(_KEY, _sym("é".encode()))]), "refused"),
+    ("a symbol value not UTF-8", _sections(application=[(_KEY, _sym(b"\xff"))]), "refused"),
+    ("a binary key", _sections(application=[(b"\xa0\x01k", b"\x40")]), "refused"),
+    ("an int key", _sections(application=[(b"\x54\x01", b"\x40")]), "refused"),
+    ("a string partition key", _sections(annotations=[(b"\xa1\x13x-opt-partition-key", b"\xa1\x01p")]), "p"),
+    ("a symbol partition key", _sections(annotations=[(_PK, _sym(b"p"))]), "refused"),
+    (
+        "an annotation key not ASCII",
+        _sections(annotations=[(b"\xa1\x02" + "é".encode(), b"\x40")]),
+        "refused",
+    ),
+    ("an annotation symbol not ASCII", _sections(annotations=[(_sym(b"k"), _sym("é".encode()))]), "refused"),
+    ("an int annotation key", _sections(annotations=[(b"\x54\x01", b"\x40")]), "refused"),
+    ("a uint annotation key", _sections(annotations=[(b"\x52\x01", b"\x40")]), "refused"),
+    ("a ulong annotation key", _sections(annotations=[(b"\x53\x01", b"\x40")]), None),
+    ("a symbol annotation key of 300 bytes", _sections(annotations=[(_sym(b"x" * 300), b"\x41")]), None),
+    (
+        "a long scheduled time",
+        _sections(annotations=[(_SCHEDULED, b"\x55\x05")]),
+        datetime(1970, 1, 1, 0, 0, 0, 5000, tzinfo=UTC),
+    ),
+    ("a boolean scheduled time", _sections(annotations=[(_SCHEDULED, b"\x41")]), "refused"),
+    ("a ulong ttl", _sections(header=[b"\x40", b"\x40", b"\x53\x05"]), timedelta(milliseconds=5)),
+    ("a negative ttl", _sections(header=[b"\x40", b"\x40", b"\x55\xff"]), "refused"),
+    ("a timestamp ttl", _sections(header=[b"\x40", b"\x40", b"\x83" + bytes(8)]), "refused"),
+    ("a header symbol not ASCII", _sections(header=[_sym("é".encode())]), "refused"),
+    ("a sixth header field not ASCII", _sections(header=[b"\x40"] * 5 + [_sym("é".encode())]), "refused"),
+    ("a symbol message id", _sections(properties=[_sym(b"id")]), "refused"),
+    ("a symbol session id", _sections(properties=[b"\x40"] * 10 + [_sym(b"s")]), "refused"),
+    ("a content type not ASCII", _sections(properties=[b"\x40"] * 6 + [_sym("é".encode())]), "refused"),
+    ("a symbol subject", _sections(properties=[b"\x40"] * 3 + [_sym(b"s")]), "s"),
+]
+
+
+@pytest.mark.parametrize(("wire", "expected"), [c[1:] for c in _FAST_CASES], ids=[c[0] for c in _FAST_CASES])
+def test_the_fast_decoder_judges_each_field_as_the_proton_round_trip_did(wire: bytes, expected: object) -> None:
+    """The fast path reads these itself (no ``Unusual``) and decides as ``decode_message_general``, which decodes
+    the header, annotations and application properties with proton and encodes them again
+    (``_check_reencodable``); the fuzz suite compares the two on generated messages."""
+    try:
+        fast = codec._decode_fast(wire)
+    except InvalidArgumentError:
+        assert expected == "refused"
+        with pytest.raises(InvalidArgumentError):
+            codec.decode_message_general(wire)
+        return
+    assert expected != "refused"
+    assert repr(fast) == repr(codec.decode_message_general(wire))
+    read = (fast.application_properties, fast.partition_key, fast.time_to_live, fast.scheduled_enqueue_time_utc)
+    assert expected in (*read, fast.subject) if expected is not None else not any(read)
+    for dead_lettered in (False, True):  # and it can be delivered again
+        received = _received(
+            wire, application_properties=fast.application_properties, dead_letter_reason="r" if dead_lettered else None
+        )
+        assert codec.split_sections(outgoing.encode_received(received, lock_annotations=True))

@@ -669,7 +669,7 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
                         item = after
                     elif field == 0xA3 and _TEXT_NAMES[index] is not None:  # a symbol (content-type) read as text
                         after = item + 2 + data[item + 1]
-                        value = data[item + 2 : after].decode("ascii")
+                        value = _ascii(data, item + 2, after, "properties")
                         item = after
                     else:
                         value, item = scalar(data, item)

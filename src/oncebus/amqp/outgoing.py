@@ -218,7 +218,8 @@ def _encode_received_fast(
         mine = dict(ours)
         for key, value in original:  # a key the broker sets keeps its place, as in a dict
             name, _ = scalar(key, 0) if key[0] in (0xA3, 0xB3) else (None, 0)
-            symbol = None if name is None else _symbol8(name)
+            # the broker's keys are short: a sender's symbol of 256 bytes or more is none of them (and has no sym8)
+            symbol = None if name is None or len(name) > 255 else _symbol8(name)
             pairs += (key, mine.pop(symbol, value) if symbol is not None else value)
         ours = list(mine.items())
     for key, value in ours:

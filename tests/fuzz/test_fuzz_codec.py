@@ -236,7 +236,10 @@ def _integer(code: int) -> st.SearchStrategy[bytes]:
 
 
 def _bits(codes: dict[int, int]) -> list[st.SearchStrategy[bytes]]:
-    return [st.binary(min_size=n, max_size=n).map(lambda b, c=code: bytes((c,)) + b) for code, n in codes.items()]
+    return [
+        st.builds(bytes.__add__, st.just(bytes((code,))), st.binary(min_size=n, max_size=n))
+        for code, n in codes.items()
+    ]
 
 
 _strings = st.one_of(st.text(max_size=12), st.text(_ASCII_CHARS, min_size=250, max_size=300))  # 300: str32

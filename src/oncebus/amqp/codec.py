@@ -19,6 +19,7 @@ import json
 import struct
 import uuid
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 import proton
@@ -598,9 +599,16 @@ def _message_annotations(data: bytes, pos: int) -> tuple[Any, Any, int]:
         if item >= stop:
             raise Unusual
         if name == _PARTITION_KEY_NAME:
-            partition_key, item = _typed(data, item, stop, what)
+            if data[item] == 0xA1:
+                end = item + 2 + data[item + 1]
+                partition_key, item = data[item + 2 : end].decode("utf-8"), end
+            else:
+                partition_key, item = _typed(data, item, stop, what)
         elif name == _SCHEDULED_NAME:
-            scheduled, item = _typed(data, item, stop, what)
+            if data[item] == 0x83:  # a timestamp: milliseconds since 1970
+                scheduled, item = _UNPACK_I64(data, item + 1)[0], item + 9
+            else:
+                scheduled, item = _typed(data, item, stop, what)
         else:
             _, item = _plain(data, item, what)
     if item != stop:
@@ -609,13 +617,21 @@ def _message_annotations(data: bytes, pos: int) -> tuple[Any, Any, int]:
 
 
 def _header(data: bytes, pos: int) -> tuple[Any, int]:
-    """(the ttl field, with proton's type, or None; position after) of the header's list at ``pos``."""
+    """(the ttl field or None, position after) of the header's list at ``pos``: a uint as an ``int``, any other
+    type with proton's (``_ttl`` refuses it, naming it)."""
     item, count, stop = _span(data, pos, _LIST_CODES)
     ttl = None
     for index in range(count):
-        value, item = _typed(data, item, stop, "header")
-        if index == 2:
-            ttl = value
+        if index != 2:
+            _, item = _plain(data, item, "header")
+            continue
+        code = data[item]
+        if code == 0x70:
+            ttl, item = _UNPACK_U32(data, item + 1)[0], item + 5
+        elif code == 0x52:
+            ttl, item = data[item + 1], item + 2
+        else:
+            ttl, item = _typed(data, item, stop, "header")
     if item != stop:
         raise Unusual
     return ttl, stop
@@ -709,7 +725,7 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
             None if partition_key is None else _string_field(partition_key, "the partition key (x-opt-partition-key)")
         ),
         application_properties=application,
-        time_to_live=None if ttl is None else _ttl(ttl),
+        time_to_live=(timedelta(milliseconds=ttl) if ttl else None) if type(ttl) is int else _ttl(ttl),
         scheduled_enqueue_time_utc=None if scheduled is None else _scheduled_time(scheduled),
         wire=payload,
         **texts,

@@ -616,9 +616,9 @@ def _message_annotations(data: bytes, pos: int) -> tuple[Any, Any, int]:
     return partition_key, scheduled, stop
 
 
-def _header(data: bytes, pos: int) -> tuple[Any, int]:
-    """(the ttl field or None, position after) of the header's list at ``pos``: a uint as an ``int``, any other
-    type with proton's (``_ttl`` refuses it, naming it)."""
+def _header(data: bytes, pos: int) -> tuple[datetime.timedelta | None, int]:
+    """(the time to live, position after) of the header's list at ``pos``; a ttl that is not a uint (AMQP 1.0,
+    3.2.1) is refused by ``_ttl``, naming its type."""
     item, count, stop = _span(data, pos, _LIST_CODES)
     ttl = None
     for index in range(count):
@@ -626,12 +626,15 @@ def _header(data: bytes, pos: int) -> tuple[Any, int]:
             _, item = _plain(data, item, "header")
             continue
         code = data[item]
-        if code == 0x70:
-            ttl, item = _UNPACK_U32(data, item + 1)[0], item + 5
-        elif code == 0x52:
-            ttl, item = data[item + 1], item + 2
+        if code == 0x70 or code == 0x52:  # uint, smalluint: milliseconds
+            if code == 0x70:
+                milliseconds, item = _UNPACK_U32(data, item + 1)[0], item + 5
+            else:
+                milliseconds, item = data[item + 1], item + 2
+            ttl = timedelta(milliseconds=milliseconds) if milliseconds else None
         else:
-            ttl, item = _typed(data, item, stop, "header")
+            value, item = _typed(data, item, stop, "header")
+            ttl = _ttl(value)
     if item != stop:
         raise Unusual
     return ttl, stop
@@ -649,7 +652,8 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
     end = len(data)
     pos = 0
     seen = 0  # the sections read so far, a bit each: a second one of a kind is the general path's to refuse
-    ttl = partition_key = scheduled = message_id = session_id = None
+    ttl: datetime.timedelta | None = None
+    partition_key = scheduled = message_id = session_id = None
     texts: dict[str, str | None] = {}
     application: dict[str, Any] = {}
     bodies: list[bytes] = []
@@ -725,7 +729,7 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
             None if partition_key is None else _string_field(partition_key, "the partition key (x-opt-partition-key)")
         ),
         application_properties=application,
-        time_to_live=(timedelta(milliseconds=ttl) if ttl else None) if type(ttl) is int else _ttl(ttl),
+        time_to_live=ttl,
         scheduled_enqueue_time_utc=None if scheduled is None else _scheduled_time(scheduled),
         wire=payload,
         **texts,

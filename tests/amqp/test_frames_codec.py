@@ -657,3 +657,17 @@ def test_the_fast_decoder_judges_each_field_as_the_proton_round_trip_did(wire: b
             wire, application_properties=fast.application_properties, dead_letter_reason="r" if dead_lettered else None
         )
         assert codec.split_sections(outgoing.encode_received(received, lock_annotations=True))
+
+
+def test_an_annotation_key_that_is_a_number_but_not_a_ulong_is_refused_even_after_an_equal_ulong_key() -> None:
+    """The one deliberate difference from the proton round trip: there, the annotations were a Python dict, which
+    took a ubyte key 0 after a ulong key 0 for the same key and dropped it unchecked, so the message passed; read
+    key by key, it is refused like the ubyte key alone."""
+    alone = _sections(annotations=[(b"\x50\x00", b"\x40")])
+    after_a_ulong = _sections(annotations=[(b"\x53\x00", b"\x40"), (b"\x50\x00", b"\x40")])
+    for wire in (alone, after_a_ulong):
+        with pytest.raises(InvalidArgumentError, match="message annotation keys must be symbols or ulongs, not ubyte"):
+            codec.decode_message(wire)
+    with pytest.raises(InvalidArgumentError):
+        codec.decode_message_general(alone)
+    assert codec.decode_message_general(after_a_ulong).message_id is None  # passed before

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from oncebus.amqp import codec, outgoing
-from oncebus.amqp.encoding import DecodeError, jump, skip
+from oncebus.amqp.encoding import DecodeError, Reader, decode, jump, skip
 from oncebus.amqp.frames import FrameError, FrameScanner
 from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT
 from oncebus.core.errors import InvalidArgumentError
@@ -338,9 +338,28 @@ def plain_messages(draw: Any) -> bytes:
     return b"".join(out)
 
 
-def _outcome(decode: Any, wire: bytes) -> str:
+def _a_number_key_merged_into_a_ulong_key(wire: bytes) -> bool:
+    """The message annotations hold a key of a number type other than ulong (a ubyte, a long, a boolean, a
+    float...) equal to a ulong key before it. proton's map is a Python dict, which took the two for one key and
+    kept the first, so the round trip never checked the second and let it through; the fast path refuses it, as
+    it refuses that key alone (annotation keys are symbols or ulongs, AMQP 1.0, 3.2.10): the one deliberate
+    difference."""
+    section = next(s for s in codec.split_sections(wire) if s.code == codec.MESSAGE_ANNOTATIONS)
+    view = memoryview(section.raw)[3:]
+    spans = Reader(view).map_spans()
+    keys = [decode(view, start, end)[0] for start, end in spans[0::2]]
+    ulongs = set()
+    for key in keys:
+        if isinstance(key, proton.ulong):
+            ulongs.add(int(key))
+        elif isinstance(key, int | float) and key in ulongs:
+            return True
+    return False
+
+
+def _outcome(decoder: Any, wire: bytes) -> str:
     try:
-        return repr(decode(wire))  # every field, with its type (1 and True, "1" and 1 differ)
+        return repr(decoder(wire))  # every field, with its type (1 and True, "1" and 1 differ)
     except InvalidArgumentError:
         return "refused"
 
@@ -358,6 +377,10 @@ def test_the_fast_decoder_accepts_and_refuses_what_the_proton_round_trip_did(wir
         event("left to the general path")
         return
     event("refused" if fast == "refused" else "decoded")
-    assert fast == _outcome(codec.decode_message_general, wire)
+    general = _outcome(codec.decode_message_general, wire)
+    if fast == "refused" and general != "refused" and _a_number_key_merged_into_a_ulong_key(wire):
+        event("refused, as the proton round trip did not (a number key equal to a ulong key before it)")
+        return
+    assert fast == general
     if fast != "refused":
         _judge(wire, 0)  # and it can be delivered again

@@ -8,8 +8,19 @@ as ``wire`` so a receiver gets back exactly what was sent (property types,
 value bodies, several data sections).
 
 A field of a type Service Bus does not take refuses that message (an
-``InvalidArgumentError`` naming the field), never the connection. Outgoing:
-:mod:`oncebus.amqp.outgoing`.
+``InvalidArgumentError`` naming the field), never the connection; so does a
+value the delivery path could not encode again (a symbol that is not ASCII, a
+message-annotation key that is not a symbol or ulong, an application-property
+key that is not a string). Outgoing: :mod:`oncebus.amqp.outgoing`.
+
+The message applications send (a header, message annotations, properties and
+application properties of plain values, data sections) is read once, by
+:func:`_decode_fast`, which checks each value as it reads it; any other shape
+(a value or sequence body, compound, described or array values, chars and
+decimals, a section twice) goes to :func:`decode_message_general`, which
+decodes those sections with proton and encodes them again with proton to find
+out what the delivery path could not encode (``_check_reencodable``): the
+reference the fast path is tested against (``tests/fuzz/test_fuzz_codec.py``).
 """
 
 from __future__ import annotations
@@ -292,18 +303,6 @@ def scalar(data: bytes, pos: int) -> tuple[Any, int]:
     raise Unusual
 
 
-def _compound(data: bytes, pos: int, list_codes: tuple[int, int, int]) -> tuple[int, int, int]:
-    """(first item position, item count, end) of the list at ``pos``; ``list_codes`` = (list0, list8, list32)."""
-    code = data[pos]
-    if code == list_codes[0]:
-        return pos + 1, 0, pos + 1
-    if code == list_codes[1]:
-        return pos + 3, data[pos + 2], pos + 2 + data[pos + 1]
-    if code == list_codes[2]:
-        return pos + 9, _UNPACK_U32(data, pos + 5)[0], pos + 5 + _UNPACK_U32(data, pos + 1)[0]
-    raise Unusual
-
-
 _LIST_CODES = (0x45, 0xC0, 0xD0)
 
 
@@ -473,9 +472,11 @@ def _ascii(data: bytes, start: int, end: int, what: str) -> str:
 
 
 def _plain(data: bytes, pos: int, what: str) -> tuple[Any, int]:
-    """An application property value at ``pos`` as the store keeps it (JSON-safe: a binary as hex, a uuid as
-    text, every number a plain ``int`` or ``float``), and the position after it; a value of a shape read
-    elsewhere (compound, described, char, decimal) is :class:`Unusual`."""
+    """The scalar at ``pos`` as an application property's value is kept (JSON-safe, as ``_json_safe`` makes
+    proton's values: a binary as hex, a uuid as text, every number a plain ``int`` or ``float``) and the position
+    after it; also how a header field or annotation value is checked (``what`` names the section). A symbol that
+    is not ASCII is refused; a value of another shape (compound, described, array, char, decimal) is
+    :class:`Unusual`."""
     code = data[pos]
     if code == 0xA1:
         end = pos + 2 + data[pos + 1]
@@ -616,7 +617,7 @@ def _message_annotations(data: bytes, pos: int) -> tuple[Any, Any, int]:
     return partition_key, scheduled, stop
 
 
-def _header(data: bytes, pos: int) -> tuple[datetime.timedelta | None, int]:
+def _header(data: bytes, pos: int) -> tuple[timedelta | None, int]:
     """(the time to live, position after) of the header's list at ``pos``; a ttl that is not a uint (AMQP 1.0,
     3.2.1) is refused by ``_ttl``, naming its type."""
     item, count, stop = _span(data, pos, _LIST_CODES)
@@ -652,7 +653,7 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
     end = len(data)
     pos = 0
     seen = 0  # the sections read so far, a bit each: a second one of a kind is the general path's to refuse
-    ttl: datetime.timedelta | None = None
+    ttl: timedelta | None = None
     partition_key = scheduled = message_id = session_id = None
     texts: dict[str, str | None] = {}
     application: dict[str, Any] = {}

@@ -349,6 +349,19 @@ def test_a_subscription_may_forward_to_its_own_topic(admin: ServiceBusAdministra
     assert admin.get_subscription(name, "s").forward_to.endswith(f"/{name}")
 
 
+def test_a_queue_may_forward_to_itself(admin: ServiceBusAdministrationClient, name: str) -> None:
+    """test_mgmt_queue_update_success and test_mgmt_queue_update_dict_success: Service Bus stores a queue's
+    forward_to and forward_dead_lettered_messages_to naming the queue itself (200 in the SDK repository's recording,
+    read back); failed before: 400, refused as a loop (the 4-hop limit ends the round: tests/broker)."""
+    admin.create_queue(name)
+    queue = admin.get_queue(name)
+    queue.forward_to = name
+    queue.forward_dead_lettered_messages_to = name
+    admin.update_queue(queue)
+    got = admin.get_queue(name)
+    assert got.forward_to.endswith(f"/{name}") and got.forward_dead_lettered_messages_to.endswith(f"/{name}")
+
+
 def test_express_is_accepted_and_said(admin: ServiceBusAdministrationClient, name: str) -> None:
     """enable_express: Service Bus keeps an express entity's messages in memory first; oncebus accepts the setting
     (5 tests of the suite create express entities) and keeps full durability, reading it back as set."""

@@ -72,3 +72,23 @@ def test_a_receiver_without_a_session_on_a_session_queue_is_refused_when_it_open
         receiver.close()
         with client.get_queue_receiver("sessioned", session_id="s1", max_wait_time=1) as session_receiver:
             assert session_receiver.receive_messages(max_wait_time=1) == []
+
+
+def test_a_received_message_sent_again_keeps_its_partition_key(server: ServerProcess) -> None:
+    """test_sessions.py (receive_handler_peeklock): a received message is sent again as it is. The SDK's AMQP layer
+    reads strings as bytes, so the copy carries ``x-opt-partition-key`` as binary (its UTF-8); Service Bus takes it
+    as that string. Failed before: refused ("the partition key ... must be a string, not binary")."""
+    with ServiceBusClient.from_connection_string(server.connection_string) as client:
+        message = ServiceBusMessage(b"again", message_id="p-1", session_id="s-again")
+        message.partition_key = "s-again"
+        with client.get_queue_sender("sessioned") as sender:
+            sender.send_messages(message)
+            with client.get_queue_receiver("sessioned", session_id="s-again", max_wait_time=5) as receiver:
+                [received] = receiver.receive_messages(max_wait_time=5)
+                assert received.raw_amqp_message.annotations[b"x-opt-partition-key"] == b"s-again"
+                receiver.complete_message(received)
+                sender.send_messages(received)  # as the SDK's test does
+                [again] = receiver.receive_messages(max_wait_time=5)
+                assert (again.message_id, again.partition_key, again.session_id) == ("p-1", "s-again", "s-again")
+                assert again.sequence_number != received.sequence_number
+                receiver.complete_message(again)

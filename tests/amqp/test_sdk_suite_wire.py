@@ -120,3 +120,17 @@ def test_deliveries_are_annotated_as_service_bus_annotates_them(server: ServerPr
             assert taken.raw_amqp_message.delivery_annotations == {}
             assert taken.message.delivery_tag is None
             assert b"x-opt-message-state" not in taken.raw_amqp_message.annotations
+
+
+def test_a_session_receiver_with_a_session_id_that_is_not_a_string_is_refused(server: ServerProcess) -> None:
+    """test_sessions.py (receive_handler_peeklock): ``get_queue_receiver(queue, session_id=1)`` raises ServiceBusError
+    when it opens: the SDK sends the int as the session filter and Service Bus refuses it. Failed before: oncebus
+    took the session "1"."""
+    with ServiceBusClient.from_connection_string(server.connection_string, retry_total=0) as client:
+        receiver = client.get_queue_receiver("sessioned", session_id=1, max_wait_time=1)  # type: ignore[arg-type]
+        with pytest.raises(ServiceBusError) as refused:
+            with receiver:
+                pass
+        assert "session" in str(refused.value).lower() and "string" in str(refused.value)
+        with client.get_queue_receiver("sessioned", session_id="1", max_wait_time=1) as receiver:
+            assert receiver.receive_messages(max_wait_time=1) == []

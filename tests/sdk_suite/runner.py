@@ -113,27 +113,44 @@ class Run:
     seconds: float
 
 
-def run(work: Path, server: Server, files: list[str], deselect: list[str], workers: int, extra: list[str]) -> Run:
-    """pytest on ``files`` (relative to ``work/tests``) in a subprocess; each test's outcome."""
+def run(
+    work: Path,
+    server: Server,
+    files: list[str],
+    workers: int,
+    *,
+    not_run: dict[str, str] | None = None,
+    durations: dict[str, float] | None = None,
+    extra: tuple[str, ...] = (),
+) -> Run:
+    """pytest on ``files`` (relative to ``work/tests``) in a subprocess, ``workers`` at once (each test has its own
+    namespace); each test's outcome by node id (``tests/<file>::<class>::<test>``). ``not_run``: node ids skipped
+    with their reason; ``durations``: node ids known to take long (seconds), run first."""
     outcomes = work / "outcomes.json"
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("AZURE_", "SERVICEBUS_", "PYTEST_"))}
     environment.update(server.environment())
     environment.update(
-        {"PYTHONPATH": str(STANDINS), "ONCEBUS_SUITE_OUTCOMES": str(outcomes), "PYTHONDONTWRITEBYTECODE": "1"}
+        {
+            "PYTHONPATH": str(STANDINS),
+            "ONCEBUS_SUITE_OUTCOMES": str(outcomes),
+            "ONCEBUS_SUITE_NOT_RUN": json.dumps(not_run or {}),
+            "ONCEBUS_SUITE_DURATIONS": json.dumps(durations or {}),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
     )
     command = [sys.executable, "-m", "pytest", *(f"tests/{f}" for f in files), "-q", "-rfE", "--no-header"]
-    command += ["-p", "no:cacheprovider", "-p", "no:oncebus", "-p", "no:randomly", "--tb=line"]
-    command += ["-n", str(workers)] if workers > 1 else []
-    for test in deselect:
-        command += ["--deselect", test]
+    command += ["-p", "no:cacheprovider", "-p", "no:oncebus", "--tb=line"]
+    command += ["-n", str(workers), "--dist", "load", "--maxschedchunk", "1"] if workers > 1 else []
     started = time.monotonic()
     result = subprocess.run([*command, *extra], cwd=work, env=environment, capture_output=True, text=True, timeout=1800)
     seconds = time.monotonic() - started
     found = json.loads(outcomes.read_text()) if outcomes.exists() else {}
+    (work / "output.txt").write_text(result.stdout + result.stderr)  # the whole run's report, for a failure
     return Run(found, result.stdout + result.stderr, seconds)
 
 
 def main(argv: list[str]) -> int:
+    """By hand: ``[WORKERS=n] python -m tests.sdk_suite.runner [files or node ids] [pytest options]``."""
     import tempfile
 
     base = Path(tempfile.mkdtemp(prefix="sdk-suite-"))
@@ -142,9 +159,8 @@ def main(argv: list[str]) -> int:
     server = Server(base / "data").start()
     try:
         files = [a for a in argv if not a.startswith("-")] or ["test_queues.py"]
-        outcome = run(
-            work, server, files, [], int(os.environ.get("WORKERS", "4")), [a for a in argv if a.startswith("-")]
-        )
+        options = [a for a in argv if a.startswith("-")]
+        outcome = run(work, server, files, int(os.environ.get("WORKERS", "4")), extra=tuple(options))
     finally:
         server.stop()
     (base / "output.txt").write_text(outcome.output)

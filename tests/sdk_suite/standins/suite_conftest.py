@@ -53,6 +53,29 @@ def oncebus_namespace(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         oncebus_live.close_namespace()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests the runner leaves out (``ONCEBUS_SUITE_NOT_RUN``: node id -> reason) are skipped with their reason,
+    so a renamed or removed one shows as missing rather than silently not run. With several workers, the tests
+    known to take long (``ONCEBUS_SUITE_DURATIONS``: node id -> seconds) go first, longest first, so that they run
+    side by side rather than one after another at the end (xdist ``--dist load --maxschedchunk 1`` hands each
+    worker two tests, then one at a time: the first two of each are paired long with shorter)."""
+    not_run = json.loads(os.environ.get("ONCEBUS_SUITE_NOT_RUN", "{}"))
+    for item in items:
+        if item.nodeid in not_run:
+            item.add_marker(pytest.mark.skip(reason=f"not run: {not_run[item.nodeid]}"))
+    durations = json.loads(os.environ.get("ONCEBUS_SUITE_DURATIONS", "{}"))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    known = sorted((i for i in items if i.nodeid in durations), key=lambda i: -float(durations[i.nodeid]))
+    if workers < 2 or not known:
+        return
+    rest = [i for i in items if i.nodeid not in durations]
+    if len(known) >= 2 * workers:
+        longest, next_longest = known[:workers], known[workers : 2 * workers]
+        first = [test for pair in zip(longest, reversed(next_longest), strict=True) for test in pair]
+        known = first + known[2 * workers :]
+    items[:] = known + rest
+
+
 def _record(report: pytest.TestReport | pytest.CollectReport, outcome: str) -> None:
     entry = OUTCOMES.setdefault(report.nodeid, {"outcome": "passed", "duration": 0.0, "message": ""})
     entry["duration"] += getattr(report, "duration", 0.0)
@@ -63,11 +86,16 @@ def _record(report: pytest.TestReport | pytest.CollectReport, outcome: str) -> N
             entry["message"] = crash.message if crash is not None else str(report.longrepr)
             if isinstance(report.longrepr, tuple):  # a skip: (file, line, reason)
                 entry["message"] = str(report.longrepr[2])
+        if outcome == "xfailed":
+            entry["message"] = f"xfail: {getattr(report, 'wasxfail', '')} ({entry['message']})"
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.when == "call" or report.outcome != "passed":
-        _record(report, report.outcome)
+    outcome = report.outcome
+    if hasattr(report, "wasxfail"):  # the test's own xfail mark: met (xfailed) or not (xpassed)
+        outcome = "xfailed" if report.skipped else "xpassed"
+    if report.when == "call" or outcome != "passed":
+        _record(report, outcome)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:

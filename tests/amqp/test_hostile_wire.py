@@ -383,12 +383,20 @@ YEAR_10000_MS = 253_402_300_800_000
         ),
         (raw_message(annotations=annotations(x_opt_scheduled_enqueue_time=b"\xa1\x03now")), "must be a timestamp"),
         (raw_message(annotations=annotations(x_opt_partition_key=b"\x54\x05")), "partition key"),
-        (raw_message(annotations=annotations(x_opt_partition_key=b"\xa0\x02pk")), "partition key"),
+        (raw_message(annotations=annotations(x_opt_partition_key=b"\xa0\x02\xff\xfe")), "not UTF-8"),
     ],
-    ids=["ttl-string", "ttl-long", "scheduled-past-9999", "scheduled-string", "partition-key-int", "partition-key-bin"],
+    ids=[
+        "ttl-string",
+        "ttl-long",
+        "scheduled-past-9999",
+        "scheduled-string",
+        "partition-key-int",
+        "partition-key-bin-not-utf8",
+    ],
 )
 def test_a_message_with_a_bad_field_is_refused_alone(hostile: ServerProcess, payload: bytes, words: str) -> None:
-    """Wrong-typed header ttl, scheduled time past 9999, non-string partition key: a rejected outcome, no close."""
+    """Wrong-typed header ttl, scheduled time past 9999, a partition key neither a string nor UTF-8 binary: a
+    rejected outcome, no close."""
     with RawClient(hostile.port) as client:
         client.handshake()
         assert client.put_token("typed") == 202

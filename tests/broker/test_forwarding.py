@@ -100,8 +100,6 @@ def test_loops_and_missing_destinations_are_refused(stores: StoreFactory) -> Non
         ns = await Namespace.open(stores.open(), ManualClock(START))
         with pytest.raises(EntityNotFoundError, match="no queue or topic named 'nowhere'"):
             await ns.create_queue("q", forward_to="nowhere")
-        with pytest.raises(InvalidArgumentError, match="loop"):
-            await ns.create_queue("self", forward_to="self")
         await ns.create_queue("a")
         await ns.create_queue("b", forward_to="a")
         with pytest.raises(InvalidArgumentError, match=r"forwarding loop \(a -> b -> a\)"):
@@ -284,5 +282,38 @@ def test_a_subscription_may_forward_to_its_own_topic_and_the_hop_limit_ends_the_
         assert [m.message_id for m in dead] == ["round"]
         assert dead[0].dead_letter_reason == "MaxTransferHopCountExceeded"
         assert await ns.receive("t/Subscriptions/back", 10) == []
+
+    run(go())
+
+
+def test_a_queue_may_forward_to_itself_and_the_hop_limit_ends_the_round(stores: StoreFactory) -> None:
+    """Service Bus stores a queue forwarding to itself, its dead letters too (the SDK's recorded
+    test_mgmt_queue_update_success: 200, ForwardTo read back); failed before: refused as a loop. A message goes
+    round four times and is dead-lettered with MaxTransferHopCountExceeded; forwarded from the dead-letter queue
+    to the queue it would be a fifth transfer, so it stays there, and the timer leaves it as it is."""
+
+    async def go() -> None:
+        ns = await Namespace.open(stores.open(), ManualClock(START))
+        await ns.create_queue("self", forward_to="self")
+        await ns.create_queue("round")
+        await ns.update_queue("round", forward_to="round", forward_dead_lettered_messages_to="round")
+        assert ns.get_queue("round").forward_to == "round"
+        await ns.send("round", Message(b"", message_id="m"))
+        await ns.send("self", Message(b"", message_id="s"))
+        for _ in range(3):
+            ns.tick()
+        (dead,) = ns.peek_messages("round/$DeadLetterQueue", max_message_count=10)
+        assert (dead.message_id, dead.dead_letter_reason) == ("m", "MaxTransferHopCountExceeded")
+        ns.tick()
+        (still,) = ns.peek_messages("round/$DeadLetterQueue", max_message_count=10)
+        assert still.sequence_number == dead.sequence_number
+        assert ns.peek_messages("round", max_message_count=10) == []
+        (other,) = ns.peek_messages("self/$DeadLetterQueue", max_message_count=10)
+        assert other.message_id == "s"
+        a = await ns.create_queue("a")
+        assert a.forward_to is None
+        await ns.create_queue("b", forward_to="a")
+        with pytest.raises(InvalidArgumentError, match=r"forwarding loop \(a -> b -> a\)"):
+            await ns.update_queue("a", forward_to="b")  # a loop through another queue is still refused
 
     run(go())

@@ -190,6 +190,23 @@ def _string_field(value: Any, name: str) -> str | None:
     raise InvalidArgumentError(f"{name} must be a string, not {_amqp_type(value)} {value!r}")
 
 
+def _partition_key(value: Any) -> str | None:
+    """``x-opt-partition-key``: a string, or binary holding one in UTF-8, taken as that string.
+
+    The Python SDK reads a received message's strings as bytes and sends them back so when the message is sent
+    again (its own tests do it, against Service Bus): the annotation then arrives as binary. Any other type is
+    refused, never stringified (``5`` and ``"5"`` would share a dedup key)."""
+    if isinstance(value, bytes | memoryview):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidArgumentError(
+                f"the partition key (x-opt-partition-key) must be a string, not binary {bytes(value)!r} that is not "
+                "UTF-8"
+            ) from None
+    return _string_field(value, "the partition key (x-opt-partition-key)")
+
+
 def _ttl(value: Any) -> datetime.timedelta | None:
     if value is None:
         return None
@@ -334,7 +351,7 @@ def _message(
         body=body,
         message_id=message_id_of(properties[_MESSAGE_ID_AT]),
         session_id=_string_field(properties[_SESSION_ID_AT], "the session id (properties group-id)"),
-        partition_key=_string_field(annotations.get(PARTITION_KEY), "the partition key (x-opt-partition-key)"),
+        partition_key=_partition_key(annotations.get(PARTITION_KEY)),
         **{field: _text(properties[at]) for at, field in _TEXT_AT},
         application_properties={str(k): _json_safe(v) for k, v in (application or {}).items()},
         time_to_live=ttl,

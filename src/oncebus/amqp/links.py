@@ -426,13 +426,17 @@ class ReceiveLink:
     def _transfer(self, message: ReceivedMessage) -> None:
         token = message.lock_token if self.mode != ServiceBusReceiveMode.RECEIVE_AND_DELETE else None
         try:
-            payload = outgoing.encode_received(message, lock_annotations=self.session is None, lock_token=token)
+            payload = outgoing.encode_received(
+                message, lock_annotations=self.session is None, lock_token=token, delivered_section=True
+            )
         except Exception as exc:  # a failure of ours: this message is not sent, the others are
             self._not_encoded(message, token, exc)
             return
         self.largest = max(self.largest, len(payload))
         if token is None:
-            delivery = self.link.delivery(uuid.uuid4().bytes)  # type: ignore[arg-type]  # proton takes binary tags
+            # settled at once, no lock: an empty tag, as Service Bus sends it (the SDK's test_message.py reads
+            # receive-and-delete deliveries' tag as None)
+            delivery = self.link.delivery(b"")  # type: ignore[arg-type]  # proton takes binary tags
             self.link.send(payload)
             self.link.advance()
             delivery.settle()

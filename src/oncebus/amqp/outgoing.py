@@ -126,17 +126,20 @@ _STATE_ACTIVE = _STATES[MessageState.ACTIVE]
 _NULL_FIELDS = (b"\x40",) * 4  # the header of a message sent without one: nulls before the delivery count
 
 
-def _delivery_annotations(lock_token: uuid.UUID | None, sender: list[tuple[bytes, bytes]] | None = None) -> bytes:
+def _delivery_annotations(
+    lock_token: uuid.UUID | None, sender: list[tuple[bytes, bytes]] | None = None, *, always: bool = False
+) -> bytes:
     """The delivery annotations a receiver gets: the sender's own (raw key, raw value) entries, as Service Bus keeps
     them, and a locked message's lock token (``x-opt-lock-token``; the SDK checks it against the delivery tag,
-    and 7.14 reads it for a message received by sequence number)."""
+    and 7.14 reads it for a message received by sequence number). ``always``: the section even when empty, as
+    Service Bus sends a receive-and-delete delivery (the SDK's test_message.py reads ``{}`` there)."""
     pairs: list[bytes] = []
     for key, value in sender or ():
         if key != _LOCK_TOKEN_KEY:  # the broker's own, never the sender's
             pairs += (key, value)
     if lock_token is not None:
         pairs += (_LOCK_TOKEN_KEY, b"\x98" + lock_token.bytes)
-    if not pairs:
+    if not pairs and not always:
         return b""
     return _described_map(DELIVERY_ANNOTATIONS, pairs)
 
@@ -152,7 +155,12 @@ def _map_pairs(view: memoryview) -> list[tuple[bytes, bytes]]:
 
 
 def _encode_received_fast(
-    message: ReceivedMessage, wire: bytes, *, lock_annotations: bool, lock_token: uuid.UUID | None = None
+    message: ReceivedMessage,
+    wire: bytes,
+    *,
+    lock_annotations: bool,
+    lock_token: uuid.UUID | None = None,
+    delivered_section: bool = False,
 ) -> bytes:
     """:func:`encode_received` without proton for a message that is not dead-lettered.
 
@@ -210,7 +218,8 @@ def _encode_received_fast(
         ours.append((_PARTITION_KEY_KEY, _string(partition_key)))
     if (source := message.dead_letter_source) is not None:
         ours.append((_DEAD_LETTER_SOURCE_KEY, _string(source)))
-    ours.append((_MESSAGE_STATE_KEY, _STATES.get(message.state, _STATE_ACTIVE)))
+    if message.state != MessageState.ACTIVE:  # Service Bus leaves it out for an active message (Active by default)
+        ours.append((_MESSAGE_STATE_KEY, _STATES.get(message.state, _STATE_ACTIVE)))
     if lock_annotations and message.locked_until_us is not None:
         ours.append((_LOCKED_UNTIL_KEY, _timestamp_us(message.locked_until_us)))
     pairs: list[bytes] = []
@@ -226,15 +235,22 @@ def _encode_received_fast(
         pairs += (key, value)
     count = _uint(max(message.delivery_count - 1, 0))
     out = _described_list(HEADER, [*(_NULL_FIELDS if header is None else header), count])
-    out += _delivery_annotations(lock_token, delivered)
+    out += _delivery_annotations(lock_token, delivered, always=delivered_section)
     out += _described_map(MESSAGE_ANNOTATIONS, pairs)
     if len(spans) == 1 and spans[0][0] == 0 and spans[0][1] == end:
         return out + wire
     return out + b"".join([wire[a:b] for a, b in spans])
 
 
-def encode_received(message: ReceivedMessage, *, lock_annotations: bool, lock_token: uuid.UUID | None = None) -> bytes:
-    """The encoding a receiver gets: the stored message, a fresh header and the broker's annotations."""
+def encode_received(
+    message: ReceivedMessage,
+    *,
+    lock_annotations: bool,
+    lock_token: uuid.UUID | None = None,
+    delivered_section: bool = False,
+) -> bytes:
+    """The encoding a receiver gets: the stored message, a fresh header and the broker's annotations.
+    ``delivered_section``: a delivery-annotations section even when it is empty (a receive link's transfer)."""
     wire = message.wire
     if wire is None:
         wire = _fields_encoding(message)
@@ -243,14 +259,27 @@ def encode_received(message: ReceivedMessage, *, lock_annotations: bool, lock_to
     dead_lettered = message.dead_letter_reason is not None or message.dead_letter_error_description is not None
     if not dead_lettered:
         try:
-            return _encode_received_fast(message, wire, lock_annotations=lock_annotations, lock_token=lock_token)
+            return _encode_received_fast(
+                message,
+                wire,
+                lock_annotations=lock_annotations,
+                lock_token=lock_token,
+                delivered_section=delivered_section,
+            )
         except (Unusual, UnicodeDecodeError):
             pass
-    return encode_received_with_proton(message, wire, lock_annotations=lock_annotations, lock_token=lock_token)
+    return encode_received_with_proton(
+        message, wire, lock_annotations=lock_annotations, lock_token=lock_token, delivered_section=delivered_section
+    )
 
 
 def encode_received_with_proton(
-    message: ReceivedMessage, wire: bytes, *, lock_annotations: bool, lock_token: uuid.UUID | None = None
+    message: ReceivedMessage,
+    wire: bytes,
+    *,
+    lock_annotations: bool,
+    lock_token: uuid.UUID | None = None,
+    delivered_section: bool = False,
 ) -> bytes:
     """:func:`encode_received` through proton: every case (dead-lettered messages get properties added)."""
     sections = split_sections(wire)
@@ -281,10 +310,13 @@ def encode_received_with_proton(
         annotations[PARTITION_KEY] = message.partition_key
     if message.dead_letter_source is not None:
         annotations[DEAD_LETTER_SOURCE] = message.dead_letter_source
-    annotations[MESSAGE_STATE] = proton.int32(SDK_STATES.get(message.state, 0))
+    if message.state != MessageState.ACTIVE:
+        annotations[MESSAGE_STATE] = proton.int32(SDK_STATES.get(message.state, 0))
     if lock_annotations and message.locked_until_utc is not None:
         annotations[LOCKED_UNTIL] = _ms(message.locked_until_utc)
-    out = bytearray(encode_section(HEADER, header)) + _delivery_annotations(lock_token, delivered)
+    out = bytearray(encode_section(HEADER, header)) + _delivery_annotations(
+        lock_token, delivered, always=delivered_section
+    )
     out += encode_section(MESSAGE_ANNOTATIONS, proton.AnnotationDict(annotations))
     if dead_lettered:
         properties = properties if properties is not None else {}

@@ -46,13 +46,6 @@ ADMINISTRATION = [
 QUEUES = "test_queues.py::TestServiceBusQueue::"
 SESSIONS = "test_sessions.py::TestServiceBusSession::"
 
-SESSION_FORWARDING = (
-    "oncebus: a session-enabled queue that forwards (to a topic) is refused with 400; Service Bus created it "
-    "(201, ForwardTo read back) in the SDK repository's 2021 recording of this test, while "
-    "Azure/azure-service-bus#317 (2019) shows a 400 for a session queue forwarding to a session queue: left "
-    "for a decision (core/entities.py _check_forwarding; tests/http/test_admin_sync.py has it as a strict xfail)"
-)
-
 EXPECTED_FAILURES: dict[str, str] = {
     f"{QUEUES}test_queue_operation_negative[pyamqp]": (
         "stale: its stand-in for the transport's settle_messages lacks the await_outcome keyword 7.15 passes "
@@ -68,10 +61,6 @@ EXPECTED_FAILURES: dict[str, str] = {
         "bytes shifted by 9 bits where Microsoft.Azure.Amqp's DecimalEncoding, which it follows, shifts by 7: "
         "Decimal('1.2345') reads as an overflow), so the receive-and-delete receive drops the message it took"
     ),
-    "mgmt_tests/test_mgmt_queues.py::TestServiceBusAdministrationClientQueue::"
-    "test_mgmt_queue_create_with_queue_description": SESSION_FORWARDING,
-    "mgmt_tests/async/test_mgmt_queues_async.py::TestServiceBusAdministrationClientQueueAsync::"
-    "test_async_mgmt_queue_create_with_queue_description": SESSION_FORWARDING,
 }
 
 NOT_RUN: dict[str, str] = {

@@ -82,6 +82,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         "go-sched": {},
         "go-peek": {},
         "go-sessions": {"RequiresSession": True},
+        "go-ws": {"RequiresDuplicateDetection": True},
+        "go-ws-sessions": {"RequiresSession": True},
     }
     topics: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         "go-topic": ({}, {"all": {}}),
@@ -200,6 +202,18 @@ def test_send_receive_and_complete(program: Path, server: ServerProcess) -> None
     }
     assert got["properties"]["number"] == 42 and got["properties"]["ratio"] == 2.5 and got["whenRoundTrips"]
     assert got["fanned"] == ["fan-1"]  # a topic's subscription
+
+
+def test_amqp_over_websockets(program: Path, server: ServerProcess) -> None:
+    """``ClientOptions.NewWebSocketConn`` with github.com/coder/websocket (the SDK's own example): the SDK hands it
+    wss://<endpoint host:port>/$servicebus/websocket, the main port takes TLS (SSL_CERT_FILE), and every AMQP
+    connection goes through it: a resend dropped, a batch, a 200 KiB message, received and completed; a session
+    accepted by name, with its state."""
+    got = run_scenario(program, server, "websocket")
+    assert got["received"] == ["ws-1 (12 bytes)", "ws-2 (12 bytes)", "ws-3 (12 bytes)", "ws-large (204800 bytes)"]
+    assert got["left"] == 0
+    assert got["session"] == ["a-1", "a-2"] and got["sessionId"] == "ws-s" and got["state"] == "ws-state"
+    assert got["dialed"] and set(got["dialed"]) == {f"wss://127.0.0.1:{server.port}/$servicebus/websocket"}
 
 
 def test_receive_messages_asks_only_the_credit_it_lacks_and_returns_at_its_deadline(

@@ -1,14 +1,16 @@
 // One scenario of the official JavaScript SDK (@azure/service-bus) against `oncebus serve`.
-// Usage: node scenario.js <name>; run by tests/js/test_js_sdk.py, which starts the server and sets:
+// Usage: node scenario.js <name> [argument]; run by tests/js/test_js_sdk.py, which starts the server and sets:
 //   ONCEBUS_CONNECTION_STRING  the connection string `oncebus serve` printed (a key with all rights)
 //   ONCEBUS_SEND_ONLY, ONCEBUS_LISTEN_ONLY  connection strings with a Send-only and a Listen-only key
 //   NODE_EXTRA_CA_CERTS  the server's CA file (the admin client speaks HTTPS)
+//   ONCEBUS_SCENARIO_FILE, ONCEBUS_CLOCK_FILE  for the shared dedup scenarios (dedup.js)
 // Prints one JSON line with what it saw; exits 1 (with the error) when something the scenario expects fails.
 "use strict";
 
 const { ServiceBusClient, ServiceBusAdministrationClient } = require("@azure/service-bus");
 // 7.10.0-beta.2 (package.json's alias): the first JavaScript SDK with deleteMessages and purgeMessages
 const beta = require("@azure/service-bus-beta");
+const { runDedupScenario } = require("./dedup");
 
 const connectionString = process.env.ONCEBUS_CONNECTION_STRING;
 const retryOptions = { maxRetries: 0, timeoutInMs: 15000 };
@@ -36,6 +38,11 @@ async function refused(work) {
 }
 
 const scenarios = {
+  // one of the shared duplicate-detection scenarios (dedup.js), named by the next argument
+  async "shared-dedup"() {
+    return runDedupScenario(process.argv[3]);
+  },
+
   // send, receive, complete
   async "send-receive"() {
     const body = `js-${Date.now()}`;

@@ -404,7 +404,7 @@ def test_rights_a_listen_only_key(program: Path, server: ServerProcess) -> None:
 
 def test_the_go_page_example_runs(program: Path, server: ServerProcess, tmp_path: Path) -> None:
     """docs/go.md's program, built against the pinned SDK and run: the resend is dropped."""
-    [example] = [block for block in blocks(GO_PAGE.read_text()) if block.lang == "go"]
+    [example] = [block for block in blocks(GO_PAGE.read_text()) if block.lang == "go" and block.save_as == "main.go"]
     assert (example.save_as, example.run) == ("main.go", "go run .")
     source = tmp_path / "quickstart"
     source.mkdir()

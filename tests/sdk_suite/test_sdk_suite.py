@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import SUMMARY_PROPERTY
 from tests.sdk_suite import runner
 
 DATA_PLANE = [
@@ -146,7 +148,10 @@ def _summary(outcomes: dict[str, dict[str, Any]], seconds: float) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_sdks_own_tests_pass_against_oncebus(
-    request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    record_property: Callable[[str, object], None],
 ) -> None:
     archive = runner.obtain_sdist(_cache_dir(request, tmp_path))
     work = runner.prepare(archive, tmp_path / "work")
@@ -163,8 +168,10 @@ def test_the_sdks_own_tests_pass_against_oncebus(
     finally:
         server.stop()
     outcomes = result.outcomes
+    summary = _summary(outcomes, result.seconds)
     with capsys.disabled():
-        print("\n" + "\n".join(_summary(outcomes, result.seconds)))
+        print("\n" + "\n".join(summary))
+    record_property(SUMMARY_PROPERTY, "\n".join(summary))  # tests/conftest.py prints it in the terminal summary
 
     assert outcomes, f"no test ran:\n{result.output[-5000:]}"
     report = f"(the run's report: {work / 'output.txt'})"

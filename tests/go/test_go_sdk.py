@@ -1,7 +1,7 @@
 """The official Go SDK (``azservicebus`` 1.11.0, on go-amqp: a third AMQP stack beside the Python SDK's and rhea)
 against ``oncebus serve``: the shared dedup scenarios (tests/data/scenarios.json, read by the Go program too), send
-and receive, ``ReceiveMessages`` credit, sessions, settlement, scheduling, peek, and the ``admin.Client`` over HTTPS
-(``SSL_CERT_FILE``).
+and receive, ``ReceiveMessages`` credit, sessions, settlement, scheduling, peek, the ``admin.Client`` over HTTPS
+(``SSL_CERT_FILE``), and AMQP over WebSockets (``NewWebSocketConn`` with github.com/coder/websocket).
 
 The SDK is pinned in tests/go/go.mod and go.sum; the program is built once per run with ``go build`` into a temp
 dir (the module proxy serves the SDK on first use, Go's caches keep it). Go (1.25 or newer) must be on PATH:

@@ -1,7 +1,7 @@
 """The official Java SDK (``com.azure:azure-messaging-servicebus`` 7.17.19 under ``azure-sdk-bom`` 1.3.8; its
 own AMQP stack, proton-j, and its own HTTP pipeline) against ``oncebus serve``: the shared dedup scenarios
 (tests/data/scenarios.json), sessions, peek-lock settlement, scheduling, peek, the processor client,
-transactions, and the administration client over HTTPS.
+transactions, the administration client over HTTPS, and AMQP over WebSockets (``AMQP_WEB_SOCKETS``).
 
 tests/java is a Maven project (pom.xml pins every version); ``mvn -q -B package`` builds it once per run, with
 Maven's local repository (~/.m2) as the cache. One JVM then runs every scenario and prints one JSON line for

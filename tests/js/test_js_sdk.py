@@ -1,5 +1,6 @@
 """The official JavaScript SDK (``@azure/service-bus`` 7.9.5, on rhea: another AMQP stack than the Python SDK's)
-against ``oncebus serve``: send/receive, duplicate detection, scheduling and peek on fresh links, the admin
+against ``oncebus serve``: the shared dedup scenarios (tests/data/scenarios.json, with dedup.js), send/receive,
+duplicate detection, scheduling and peek on fresh links, the admin
 client over HTTPS (``NODE_EXTRA_CA_CERTS``), Send/Listen/Manage refusals, the rule manager (rules over AMQP), entity
 status, batch delete (``deleteMessages``/``purgeMessages``, which only 7.10.0-beta.2 has: installed beside 7.9.5
 as ``@azure/service-bus-beta``), and AMQP over WebSockets (``webSocketOptions`` with the ``ws`` package).

@@ -25,14 +25,13 @@ from typing import Any
 
 from oncebus import __version__
 from oncebus.auth import KEYS_ENV, KeyRing, SasKey, parse_key_spec, parse_keys, read_keys_file
-from oncebus.broker import Namespace, SystemClock
 from oncebus.cli_rules import add_rule_parser, rule_command
 from oncebus.core.durations import parse_duration, to_micros
 from oncebus.core.errors import InvalidArgumentError, MessageSizeExceededError, OncebusError
 from oncebus.core.properties import SENDER_PROPERTIES
 from oncebus.core.tiers import TierQuotas
 from oncebus.server import ServeError, ServeOptions, run
-from oncebus.server.control import LATEST_US, MAX_REQUEST_LINE, dispatch, error_from_json
+from oncebus.server.control import LATEST_US, MAX_REQUEST_LINE, dispatch, error_from_json, open_local
 from oncebus.server.datadir import DataDir, resolve_data_dir
 from oncebus.store.postgres_url import open_store, store_spec
 
@@ -101,7 +100,7 @@ class _Local:
             raise
         self._runner = asyncio.Runner()
         self._store = open_store(store_spec(None), datadir.store_path)  # $ONCEBUS_STORE, as serve reads it
-        self._namespace = self._runner.run(Namespace.open(self._store, SystemClock(), quotas=quotas))
+        self._namespace = self._runner.run(open_local(self._store, quotas))
 
     def call(self, op: str, args: dict[str, Any]) -> Any:
         return self._runner.run(dispatch(self._namespace, op, args))

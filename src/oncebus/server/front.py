@@ -27,7 +27,7 @@ from oncebus.auth import connection_string, is_loopback
 from oncebus.broker import Namespace
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.http.app import HttpApp
-from oncebus.http.observe import AmqpTransportGauges, make_observe_app
+from oncebus.http.observe import make_observe_app
 from oncebus.http.server import AllowedHosts, ASGIApp, HttpLimits, HttpProtocol, Upgrade, host_name
 from oncebus.server.certs import Certificates
 from oncebus.server.listener import ALL_KINDS, HTTP, TLS, Doors, Listener
@@ -143,7 +143,7 @@ async def open_front(
     raise_file_limit()
     amqp = AmqpServer(namespace, keys)
     if mount is None:  # /metrics and the dashboard (oncebus.http.observe)
-        mount = make_observe_app(namespace, transport=AmqpTransportGauges(amqp))
+        mount = make_observe_app(namespace)  # with the gauges the AMQP server reports to the namespace
     app = HttpApp(  # beyond loopback: /metrics and the dashboard need a key
         namespace, keys, mounted=mount, observe_needs_key=not is_loopback(host), namespaces=namespaces
     )

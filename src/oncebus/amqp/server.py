@@ -46,7 +46,7 @@ class AmqpServer:
         self.namespace = namespace
         self.keys = KeyRing.of(keys)  # name -> key, with each key's rights
         self.wall_time = wall_time
-        self.limits = limits if limits is not None else AmqpLimits.from_env()
+        self.limits = limits if limits is not None else AmqpLimits()  # oncebus serve: Settings.amqp
         # the AMQP engine: oncebus's own unless ONCEBUS_AMQP_ENGINE=proton (a wrong value stops the server here)
         self.own_engine = use_own_engine()
         if not self.own_engine:
@@ -211,7 +211,7 @@ async def serve_amqp(
     Runs on the caller's event loop, the namespace's loop. ``keys`` maps SAS key
     names to keys (default: ``RootManageSharedAccessKey`` = ``SAS_KEY_VALUE``).
     ``ready`` is called with the server once it listens. ``limits`` bounds what a
-    client may make the server do (default: :meth:`AmqpLimits.from_env`).
+    client may make the server do (default: ``AmqpLimits()``; ``oncebus serve`` gives the ``ONCEBUS_AMQP_*`` settings).
     """
     server = AmqpServer(
         namespace,

@@ -143,3 +143,9 @@ def test_every_package_is_checked() -> None:
 @pytest.mark.parametrize("folder", [p for p in _packages() if p not in ("broker", "amqp")])
 def test_no_package_has_an_import_circle(folder: str) -> None:
     assert _cycle(folder) is None, " -> ".join(_cycle(folder) or [])
+
+
+def test_the_observe_app_reads_the_observation_port_not_the_amqp_engine() -> None:
+    """``/metrics`` and the dashboard get the AMQP gauges from the port (the AMQP server reports them there)."""
+    imported = set().union(*(_imports(path) for path in _files("http/observe")))
+    assert {name for name in imported if name.split(".")[0] == "proton" or name.startswith("oncebus.amqp")} == set()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 # (or SASL) exchange has told it more; a larger frame then is a protocol error.
 MIN_MAX_FRAME_SIZE = 512
 
+
 @dataclass(frozen=True)
 class AmqpLimits:
     """The bounds one AMQP listener applies to every connection."""

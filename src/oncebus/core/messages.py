@@ -34,9 +34,11 @@ class MessageState(enum.IntEnum):
 class WireSections:
     """Where the door that decoded a message found its sections in its ``wire`` bytes (offsets into them).
 
-    Set by the door's reader (the AMQP codec) as it reads the message once at arrival; with it the store addresses
-    the body inside the wire without searching for it, and keeps the application properties where the wire holds
-    them instead of writing them again (read back from the wire when asked, see :class:`WireProperties`)."""
+    Set by the door's reader (the AMQP codec) as it reads the message once at arrival, checking each value as it
+    reads it (text fields and property values are what ``check_message`` accepts: ``check_message`` does not walk
+    them again); with it the store addresses the body inside the wire without searching for it, and keeps the
+    application properties where the wire holds them instead of writing them again (read back from the wire when
+    asked, see :class:`WireProperties`). Only a door's reader sets it."""
 
     body_offset: int  # the body is wire[body_offset : body_offset + len(body)]
     # the application properties' encoded value (after the section's descriptor): wire[start:end]; None: none sent
@@ -245,6 +247,8 @@ def check_message(message: Message) -> None:
     """
     if not isinstance(message.body, bytes | bytearray | memoryview):
         raise InvalidArgumentError(f"body must be bytes, not {type(message.body).__name__}")
+    if message.sections is not None and message.wire is not None:
+        return  # a door's reader made it from its wire, checking each value as it read it (``WireSections``)
     for name in _ALL_TEXT_FIELDS:
         value = getattr(message, name)
         if value is None:

@@ -105,3 +105,76 @@ def test_completions_commit_on_the_loop_thread_with_sqlite(tmp_path: Path) -> No
             reopened.close()
 
     asyncio.run(go())
+
+
+def test_abandons_dead_letters_and_completions_of_one_iteration_are_one_unit_each_answered_after_it() -> None:
+    """Item 4 of issue 34: the settlements arriving together, of whatever kind, are committed as one unit (one
+    settlement-log record or transaction), and each call returns only once that unit is committed."""
+
+    async def go() -> None:
+        store = _CountingStore()
+        ns = await Namespace.open(store, ManualClock(1_700_000_000_000_000))
+        await ns.create_queue("q")
+        await ns.send("q", [Message(f"m{i}".encode(), f"id-{i}") for i in range(4)])
+        got = await ns.receive("q", 4)
+        store.units.clear()
+        await asyncio.gather(
+            ns.abandon("q", got[0].lock_token),  # type: ignore[arg-type]
+            ns.dead_letter("q", got[1].lock_token, reason="bad"),  # type: ignore[arg-type]
+            ns.defer("q", got[2].lock_token),  # type: ignore[arg-type]
+            ns.complete("q", got[3].lock_token),  # type: ignore[arg-type]
+        )
+        settlements = [(ops, durable) for ops, durable in store.units if ops]
+        assert len(settlements) == 1 and settlements[0][1] is False  # one unit, committed before its sync
+        kinds = sorted(type(op).__name__ for op in settlements[0][0])
+        assert kinds == ["DeleteMessage", "MoveMessage", "UpdateMessage", "UpdateMessage"]
+        assert [m.body for m in ns.peek_messages("q/$deadletterqueue", 5)] == [b"m1"]
+        assert ns.stats("q").active_message_count == 1
+        # a failed unit fails each of them
+        got = await ns.receive("q", 1)
+        store.fail = True
+        results = await asyncio.gather(
+            ns.abandon("q", got[0].lock_token),
+            return_exceptions=True,  # type: ignore[arg-type]
+        )
+        assert [type(r).__name__ for r in results] == ["StoreWriteError"]
+        await ns.close()
+
+    asyncio.run(go())
+
+
+def test_settlements_in_a_sqlite_store_of_one_iteration_are_one_settlement_log_record(tmp_path: Path) -> None:
+    async def go() -> None:
+        store = SqliteStore(tmp_path / "oncebus.db")
+        ns = await Namespace.open(store, ManualClock(1_700_000_000_000_000))
+        await ns.create_queue("q")
+        await ns.send("q", [Message(f"m{i}".encode(), f"id-{i}") for i in range(3)])
+        got = await ns.receive("q", 3)
+        await store_idle(store)
+        before = store.logged_settlements
+        await asyncio.gather(
+            ns.abandon("q", got[0].lock_token),  # type: ignore[arg-type]
+            ns.dead_letter("q", got[1].lock_token, reason="bad"),  # type: ignore[arg-type]
+            ns.complete("q", got[2].lock_token),  # type: ignore[arg-type]
+        )
+        assert store.logged_settlements == before + 1
+        await ns.close()
+        store.close()
+        again = SqliteStore(tmp_path / "oncebus.db")
+        ns = await Namespace.open(again, ManualClock(1_700_000_000_000_000))
+        assert [m.body for m in await ns.receive("q", 5)] == [b"m0"]
+        assert [m.body for m in ns.peek_messages("q/$deadletterqueue", 5)] == [b"m1"]
+        await ns.close()
+        again.close()
+
+    asyncio.run(go())
+
+
+async def store_idle(store: SqliteStore) -> None:
+    """Until the writer has committed everything submitted (so the next settlements go to the log)."""
+    for _ in range(1000):
+        if store._finished == store._submitted:
+            return
+        await asyncio.sleep(0)
+        await asyncio.to_thread(lambda: None)
+    raise AssertionError("the writer never caught up")

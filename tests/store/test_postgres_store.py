@@ -25,6 +25,7 @@ from oncebus.store.base import (
     PutEntity,
     PutMessage,
     PutSessionState,
+    UpdateMessage,
 )
 from oncebus.store.postgres import PostgresStore, display_url
 from oncebus.store.postgres_url import open_store, store_spec
@@ -252,7 +253,7 @@ def test_a_version_1_database_gets_session_state_times_and_its_states_count_as_s
     finally:
         store.close()
     with psycopg.connect(url) as db:
-        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (3,)
+        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (4,)
 
 
 def test_a_version_2_database_gets_the_cluster_table_and_keeps_its_messages(
@@ -272,8 +273,37 @@ def test_a_version_2_database_gets_the_cluster_table_and_keeps_its_messages(
     finally:
         store.close()
     with psycopg.connect(url) as db:
-        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (3,)
+        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (4,)
         assert db.execute("SELECT node FROM oncebus_node").fetchall() == [("n1",)]
+
+
+def test_a_version_3_database_is_migrated_and_reads_its_messages_as_written_and_new_records_from_the_wire(
+    postgres_cluster: PostgresCluster,
+) -> None:
+    """Version 4, the message record: a message the AMQP codec decoded keeps its application properties in its wire
+    bytes only; a version 3 row (its properties written again in ``meta``) reads as it was."""
+    import dataclasses
+
+    from tests.store.test_record import PROPERTIES, _record
+
+    url = postgres_cluster.fresh_url()
+    old = dataclasses.replace(_record(1), sections=None)  # written as version 3 wrote it: properties in meta
+    _written_as(url, 3, [PutEntity("q", "queue", {}), PutMessage(old)])
+    store = PostgresStore(url)
+    try:
+        store.load()
+        store.submit([PutMessage(_record(2)), PutMessage(_record(3))]).result()
+        store.submit([UpdateMessage("q", 3, 0, 1, {"kind": "retried"})]).result()
+        read = store.read_messages("q", [1, 2, 3])
+        assert [read[n].application_properties for n in (1, 2)] == [dict(PROPERTIES, n=n) for n in (1, 2)]
+        assert read[3].application_properties == {**PROPERTIES, "n": 3, "kind": "retried"}
+        assert [read[n].body for n in (1, 2, 3)] == [b"body 1", b"body 2", b"body 3"]
+    finally:
+        store.close()
+    with psycopg.connect(url) as db:
+        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (4,)
+        metas = dict(db.execute("SELECT sequence_number, meta FROM oncebus_message").fetchall())
+        assert '"application_properties"' in metas[1] and '"application_properties"' not in metas[2]
 
 
 def test_after_a_cut_connection_the_node_takes_its_lock_back_from_its_own_old_session(

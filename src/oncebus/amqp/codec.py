@@ -40,7 +40,7 @@ from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT, PLAIN_MESSAGE_FORMA
 from oncebus.amqp.rules import value_from_amqp
 from oncebus.amqp.values import text as _text
 from oncebus.core.errors import InvalidArgumentError
-from oncebus.core.messages import Message, MessageState
+from oncebus.core.messages import Message, MessageState, WireSections, set_wire_reader
 from oncebus.core.properties import DEAD_LETTER_PROPERTIES, WIRE_PROPERTY_FIELDS, annotation_key
 from oncebus.core.timeutil import datetime_to_us, us_to_datetime
 
@@ -357,6 +357,7 @@ def _message(
         time_to_live=ttl,
         scheduled_enqueue_time_utc=_scheduled_time(annotations.get(SCHEDULED_ENQUEUE_TIME)),
         wire=wire,
+        sections=None,  # a rare shape: the store keeps its properties as it did
     )
 
 
@@ -674,7 +675,9 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
     partition_key = scheduled = message_id = session_id = None
     texts: dict[str, str | None] = {}
     application: dict[str, Any] = {}
+    application_span: tuple[int, int] | None = None  # where the properties' map is: the record reads them there
     bodies: list[bytes] = []
+    body_offset = 0
     try:
         while pos < end:
             if data[pos] != 0x00 or data[pos + 1] != 0x53:
@@ -687,6 +690,7 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
                 if not isinstance(value, bytes):
                     raise Unusual
                 bodies.append(value)
+                body_offset = pos - len(value)
                 continue
             bit = 1 << (code & 0x0F)
             if seen & bit:
@@ -721,7 +725,9 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
                     raise Unusual
                 pos = list_end
             elif code == APPLICATION_PROPERTIES:
+                application_start = pos
                 application, pos = _application_properties(data, pos)
+                application_span = (application_start, pos)
             elif code == MESSAGE_ANNOTATIONS:
                 partition_key, scheduled, pos = _message_annotations(data, pos)
             elif code == HEADER:
@@ -748,8 +754,22 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
         time_to_live=ttl,
         scheduled_enqueue_time_utc=None if scheduled is None else _scheduled_time(scheduled),
         wire=payload,
+        sections=WireSections(body_offset, application_span) if len(bodies) == 1 else None,
         **texts,
     )
+
+
+def read_application_properties(wire: bytes, start: int, end: int) -> dict[str, Any]:
+    """The application properties whose map :func:`_decode_fast` read at ``wire[start:end]`` when the message
+    arrived (``WireSections``), read again the same way: what a stored message's record gives when asked for them
+    (its store kept the wire, not a copy of the properties)."""
+    found, stop = _application_properties(wire, start)
+    if stop != end:
+        raise ValueError(f"the application properties end at {stop}, not at {end} as recorded")
+    return found
+
+
+set_wire_reader(read_application_properties)
 
 
 def decode_message(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:

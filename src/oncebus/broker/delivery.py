@@ -352,8 +352,10 @@ class Delivery:
 
     async def _settle(self, ops: list[Op]) -> None:
         """Settlements are confirmed once committed, before their fsync (docs/store.md): a completed message
-        never comes back after a crash of the process, and may after a power failure (at least once)."""
-        await self._journal.write(ops, self._note_moves(ops), durable=False)
+        never comes back after a crash of the process, and may after a power failure (at least once). Those of
+        one loop iteration (completions, abandons, deferrals, dead-letter moves) are one unit: one record of the
+        settlement log, or one transaction (``Journal.settle``)."""
+        await self._journal.settle_and_wait(ops, self._note_moves(ops))
 
     def _drop_session_token(self, receivable: Receivable, message: Entry) -> None:
         if message.session_id is not None and message.lock_token is not None:

@@ -164,6 +164,30 @@ class Journal:
             asyncio.get_running_loop().call_soon(self._flush_settlements)
         self._settling.append((ops, done))
 
+    async def settle_and_wait(self, ops: Sequence[Op], on_commit: Callable[[], None] | None = None) -> None:
+        """``settle`` awaited (an abandon, a deferral, a dead-letter move, a completion through the API): the
+        settlements of one loop iteration, of whatever kind, go to the store as one unit and each returns once
+        that unit is committed. ``on_commit`` runs on the loop once it is, even if the caller was cancelled
+        meanwhile. Inside a batch (``start_batch``) it is gathered into the batch's unit, as ``write`` is."""
+        if self._batch is not None:
+            await self.write(ops, on_commit, durable=False)
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if nobody waits
+
+        def settled(error: BaseException | None) -> None:
+            if error is None and on_commit is not None:
+                on_commit()
+            if done.done():
+                return
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
+
+        self.settle(ops, settled)
+        await asyncio.shield(done)
+
     def _flush_settlements(self) -> None:
         batch, self._settling = self._settling, []
         ops = [op for unit, _ in batch for op in unit]

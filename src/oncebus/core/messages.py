@@ -6,11 +6,11 @@ import dataclasses
 import enum
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, overload
 
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.keys import MessageId, id_type, service_bus_text
@@ -28,6 +28,176 @@ class MessageState(enum.IntEnum):
     DEFERRED = 1
     SCHEDULED = 2
     DEAD_LETTERED = 3  # in the entity's $DeadLetterQueue
+
+
+@dataclass(frozen=True, slots=True)
+class WireSections:
+    """Where the door that decoded a message found its sections in its ``wire`` bytes (offsets into them).
+
+    Set by the door's reader (the AMQP codec) as it reads the message once at arrival, checking each value as it
+    reads it (text fields and property values are what ``check_message`` accepts: ``check_message`` does not walk
+    them again); with it the store addresses the body inside the wire without searching for it, and keeps the
+    application properties where the wire holds them instead of writing them again (read back from the wire when
+    asked, see :class:`WireProperties`). Only a door's reader sets it."""
+
+    body_offset: int  # the body is wire[body_offset : body_offset + len(body)]
+    # the application properties' encoded value (after the section's descriptor): wire[start:end]; None: none sent
+    application_properties: tuple[int, int] | None = None
+
+
+# The door that owns the wire encoding reads a message's application properties from it (RabbitMQ's ``mc``
+# calls its protocol module the same way): ``reader(wire, start, end)`` -> the map, as the door decoded it at
+# arrival. core and the stores never read AMQP themselves; ``oncebus.amqp.codec`` registers its reader.
+WireReader = Callable[[bytes, int, int], dict[str, Any]]
+_wire_reader: list[WireReader] = []
+
+
+def set_wire_reader(reader: WireReader) -> None:
+    """Register the reader of application properties held in ``wire`` bytes (the AMQP codec does, on import)."""
+    _wire_reader[:] = [reader]
+
+
+def read_wire_properties(wire: bytes, start: int, end: int) -> dict[str, Any]:
+    """The application properties encoded at ``wire[start:end]`` (read by the registered door's reader)."""
+    if not _wire_reader:
+        raise RuntimeError(
+            "a stored message keeps its application properties in its AMQP encoding, and no reader of it is "
+            "registered: import oncebus.amqp (oncebus serve always does)"
+        )
+    return _wire_reader[0](wire, start, end)
+
+
+_UNREAD: Any = object()
+
+
+class WireProperties(dict[str, Any]):
+    """A stored message's application properties, read from its wire encoding the first time they are asked for
+    (a delivery over AMQP sends the wire as it is and never asks). Behaves as the ``dict`` it becomes."""
+
+    __slots__ = ("_span", "_wire")
+
+    def __init__(self, wire: bytes, span: tuple[int, int]) -> None:
+        # unread, it holds a placeholder: C code that looks at a dict's size before calling its methods (the json
+        # encoder writes "{}" for an empty one) must not take it for empty
+        super().__init__({_UNREAD: None})
+        self._wire: bytes | None = wire
+        self._span = span
+
+    @property
+    def read(self) -> bool:
+        """Whether the properties have been read from the wire yet."""
+        return self._wire is None
+
+    def _read(self) -> None:
+        wire = self._wire
+        if wire is not None:
+            read = read_wire_properties(wire, *self._span)
+            self._wire = None
+            dict.clear(self)
+            dict.update(self, read)
+
+    def __getitem__(self, key: str) -> Any:
+        self._read()
+        return dict.__getitem__(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._read()
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self._read()
+        dict.__delitem__(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        self._read()
+        return dict.__contains__(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        self._read()
+        return dict.__iter__(self)
+
+    def __reversed__(self) -> Iterator[str]:
+        self._read()
+        return dict.__reversed__(self)
+
+    def __len__(self) -> int:
+        self._read()
+        return dict.__len__(self)
+
+    def __eq__(self, other: object) -> bool:
+        self._read()
+        if isinstance(other, WireProperties):
+            other._read()
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        self._read()
+        return dict.__repr__(self)
+
+    def __or__(self, other: Any) -> dict[str, Any]:  # type: ignore[override]
+        self._read()
+        return dict(dict.items(self)) | other  # type: ignore[no-any-return]
+
+    def __ior__(self, other: Any) -> WireProperties:  # type: ignore[override]
+        self._read()
+        dict.update(self, other)
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:  # copied or pickled as the plain dict it is
+        self._read()
+        return (dict, (dict(dict.items(self)),))
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return self.__reduce__()
+
+    def copy(self) -> dict[str, Any]:
+        self._read()
+        return dict(dict.items(self))
+
+    def keys(self) -> Any:
+        self._read()
+        return dict.keys(self)
+
+    def values(self) -> Any:
+        self._read()
+        return dict.values(self)
+
+    def items(self) -> Any:
+        self._read()
+        return dict.items(self)
+
+    @overload
+    def get(self, key: str, default: None = None, /) -> Any: ...
+    @overload
+    def get(self, key: str, default: Any, /) -> Any: ...
+    def get(self, key: str, default: Any = None, /) -> Any:
+        self._read()
+        return dict.get(self, key, default)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self._read()
+        return dict.pop(self, key, *default)
+
+    def popitem(self) -> tuple[str, Any]:
+        self._read()
+        return dict.popitem(self)
+
+    def setdefault(self, key: str, default: Any = None, /) -> Any:
+        self._read()
+        return dict.setdefault(self, key, default)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._read()
+        dict.update(self, *args, **kwargs)
+
+    def clear(self) -> None:
+        self._wire = None
+        dict.clear(self)
 
 
 @dataclass
@@ -49,6 +219,8 @@ class Message:
     scheduled_enqueue_time_utc: datetime | None = None
     # the front end's own encoding of the whole message (AMQP bare message), kept verbatim
     wire: bytes | None = None
+    # where the door found the body and properties in ``wire`` (an address, not content: not compared or shown)
+    sections: WireSections | None = field(default=None, compare=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -75,6 +247,8 @@ def check_message(message: Message) -> None:
     """
     if not isinstance(message.body, bytes | bytearray | memoryview):
         raise InvalidArgumentError(f"body must be bytes, not {type(message.body).__name__}")
+    if message.sections is not None and message.wire is not None:
+        return  # a door's reader made it from its wire, checking each value as it read it (``WireSections``)
     for name in _ALL_TEXT_FIELDS:
         value = getattr(message, name)
         if value is None:
@@ -112,6 +286,8 @@ _STORED_META = (
     "time_to_live_us",
     "scheduled_enqueue_time_us",
 )
+_META_TEXTS = tuple(name for name in TEXT_FIELDS if name != "session_id")
+_META_TIMES = ("time_to_live_us", "scheduled_enqueue_time_us")
 _dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
 _quote = json.encoder.encode_basestring_ascii
 
@@ -147,6 +323,8 @@ class StoredMessage:
     # taken from this record too): the door that delivers it encodes them again, the broker never does
     rewritten: frozenset[str] = frozenset()
     hops: int = 0  # how many times auto-forwarding transferred it (Service Bus allows 4)
+    # where the body and the application properties are in ``wire`` (an address, not content: not compared or shown)
+    sections: WireSections | None = field(default=None, compare=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -157,32 +335,50 @@ class StoredMessage:
 
     def meta_json(self) -> str:
         """The fields a store keeps as one JSON text (not those it keeps in columns: the times, state,
-        delivery count, session id and dead-letter fields)."""
+        delivery count, session id and dead-letter fields). Application properties the wire holds (``sections``,
+        not rewritten since) are not written again: their place in the wire is (``"ap": [start, end]``), and
+        ``from_row`` reads them back from there when asked (:class:`WireProperties`)."""
+        sections = self.sections
+        span = None
+        in_wire = sections is not None and self.wire is not None and "application_properties" not in self.rewritten
+        if in_wire and sections is not None:
+            span = sections.application_properties
+            # properties given beside a wire that holds none (changed in place, not marked rewritten): kept as JSON
+            in_wire = span is not None or not self.application_properties
         message_id = self.message_id
         if (
             type(message_id) is str
-            and not self.application_properties
-            and self.time_to_live_us is None
-            and self.scheduled_enqueue_time_us is None
-            and self.partition_key is None
-            and self.correlation_id is None
-            and self.subject is None
-            and self.content_type is None
-            and self.reply_to is None
-            and self.reply_to_session_id is None
-            and self.to is None
             and not self.rewritten
             and not self.hops
-        ):  # the usual message: its id alone, without a JSON encoder
-            return '{"message_id":' + _quote(message_id) + "}"
+            and (in_wire or not self.application_properties)
+        ):
+            # the usual message: text fields and times, its properties in the wire: without a JSON encoder
+            parts = ['{"message_id":', _quote(message_id)]
+            for name in _META_TEXTS:
+                value = getattr(self, name)
+                if value is None:
+                    continue
+                if type(value) is not str:
+                    break
+                parts += (',"', name, '":', _quote(value))
+            else:
+                for name in _META_TIMES:
+                    value = getattr(self, name)
+                    if value is not None:
+                        parts += (',"', name, '":', str(int(value)))
+                if span is not None:
+                    parts.append(f',"ap":[{span[0]},{span[1]}]')
+                parts.append("}")
+                return "".join(parts)
         meta = {name: value for name in _STORED_META if (value := getattr(self, name)) is not None}
-        if not self.application_properties:
+        if not self.application_properties or in_wire:
             meta.pop("application_properties", None)
+        if span is not None:
+            meta["ap"] = list(span)
         if self.rewritten:
             meta["rewritten"] = sorted(self.rewritten)
         if self.hops:
             meta["hops"] = self.hops
-        message_id = self.message_id
         if isinstance(message_id, str):
             meta["message_id"] = message_id
         else:  # typed: kept with its type, returned with it
@@ -208,8 +404,18 @@ class StoredMessage:
         dead_letter_reason: str | None = None,
         dead_letter_error_description: str | None = None,
         dead_letter_source: str | None = None,
+        body_offset: int | None = None,
     ) -> StoredMessage:
+        """A stored message from a store's row (``meta``: what ``meta_json`` wrote; ``body_offset``: where the body
+        is in ``wire``, None if it is not a slice of it)."""
         values = json.loads(meta)
+        span = values.pop("ap", None)
+        if wire is not None:
+            wire = bytes(wire)
+            if span is not None:
+                values["application_properties"] = WireProperties(wire, (span[0], span[1]))
+            if body_offset is not None:
+                values["sections"] = WireSections(body_offset, None if span is None else (span[0], span[1]))
         if "rewritten" in values:
             values["rewritten"] = frozenset(values["rewritten"])
         kind = values.pop("message_id_type", None)
@@ -231,7 +437,7 @@ class StoredMessage:
             enqueued_time_us=enqueued_time_us,
             expires_at_us=expires_at_us,
             body=bytes(body),
-            wire=bytes(wire) if wire is not None else None,
+            wire=wire,
             **values,
         )
 

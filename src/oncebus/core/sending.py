@@ -128,6 +128,7 @@ def stored_message(
         time_to_live_us=ttl_us,
         scheduled_enqueue_time_us=scheduled_us,
         wire=message.wire,
+        sections=message.sections,
     )
 
 

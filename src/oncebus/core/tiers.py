@@ -201,7 +201,13 @@ class TierQuotas:
         return self.message_limit_kb(props) * 1024
 
     def check_header(self, where: str, header_bytes: int, properties: Mapping[str, Any]) -> None:
-        """A message's properties (system and user): each at most 32 KB, all together at most 64 KB."""
+        """A message's properties (system and user): each at most 32 KB, all together at most 64 KB.
+
+        ``header_bytes`` (the message's size less its body) holds every property's encoding, and no property counts
+        more than twice its encoding and 8 bytes (a binary value is held as hex text, a number counts 8): a header
+        that small cannot hold one over the limit, so the properties are not walked (the usual message)."""
+        if 2 * header_bytes + 8 <= self.max_property_bytes:
+            return
         for key, value in properties.items():
             size = _value_bytes(key) + _value_bytes(value)
             if size > self.max_property_bytes:

@@ -20,6 +20,10 @@ Schema versions (table ``oncebus_schema``, one row):
   leadership, keyed by the server process of the session that holds the node lock; standbys find the leader by
   joining it with ``pg_locks`` (see ``LEADER``), so a row left by a node that died is never taken for the leader's.
   A version 2 database gets the table, empty.
+- 4: the message record (see ``StoredMessage.meta_json``): a message whose wire encoding holds its application
+  properties no longer writes them again in ``meta``; ``meta`` says where they are in ``wire`` (``"ap": [start,
+  end]``) and they are read from there when asked. A version 3 database's rows are read as they are (their
+  ``meta`` holds the properties); the version says an earlier release, which would not read them, must not open it.
 
 ``MIGRATIONS[n]`` brings version ``n`` to ``n + 1``; a database at an older version is migrated in one
 transaction at start (PostgreSQL's DDL is transactional: all of it or none), a newer one is refused.
@@ -38,7 +42,7 @@ from typing import Any
 from psycopg import ClientCursor, Connection
 from psycopg.types.json import Jsonb
 
-from oncebus.core.messages import StoredMessage
+from oncebus.core.messages import StoredMessage, read_wire_properties
 from oncebus.store.base import (
     AddCounters,
     DeleteEntity,
@@ -56,7 +60,7 @@ from oncebus.store.base import (
 )
 from oncebus.store.sqlite_layout import message_rows
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 VERSION_TABLE = "oncebus_schema"
 TABLES = (
     "oncebus_entity",
@@ -147,6 +151,7 @@ INSERT INTO {VERSION_TABLE} (version) VALUES ({SCHEMA_VERSION});
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE oncebus_session_state ADD COLUMN updated_us bigint",),
     2: (NODE_TABLE,),
+    3: (),  # the rows stay as they are: a version 3 message's meta holds its application properties
 }
 # the leader of this schema's cluster: the node row of the session holding the node lock (none: no leader now)
 LEADER = (
@@ -257,9 +262,11 @@ def read_content(db: Connection[Any], path: str, sequence_numbers: Sequence[int]
         for row in db.execute(_SELECT_CONTENT, (path, chunk)):
             seq, state, count, enq, exp, session, reason, description, source, meta, body, off, length, wire = row
             wire = None if wire is None else bytes(wire)
+            body_offset = None
             if body is None:
                 assert wire is not None
                 body = wire[off : off + length]
+                body_offset = off
             found[seq] = StoredMessage.from_row(
                 path=path,
                 sequence_number=seq,
@@ -274,6 +281,7 @@ def read_content(db: Connection[Any], path: str, sequence_numbers: Sequence[int]
                 dead_letter_reason=decode(reason),
                 dead_letter_error_description=decode(description),
                 dead_letter_source=decode(source),
+                body_offset=body_offset,
             )
     return found
 
@@ -478,12 +486,16 @@ class OpWriter:
 def _patch_properties(db: Connection[Any], path: str, seq: int, changes: dict[str, Any]) -> None:
     """Merge ``changes`` into a stored message's application properties (abandon with modifications)."""
     row = db.execute(
-        "SELECT meta FROM oncebus_message WHERE path = %s AND sequence_number = %s", (path, seq)
+        "SELECT meta, wire FROM oncebus_message WHERE path = %s AND sequence_number = %s", (path, seq)
     ).fetchone()
     if row is None:
         return
     meta = json.loads(row[0])
-    properties = dict(meta.get("application_properties") or {})
+    span = meta.pop("ap", None)  # version 4: held in the wire, not in the meta
+    if span is not None and row[1] is not None:
+        properties = read_wire_properties(bytes(row[1]), span[0], span[1])
+    else:
+        properties = dict(meta.get("application_properties") or {})
     properties.update(changes)
     meta["application_properties"] = properties
     # the sender's encoding no longer holds them: a receiver gets it encoded again (StoredMessage.rewritten)

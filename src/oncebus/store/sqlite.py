@@ -394,6 +394,7 @@ class SqliteStore(GroupCommitWriter):
                 self._log_number = number
                 self._logged.append((number, list(unit)))
                 self.logged_settlements += 1
+                self.commits += 1  # the record is the unit's commit (what ``commit_observer`` is told of)
                 if self._unsynced_since is None:  # the writer applies it within SETTLEMENT_SYNC_SECONDS
                     self._unsynced_since = time.monotonic()
             else:

@@ -27,7 +27,13 @@ Schema versions (``PRAGMA user_version``):
   ``data[body_offset : body_offset + body_length]``). Deleting a message row releases its content (trigger);
   the last reference deletes it. Schema 5's rows move over one content row per message;
 - 7: ``session_state.updated_us``: when the state was set (what ``get-message-sessions`` with a last-updated time
-  compares). An older file's states get NULL: not known, they count as set at the start that reads them.
+  compares). An older file's states get NULL: not known, they count as set at the start that reads them;
+- 8: table ``settlement_log``: the settlement log's mark (``store/settlement_log.py``);
+- 9: the message record: a message whose wire encoding holds its application properties (the door's reader said
+  where: ``StoredMessage.sections``) does not write them again in ``meta``, which says where they are in the wire
+  (``"ap": [start, end]``, offsets into ``data[:wire_length]``); they are read from there when asked
+  (``core.messages.WireProperties``), and the body's offset is the door's, not searched for. Schema 8's rows are
+  read as they are (their ``meta`` holds the properties): the migration only sets the version.
 
 An older file is migrated in place in one transaction (all or nothing); a newer one is refused.
 """
@@ -41,10 +47,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from oncebus.core.keys import migrate_key_text_v0
-from oncebus.core.messages import StoredMessage
+from oncebus.core.messages import StoredMessage, read_wire_properties
 from oncebus.core.rules import default_rule
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entity (
@@ -200,6 +206,9 @@ def content_of(m: StoredMessage) -> tuple[bytes, int | None, int, int]:
     if wire is None:
         return body, None, 0, len(body)
     length = len(body)
+    sections = m.sections
+    if sections is not None:  # the door's reader found it there: no search
+        return wire, len(wire), sections.body_offset, length
     if wire.endswith(body):  # a single data section last: the usual encoding, and a memcmp
         return wire, len(wire), len(wire) - length, length
     found = wire.find(body) if body else 0
@@ -271,7 +280,9 @@ def message_rows(m: StoredMessage, data_id: int) -> tuple[tuple[object, ...], tu
     if wire is not None:
         assert body is not None
         length = len(body)
-        if wire.endswith(body):  # a single data section last: the usual encoding, and a memcmp
+        if m.sections is not None:  # the door's reader found it there: no search
+            offset, body = m.sections.body_offset, None
+        elif wire.endswith(body):  # a single data section last: the usual encoding, and a memcmp
             offset, body = len(wire) - length, None
         else:
             found = wire.find(body) if body else 0
@@ -327,17 +338,26 @@ def read_content(db: sqlite3.Connection, path: str, sequence_numbers: Sequence[i
                 dead_letter_reason=reason,
                 dead_letter_error_description=description,
                 dead_letter_source=source,
+                body_offset=off if wire_length is not None and off + length <= wire_length else None,
             )
     return found
 
 
 def patch_properties(db: sqlite3.Connection, path: str, seq: int, changes: dict[str, Any]) -> None:
     """Merge ``changes`` into a stored message's application properties (abandon with modifications)."""
-    row = db.execute("SELECT meta FROM message WHERE path = ? AND sequence_number = ?", (path, seq)).fetchone()
+    row = db.execute(
+        "SELECT m.meta, c.data FROM message AS m JOIN content AS c ON c.id = m.content_id"
+        " WHERE m.path = ? AND m.sequence_number = ?",
+        (path, seq),
+    ).fetchone()
     if row is None:
         return
     meta = json.loads(row[0])
-    properties = dict(meta.get("application_properties") or {})
+    span = meta.pop("ap", None)  # schema 9: held in the wire (the data's first bytes), not in the meta
+    if span is not None:
+        properties = read_wire_properties(bytes(row[1]), span[0], span[1])
+    else:
+        properties = dict(meta.get("application_properties") or {})
     properties.update(changes)
     meta["application_properties"] = properties
     # the sender's encoding no longer holds them: a receiver gets it encoded again (StoredMessage.rewritten)
@@ -369,6 +389,8 @@ def migrate(db: sqlite3.Connection, version: int, images: str = "oncebus.db.dedu
         _session_times_v6_to_v7(db)
     if version < 8:
         _settlement_log_v7_to_v8(db)
+    # 8 -> 9: nothing to rewrite (a schema 8 row's meta holds its application properties, which schema 9 reads as
+    # it did); the version keeps an earlier release, which would not find them in the wire, from opening the file
 
 
 def _keys_v0_to_v1(db: sqlite3.Connection) -> None:

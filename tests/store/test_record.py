@@ -1,0 +1,213 @@
+"""Schema 9, the message record: what the wire holds is not written again. A message the AMQP codec decoded keeps
+its application properties in its wire bytes (``StoredMessage.sections`` says where), read back from there when
+asked; its body's offset is the codec's. A schema 8 file (which wrote the properties again as JSON) is read as it
+was."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pickle
+import sqlite3
+from pathlib import Path
+
+import proton
+import pytest
+
+from oncebus.amqp.codec import decode_message
+from oncebus.broker import ManualClock, Namespace
+from oncebus.core.entities import QueueProperties
+from oncebus.core.errors import StoreError
+from oncebus.core.messages import Message, StoredMessage, WireProperties, WireSections
+from oncebus.core.sending import stored_message
+from oncebus.store.base import PutMessage, UpdateMessage
+from oncebus.store.memory import MemoryStore
+from oncebus.store.sqlite import SCHEMA_VERSION, SqliteStore
+
+T0 = 1_700_000_000_000_000
+PROPERTIES = {"kind": "order", "count": 7, "urgent": True, "weight": 2.5}
+FIXTURE_8 = Path(__file__).parent / "fixtures" / "schema8.db"
+
+
+def _wire(n: int, properties: dict[str, object] | None = None, body: bytes | None = None) -> bytes:
+    """The realistic message (``properties={}``: without an application-properties section)."""
+    message = proton.Message(
+        id=f"m-{n}",
+        subject="orders",
+        content_type="application/json",
+        correlation_id=f"c-{n}",
+        properties=dict(PROPERTIES, n=n) if properties is None else (properties or None),
+        body=f"body {n}".encode() if body is None else body,
+    )
+    message.inferred = True  # a data section, as the SDK sends bytes
+    return bytes(message.encode())
+
+
+def _record(n: int, **kwargs: object) -> StoredMessage:
+    props = QueueProperties.create("q")
+    return stored_message(props, decode_message(_wire(n, **kwargs)), f"m-{n}", n, T0 + n, None)  # type: ignore[arg-type]
+
+
+def _meta(store: SqliteStore, seq: int) -> dict[str, object]:
+    row = store._db.execute("SELECT meta FROM message WHERE path = 'q' AND sequence_number = ?", (seq,)).fetchone()
+    return json.loads(row[0])  # type: ignore[no-any-return]
+
+
+def test_the_codec_says_where_the_body_and_the_properties_are_in_the_wire() -> None:
+    wire = _wire(1)
+    message = decode_message(wire)
+    assert message.sections is not None
+    offset = message.sections.body_offset
+    assert wire[offset : offset + len(message.body)] == message.body == b"body 1"
+    start, end = message.sections.application_properties or (0, 0)
+    assert WireProperties(wire, (start, end)) == dict(PROPERTIES, n=1) == message.application_properties
+    without = decode_message(_wire(2, properties={}))
+    assert without.sections is not None and without.sections.application_properties is None
+
+
+def test_a_record_does_not_write_the_properties_its_wire_holds_and_reads_them_back_when_asked(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "oncebus.db")
+    store.load()
+    records = [_record(1), _record(2, properties={})]
+    store.submit([PutMessage(m) for m in records]).result()
+    meta = _meta(store, 1)
+    sections = records[0].sections
+    assert sections is not None and sections.application_properties is not None
+    assert "application_properties" not in meta and meta["ap"] == list(sections.application_properties)
+    assert (meta["subject"], meta["content_type"], meta["correlation_id"]) == ("orders", "application/json", "c-1")
+    assert "ap" not in _meta(store, 2) and "application_properties" not in _meta(store, 2)
+    # the body is addressed where the codec found it
+    row = store._db.execute("SELECT body_offset, body_length FROM message WHERE sequence_number = 1").fetchone()
+    assert row == (sections.body_offset, len(b"body 1"))
+    read = store.read_messages("q", [1, 2])
+    props = read[1].application_properties
+    assert isinstance(props, WireProperties) and not props.read  # nothing read until asked
+    assert read[1].body == b"body 1" and read[1].wire == records[0].wire
+    assert dict(props) == dict(PROPERTIES, n=1) and props.read
+    assert read[2].application_properties == {}
+    assert read[1].subject == "orders" and read[1].correlation_id == "c-1"
+    store.close()
+
+
+def test_wire_properties_behave_as_the_dict_they_become() -> None:
+    wire = _wire(1)
+    message = decode_message(wire)
+    span = message.sections.application_properties  # type: ignore[union-attr]
+    assert span is not None
+    expected = dict(PROPERTIES, n=1)
+
+    def fresh() -> WireProperties:
+        return WireProperties(wire, span)
+
+    assert fresh() == expected and expected == fresh() and fresh() == fresh()
+    assert len(fresh()) == 5 and bool(fresh()) and "kind" in fresh() and fresh()["count"] == 7
+    assert fresh().get("missing", 1) == 1 and list(fresh()) == list(expected) and dict(**fresh()) == expected
+    assert {**fresh()} == expected and fresh().copy() == expected and fresh() | {"x": 1} == {**expected, "x": 1}
+    assert json.loads(json.dumps(fresh())) == expected and repr(fresh()) == repr(expected)
+    assert json.loads(json.dumps({"p": fresh()})) == {"p": expected}
+    assert pickle.loads(pickle.dumps(fresh())) == expected
+    changed = fresh()
+    changed["kind"] = "refund"
+    changed.update(extra=1)
+    assert changed == {**expected, "kind": "refund", "extra": 1}
+    assert not WireProperties(wire, span) != expected
+
+
+def test_abandon_with_modified_properties_merges_them_into_those_of_the_wire(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    store = SqliteStore(path)
+    store.load()
+    store.submit([PutMessage(_record(1))]).result()
+    store.submit([UpdateMessage("q", 1, 0, 1, {"kind": "retried", "attempt": 2})]).result()
+    meta = _meta(store, 1)
+    assert "ap" not in meta and meta["rewritten"] == ["application_properties"]
+    read = store.read_messages("q", [1])[1]
+    assert read.application_properties == {**PROPERTIES, "n": 1, "kind": "retried", "attempt": 2}
+    assert read.rewritten == frozenset({"application_properties"})
+    store.close()
+
+
+def test_through_the_broker_a_restart_reads_the_properties_from_the_wire(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+
+    async def go() -> None:
+        clock = ManualClock(T0)
+        store = SqliteStore(path)
+        ns = await Namespace.open(store, clock)
+        await ns.create_queue("q")
+        await ns.send("q", [decode_message(_wire(1)), Message(b"http", "m-h", application_properties={"k": "v"})])
+        await ns.close()
+        store.close()
+        again = SqliteStore(path)
+        ns = await Namespace.open(again, clock)
+        received = await ns.receive("q", 10)
+        assert [m.body for m in received] == [b"body 1", b"http"]
+        peeked = ns.peek_messages("q", 10)
+        assert [dict(m.application_properties) for m in peeked] == [dict(PROPERTIES, n=1), {"k": "v"}]
+        assert [m.to_dict()["application_properties"] for m in peeked] == [dict(PROPERTIES, n=1), {"k": "v"}]
+        assert [m.subject for m in peeked] == ["orders", None]
+        await ns.close()
+        again.close()
+
+    asyncio.run(go())
+
+
+def test_the_memory_store_keeps_the_record_as_it_is() -> None:
+    store = MemoryStore()
+    store.load()
+    store.submit([PutMessage(_record(1))]).result()
+    assert store.read_messages("q", [1])[1].application_properties == dict(PROPERTIES, n=1)
+
+
+def test_a_record_without_sections_writes_its_properties_as_before(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "oncebus.db")
+    store.load()
+    fake = StoredMessage("q", 1, "m-1", b"x", T0, None, wire=b"w" * 10, application_properties={"k": 1})
+    told = StoredMessage(
+        "q", 2, "m-2", b"x", T0, None, wire=b"x" * 10, application_properties={"k": 2}, sections=WireSections(9)
+    )  # sections without properties beside properties: kept as JSON, not lost
+    store.submit([PutMessage(fake), PutMessage(told)]).result()
+    assert _meta(store, 1)["application_properties"] == {"k": 1}
+    assert _meta(store, 2)["application_properties"] == {"k": 2}
+    read = store.read_messages("q", [1, 2])
+    assert read[1].application_properties == {"k": 1} and read[2].application_properties == {"k": 2}
+    assert read[2].body == b"x"
+    store.close()
+
+
+def test_a_schema_8_file_is_migrated_and_reads_every_message_as_written(tmp_path: Path) -> None:
+    path = tmp_path / "oncebus.db"
+    path.write_bytes(FIXTURE_8.read_bytes())
+    store = SqliteStore(path)
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+    snapshot = store.load()
+    assert [(r[0], r[1]) for r in snapshot.messages] == [("q", 1), ("q", 2), ("q", 3)]
+    read = store.read_messages("q", [1, 2, 3])
+    assert [dict(read[n].application_properties) for n in (1, 2)] == [dict(PROPERTIES, n=n) for n in (1, 2)]
+    assert read[3].application_properties == {"k": "v"} and read[3].time_to_live_us == 3_600_000_000
+    assert [read[n].body for n in (1, 2, 3)] == [b"body 1", b"body 2", b"no wire"]
+    assert read[1].subject == "orders" and read[1].correlation_id == "c-1"
+    # a schema 8 message abandoned with modifications, and a new one beside it
+    store.submit([UpdateMessage("q", 2, 0, 1, {"kind": "retried"})]).result()
+    store.submit([PutMessage(_record(4))]).result()
+    assert "ap" in _meta(store, 4) and "application_properties" in _meta(store, 1)
+    store.close()
+    again = SqliteStore(path)
+    again.load()
+    read = again.read_messages("q", [1, 2, 4])
+    assert read[2].application_properties == {**PROPERTIES, "n": 2, "kind": "retried"}
+    assert read[4].application_properties == dict(PROPERTIES, n=4)
+    again.close()
+
+
+def test_a_schema_9_file_is_refused_by_the_schema_8_release_check(tmp_path: Path) -> None:
+    """The version is what keeps an earlier release (which would not find the properties in the wire) away."""
+    path = tmp_path / "oncebus.db"
+    store = SqliteStore(path)
+    store.close()
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match=f"store schema {SCHEMA_VERSION + 1}; this version reads up to 9"):
+        SqliteStore(path)

@@ -9,15 +9,10 @@ respected, and events put once as proton's collector puts them.
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import proton
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
 from azure.servicebus._pyamqp._decode import decode_frame
 from azure.servicebus._pyamqp.outcomes import Accepted
 from azure.servicebus._pyamqp.performatives import (
@@ -31,7 +26,6 @@ from azure.servicebus._pyamqp.performatives import (
 )
 
 from oncebus.amqp import engine
-from tests.amqp.conftest import ServerProcess, topology
 from tests.amqp.raw import (
     AMQP_HEADER,
     ATTACH,
@@ -348,42 +342,6 @@ def test_a_second_attach_on_a_handle_in_use_closes_the_connection() -> None:
     out = h.feed(attach_frame("b", 5, "q", sender=True))
     (close,) = [f for f in out if f[1] == CLOSE]
     assert close[2][0][0] == b"amqp:session:handle-in-use"
-
-
-# --- the way back: proton's engine, and a wrong choice ---------------------------------------------------------
-def test_serve_with_protons_engine_still_sends_receives_and_completes(tmp_path: Path) -> None:
-    """``ONCEBUS_AMQP_ENGINE=proton`` is kept for one release as a way back: the SDK's round trip works on it."""
-    server = ServerProcess(
-        tmp_path / "data",
-        topology({"q": {"RequiresDuplicateDetection": True}}, {}),
-        env={"ONCEBUS_AMQP_ENGINE": "proton"},
-    ).start()
-    try:
-        assert any("proton's engine" in line for line in server.output)
-        with ServiceBusClient.from_connection_string(server.connection_string) as client:
-            with client.get_queue_sender("q") as sender:
-                sender.send_messages([ServiceBusMessage(b"x", message_id="a"), ServiceBusMessage(b"x", message_id="a")])
-            with client.get_queue_receiver("q", max_wait_time=2) as receiver:
-                got = receiver.receive_messages(5, max_wait_time=2)
-                assert [m.message_id for m in got] == ["a"]  # the resend was dropped
-                receiver.complete_message(got[0])
-                assert receiver.receive_messages(5, max_wait_time=1) == []
-    finally:
-        server.stop()
-
-
-def test_a_wrong_engine_choice_stops_serve_with_one_line_naming_the_choices(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-c", "import sys; from oncebus.cli import main; sys.exit(main())"]
-    result = subprocess.run(
-        [*cmd, "--data-dir", str(tmp_path / "data"), "serve", "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=dict(os.environ, ONCEBUS_AMQP_ENGINE="protn"),
-    )
-    assert result.returncode != 0
-    assert "ONCEBUS_AMQP_ENGINE='protn'" in result.stderr + result.stdout
-    assert "'oncebus' (default) or 'proton'" in result.stderr + result.stdout
 
 
 def test_a_delivery_id_the_client_repeats_is_answered_under_that_id_each_time() -> None:

@@ -121,7 +121,7 @@ def _serve(conn: engine.Connection, collector: engine.Collector, sent: list[engi
 )
 @given(_frames, st.integers(1, 64))
 def test_the_engine_takes_any_frames_the_scanner_lets_through(frames: list[bytes], chunk: int) -> None:
-    scanner = FrameScanner(renumber=False)  # as the connection runs it with this engine
+    scanner = FrameScanner()
     conn = engine.Connection()
     collector = engine.Collector()
     conn.collect(collector)

@@ -24,7 +24,10 @@ fields by position), and it writes nothing proton would not.
 from __future__ import annotations
 
 import collections
+import itertools
 import struct
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import proton
@@ -124,6 +127,7 @@ def _accepted_size(body: memoryview | bytes, pos: int) -> int:
 
 
 _RELEASED_STATE = b"\x00\x53\x26\x45"
+_session_keys = itertools.count(1)
 _EMPTY_MAP = b"\xc1\x01\x00"
 
 Condition = proton.Condition
@@ -299,6 +303,17 @@ class Disposition:
 
 
 # ------------------------------------------------------------------------------------- endpoints
+@dataclass(slots=True)
+class DeliveryNotes:
+    """What oncebus's link handlers keep about one delivery while they work on it."""
+
+    done: bool = False  # its outcome was given (nothing more is said about it)
+    refused: bool = False  # refused while still arriving (its bytes were dropped)
+    settling: bool = False  # the client's settlement is being applied
+    txn_id: bytes | None = None  # the transaction that holds it (a transactional-state on its transfer)
+    lock_token: uuid.UUID | None = None  # the lock of the message it carries (oncebus sends it)
+
+
 class Delivery:
     """One delivery on one link, incoming (the client's transfer) or outgoing (ours)."""
 
@@ -319,6 +334,10 @@ class Delivery:
         self.chunks: list[bytes] = []
         self.pending = 0  # payload bytes not read yet (incoming) / to write (outgoing)
         self.said: tuple[int, bool] | None = None  # the (state, settled) our last disposition said
+        self.message_format = 0  # an incoming delivery's, from its first transfer frame
+        self.size = 0  # payload bytes that arrived (those dropped past the link's limit counted)
+        self.oversized = False  # passed its link's max-message-size: the rest of its payload was dropped
+        self.notes = DeliveryNotes()  # what oncebus's link handler noted about it
 
     @property
     def tag(self) -> bytes:
@@ -388,7 +407,7 @@ class Link(Endpoint):
         self.available = 0  # transfers the client's credit allows now (credit counts advanced ones instead)
         self.dirty = False
         self.handle_raw = b""
-        self.oncebus_handler: Any = None
+        self.token_covered = False  # a CBS token covered its path once (a forced detach says it expired)
 
     # --- both roles
     def open(self) -> None:
@@ -494,6 +513,7 @@ class Session(Endpoint):
         self.handles: set[int] = set()  # ours in use
         self.outgoing: dict[int, Delivery] = {}  # our unsettled deliveries by delivery id
         self.incoming: dict[int, Delivery] = {}  # the client's unsettled deliveries by delivery id
+        self.key = next(_session_keys)  # unique in the process (response links are found by it)
 
     def open(self) -> None:
         if self.local != LOCAL_UNINIT:

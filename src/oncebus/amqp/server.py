@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from oncebus.amqp.connection import CONNECTION_FORCED, AmqpConnection, use_own_engine
+from oncebus.amqp.connection import CONNECTION_FORCED, AmqpConnection
 from oncebus.amqp.frames import RESOURCE_LIMIT
 from oncebus.amqp.limits import AmqpLimits, OldestFirst
 from oncebus.amqp.routing import Router
@@ -20,8 +20,7 @@ from oncebus.amqp.websocket import AmqpOverWebSocket
 from oncebus.core.errors import EntityNotFoundError
 
 if TYPE_CHECKING:
-    import proton
-
+    from oncebus.amqp import engine
     from oncebus.broker import Namespace
 
 _LOG = logging.getLogger(__name__)
@@ -47,10 +46,6 @@ class AmqpServer:
         self.keys = KeyRing.of(keys)  # name -> key, with each key's rights
         self.wall_time = wall_time
         self.limits = limits if limits is not None else AmqpLimits.from_env()
-        # the AMQP engine: oncebus's own unless ONCEBUS_AMQP_ENGINE=proton (a wrong value stops the server here)
-        self.own_engine = use_own_engine()
-        if not self.own_engine:
-            _LOG.warning("ONCEBUS_AMQP_ENGINE=proton: serving AMQP with proton's engine (slower; kept as a way back)")
         self.router = Router(self)
         self.connections: set[AmqpConnection] = set()
         self.authenticated: set[AmqpConnection] = set()  # holding an accepted token: what max_connections bounds
@@ -146,7 +141,7 @@ class AmqpServer:
         self.authenticated.discard(conn)
         self.unauthenticated.remove(conn)
 
-    def attach(self, conn: AmqpConnection, link: proton.Link) -> None:
+    def attach(self, conn: AmqpConnection, link: engine.Link) -> None:
         self.router.attach(conn, link)
 
     async def _check_tokens(self) -> None:

@@ -80,7 +80,7 @@ class Harness:
         self.client_max_frame = max_frame_size
 
     def feed(self, data: bytes) -> list[tuple[int, int, list[Any], bytes]]:
-        self.conn.push(data)
+        self.conn.receive_data(data)
         self.dispatch()
         return frames(self.conn.take_output())
 
@@ -151,14 +151,14 @@ def test_proton_numbers() -> None:
 
 def test_sasl_anonymous_then_amqp() -> None:
     conn = engine.Connection()
-    conn.push(SASL_HEADER)
+    conn.receive_data(SASL_HEADER)
     out = conn.take_output()
     assert out.startswith(SASL_HEADER) and b"ANONYMOUS" in out
     init = frame(SASLInit(b"ANONYMOUS", None, None), frame_type=b"\x01")
-    conn.push(init)
+    conn.receive_data(init)
     outcome = conn.take_output()
     assert outcome[8:11] == b"\x00\x53\x44" and outcome.endswith(b"\x50\x00")  # code ok
-    conn.push(AMQP_HEADER)
+    conn.receive_data(AMQP_HEADER)
     assert conn.take_output() == AMQP_HEADER
 
 
@@ -319,7 +319,7 @@ def test_an_empty_frame_keeps_the_clients_idle_timeout() -> None:
     conn = engine.Connection()
     conn.collect(engine.Collector())
     opened = OpenFrame("c", None, 65536, 255, 4000, None, None, None, None, None)  # idle-time-out 4 s
-    conn.push(AMQP_HEADER + frame(opened))
+    conn.receive_data(AMQP_HEADER + frame(opened))
     conn.open()
     conn.take_output()
     conn.last_output = 100.0  # the connection notes when it last wrote

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oncebus.amqp import engine
-from oncebus.amqp.frames import FrameError, FrameScanner
+from oncebus.amqp.encoding import Reader
+from oncebus.amqp.frames import FrameError, disposition_fields
 from tests.amqp.raw import AMQP_HEADER, SASL_HEADER, attach_frame, flow_frame, frame, open_frame, transfer_frame
 from tests.fuzz.mutations import amqp_values, encode_value, performative
 
@@ -121,8 +122,8 @@ def _serve(conn: engine.Connection, collector: engine.Collector, sent: list[engi
 )
 @given(_frames, st.integers(1, 64))
 def test_the_engine_takes_any_frames_the_scanner_lets_through(frames: list[bytes], chunk: int) -> None:
-    scanner = FrameScanner()
     conn = engine.Connection()
+    scanner = conn.scanner
     collector = engine.Collector()
     conn.collect(collector)
     sent: list[engine.Delivery] = []
@@ -133,7 +134,7 @@ def test_the_engine_takes_any_frames_the_scanner_lets_through(frames: list[bytes
             passed = scanner.feed(data[start : start + chunk * 16])
         except FrameError:
             return  # the scanner refused it: the connection closes with its condition
-        conn.push(passed)
+        conn.receive(passed)
         _serve(conn, collector, sent)
         out: Any = conn.take_output()
         _whole_frames(out)
@@ -180,13 +181,13 @@ def _disposition(fields: list[bytes], short: bool) -> bytes:
 def test_the_disposition_fast_path_reads_what_the_general_decoder_reads(
     fields: list[bytes], short: bool, tail: bytes
 ) -> None:
-    """``engine.disposition_fields`` (the SDKs' usual completions) answers None or exactly what the general
+    """``disposition_fields`` (the SDKs' usual completions) answers None or exactly what the general
     decoder gives for the same bytes; garbage after the list sends it to the general decoder."""
     body = _disposition(fields, short) + tail
-    fast = engine.disposition_fields(memoryview(body))  # never raises
+    fast = disposition_fields(memoryview(body))  # never raises
     if fast is None:
         return
-    reader = engine.Reader(memoryview(body))
+    reader = Reader(memoryview(body))
     reader.pos = 3
     general = reader.list_fields(6)
     assert fast == general
@@ -201,7 +202,7 @@ def test_the_python_sdks_completion_takes_the_fast_path() -> None:
     _, body = encode_frame(
         DispositionFrame(role=True, first=5, last=None, settled=True, state=Accepted(), batchable=None)
     )
-    fields = engine.disposition_fields(memoryview(bytes(body)))
+    fields = disposition_fields(memoryview(bytes(body)))
     assert fields is not None and fields[:4] == [True, 5, None, True]
     assert engine.Disposition().decode(fields[4]) == engine.ACCEPTED
 
@@ -210,10 +211,10 @@ def test_the_usual_completion_takes_the_fast_path() -> None:
     for short in (True, False):
         for state in _STATES[:2]:
             body = _disposition([b"\x41", b"\x52\x05", b"\x52\x05", b"\x41", state, b"\x42"], short)
-            fields = engine.disposition_fields(memoryview(body))
+            fields = disposition_fields(memoryview(body))
             assert fields is not None and fields[:4] == [True, 5, 5, True]
             assert engine.Disposition().decode(fields[4]) == engine.ACCEPTED
-        assert engine.disposition_fields(memoryview(_disposition([b"\x41", b"\x52\x05", _STATES[2]], short))) is None
+        assert disposition_fields(memoryview(_disposition([b"\x41", b"\x52\x05", _STATES[2]], short))) is None
 
 
 def test_a_disposition_cut_short_goes_to_the_general_decoder() -> None:
@@ -223,4 +224,4 @@ def test_a_disposition_cut_short_goes_to_the_general_decoder() -> None:
         b"\x00\x53\x15\xd0\x00\x00",
         b"\x00\x53\x15\xc0\x02\x01\x52",
     ):
-        assert engine.disposition_fields(memoryview(body)) is None
+        assert disposition_fields(memoryview(body)) is None

@@ -20,7 +20,7 @@ import proton
 
 from oncebus.amqp import engine
 from oncebus.amqp.errors import INTERNAL_ERROR, TRACKING_ID
-from oncebus.amqp.frames import RESOURCE_LIMIT, FrameError, FrameScanner, IncomingDelivery, NotAmqpError
+from oncebus.amqp.frames import RESOURCE_LIMIT, Frame, FrameError, NotAmqpError
 from oncebus.amqp.performatives import AMQP_HEADER, close_frame, open_frame
 from oncebus.amqp.sas import Grant
 from oncebus.auth import access_denied, ancestors, normalize_path
@@ -129,11 +129,11 @@ class AmqpConnection(asyncio.Protocol):
         self.bound_keys: Mapping[str, str] = host.keys  # what its CBS tokens are verified with
         self.limits = host.limits
         self.loop = asyncio.get_running_loop()
-        self.scanner = FrameScanner(self.limits)
         self.grants: dict[str, Grant] = {}  # by audience path: at most MAX_GRANTS_PER_CONNECTION
         self._grants_expire_at = float("inf")  # the earliest expiry among ``grants``
         # the engine: connection, sessions and links of this client, and the bytes in and out (I/O-free)
-        self.connection = engine.Connection()
+        self.connection = engine.Connection(self.limits)
+        self.scanner = self.connection.scanner
         self.connection.container = _CONTAINER_ID
         self.connection.max_frame_size = self.limits.max_frame_size
         self.connection.channel_max = self.limits.max_sessions_per_connection - 1
@@ -187,7 +187,7 @@ class AmqpConnection(asyncio.Protocol):
         if not self._authenticated:  # a client busy with its handshake is shed last (see max_unauthenticated)
             self.host.connection_active(self)
         try:
-            data = self.scanner.feed(data)
+            frames = self.scanner.feed(data)
         except FrameError as exc:
             self.protocol_error(exc.condition, str(exc), not_amqp=isinstance(exc, NotAmqpError))
             return
@@ -205,7 +205,7 @@ class AmqpConnection(asyncio.Protocol):
         # the engine writes as it is asked, so it reads the client's header and open first (the answer must start
         # with our header)
         try:
-            self._push(data)
+            self._push(frames)
             if refuse:
                 self._refuse()
                 self.pump()
@@ -222,9 +222,9 @@ class AmqpConnection(asyncio.Protocol):
         self.connection.open()
         self.connection.close()
 
-    def _push(self, data: bytes) -> None:
-        if data and self.connection.capacity() > 0:
-            self.connection.push(data)
+    def _push(self, frames: list[Frame]) -> None:
+        if frames:
+            self.connection.receive(frames)
             self.pump()
         if self.scanner.oversized:
             oversized, self.scanner.oversized = self.scanner.oversized, []
@@ -580,7 +580,6 @@ class AmqpConnection(asyncio.Protocol):
                 and not delivery.notes.refused
             ):
                 delivery.notes.done = True  # nobody reads it (a link refused or closed): drop it
-                self.scanner.discard(delivery.link.name)
                 # settled with an outcome (a bare settle reads as state null, which rhea cannot read)
                 delivery.local.condition = proton.Condition(
                     LINK_DETACH_FORCED,
@@ -635,14 +634,6 @@ class AmqpConnection(asyncio.Protocol):
     def serve(self, link: engine.Link, handler: LinkHandler) -> None:
         """``handler`` gets the events of ``link`` from now on (until the link or the connection ends)."""
         self.handlers[link] = handler
-
-    def incoming(self, delivery: engine.Delivery) -> IncomingDelivery:
-        """The transfer facts the scanner read for ``delivery`` (checked against proton's own tag)."""
-        facts = self.scanner.pop(delivery.link.name)
-        tag = raw_delivery_tag(delivery)
-        if facts.tag != tag:
-            raise FrameError(f"delivery tag mismatch on link {delivery.link.name!r}: {facts.tag!r} != {tag!r}")
-        return facts
 
     def authorized(self, path: str, right: str | None = None) -> bool:
         return self.access_denied(path, right) is None

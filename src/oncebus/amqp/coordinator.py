@@ -56,7 +56,6 @@ class CoordinatorLink:
         link.rcv_settle_mode = engine.RCV_FIRST
         link.max_message_size = COORDINATOR_MESSAGE_SIZE
         self.conn.serve(link, self)
-        self.conn.scanner.set_link_limit(link.name, COORDINATOR_MESSAGE_SIZE)
         link.open()
         link.flow(COORDINATOR_CREDIT)
 
@@ -67,7 +66,6 @@ class CoordinatorLink:
         pass
 
     def refuse_partial(self, delivery: engine.Delivery, size: int, limit: int) -> None:
-        self.conn.incoming(delivery)
         delivery.notes.refused = True
         reject(delivery, too_large(size, limit))
         self.conn.pump()
@@ -75,7 +73,6 @@ class CoordinatorLink:
     def on_delivery(self, delivery: engine.Delivery) -> None:
         if delivery.partial or delivery.notes.refused:
             return
-        self.conn.incoming(delivery)
         payload = read_payload(self.link, delivery)
         if delivery.aborted:
             delivery.settle()

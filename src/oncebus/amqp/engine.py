@@ -33,6 +33,8 @@ from typing import Any
 import proton
 
 from oncebus.amqp.encoding import NULL, DecodeError, Reader, encode_list, encode_string, encode_symbol, encode_uint
+from oncebus.amqp.frames import Frame, FrameScanner, Performative, ProtocolHeader
+from oncebus.amqp.limits import DEFAULT_LIMITS, AmqpLimits
 from oncebus.amqp.performatives import (
     AMQP_HEADER,
     ATTACH,
@@ -58,74 +60,13 @@ UNSPECIFIED, SOURCE, TARGET, COORDINATOR = 0, 1, 2, 3
 _SOURCE_CODE, _TARGET_CODE, _COORDINATOR_CODE, _ERROR_CODE = 0x28, 0x29, 0x30, 0x1D
 _WINDOW = 0x7FFFFFFF
 _MASK = 0xFFFFFFFF
+_NO_LIMIT = 1 << 64
 _HANDLE_MAX = 0xFFFFFFFF
 TRUE, FALSE = b"\x41", b"\x42"
 _FRAME = struct.Struct(">IBBH")
 _U32 = struct.Struct(">I")
 _ACCEPTED_STATE = b"\x00\x53\x24\x45"
 _ACCEPTED_CODE = proton.ulong(ACCEPTED)
-# a disposition's fields as the SDKs send them, read without the general decoder (anything else goes to it)
-_FLAGS = {0x40: None, 0x41: True, 0x42: False}
-_ACCEPTED_ENCODINGS = (_ACCEPTED_STATE, b"\x00\x53\x24\xc0\x01\x00")  # its empty list as list0 or list8
-
-
-def disposition_fields(body: memoryview | bytes) -> list[Any] | None:
-    """:func:`_disposition_fields`, None where the bytes run short (the general decoder says what is wrong)."""
-    try:
-        return _disposition_fields(body)
-    except (IndexError, struct.error):
-        return None
-
-
-def _disposition_fields(body: memoryview | bytes) -> list[Any] | None:
-    """The fields of a ``disposition`` body (its descriptor at 0..2) if it has the usual shape: flags, delivery
-    ids as uint, and no state or ``accepted``; None for anything else (the general decoder reads it then).
-    Gives what ``Reader.list_fields(6)`` gives for the same bytes (ids as plain ints)."""
-    code = body[3]
-    if code == 0xC0:
-        end, count, pos = 5 + body[4], body[5], 6
-    elif code == 0xD0:
-        end, count, pos = 8 + int(_U32.unpack_from(body, 4)[0]), int(_U32.unpack_from(body, 8)[0]), 12
-    elif code == 0x45:
-        return []
-    else:
-        return None
-    if count > 6 or end != len(body):
-        return None
-    fields: list[Any] = []
-    for index in range(count):
-        byte = body[pos]
-        if byte in _FLAGS:
-            fields.append(_FLAGS[byte])
-            pos += 1
-        elif byte == 0x52:
-            fields.append(body[pos + 1])
-            pos += 2
-        elif byte == 0x56 and body[pos + 1] <= 1:  # a boolean in a byte: the Python SDK's flags
-            fields.append(body[pos + 1] == 1)
-            pos += 2
-        elif byte == 0x43:
-            fields.append(0)
-            pos += 1
-        elif byte == 0x70:
-            fields.append(int(_U32.unpack_from(body, pos + 1)[0]))
-            pos += 5
-        elif index == 4 and (size := _accepted_size(body, pos)):
-            fields.append(proton.Described(_ACCEPTED_CODE, []))
-            pos += size
-        else:
-            return None
-    return fields if pos == end else None
-
-
-def _accepted_size(body: memoryview | bytes, pos: int) -> int:
-    """The length of an ``accepted`` state at ``pos`` (0: not one)."""
-    for raw in _ACCEPTED_ENCODINGS:
-        if body[pos : pos + len(raw)] == raw:
-            return len(raw)
-    return 0
-
-
 _RELEASED_STATE = b"\x00\x53\x26\x45"
 _session_keys = itertools.count(1)
 _EMPTY_MAP = b"\xc1\x01\x00"
@@ -205,38 +146,33 @@ class Terminus:
         self.raw: bytes = NULL  # the encoded source / target (a described list), or null
         self.address: str | None = None
         self._filter: dict[Any, Any] | None = None  # a replaced filter (a source's field 7)
+        self._received_filter: dict[Any, Any] = {}  # the filter the client sent
 
     @classmethod
-    def decode(cls, raw: bytes, default: int) -> Terminus:
+    def received(cls, raw: bytes, value: Any, default: int) -> Terminus:
+        """The client's terminus: its bytes as sent (``raw``) and as the frame scanner decoded them (``value``)."""
         terminus = cls(UNSPECIFIED)
         terminus.raw = raw
-        if raw[:1] != b"\x00":
+        if not isinstance(value, proton.Described):
             return terminus
-        reader = Reader(raw)
-        code = reader.descriptor()
-        terminus.type = {_SOURCE_CODE: SOURCE, _TARGET_CODE: TARGET, _COORDINATOR_CODE: COORDINATOR}.get(
-            code if code is not None else -1, default
-        )
+        code = int(value.descriptor) if isinstance(value.descriptor, int) else -1
+        terminus.type = {_SOURCE_CODE: SOURCE, _TARGET_CODE: TARGET, _COORDINATOR_CODE: COORDINATOR}.get(code, default)
+        fields = value.value if isinstance(value.value, list) else []
         if terminus.type != COORDINATOR:
-            fields = reader.list_fields(1)
             address = fields[0] if fields else None
             terminus.address = str(address) if isinstance(address, str) else None
+        if terminus.type == SOURCE:
+            filters = fields[7] if len(fields) > 7 else None
+            terminus._received_filter = dict(filters) if isinstance(filters, dict) else {}
         return terminus
 
     def copy(self, other: Terminus) -> None:
         self.type, self.raw, self.address, self._filter = other.type, other.raw, other.address, other._filter
+        self._received_filter = other._received_filter
 
     def filter_map(self) -> dict[Any, Any]:
         """The source's filter set (empty when none)."""
-        if self._filter is not None:
-            return dict(self._filter)
-        if self.raw[:1] != b"\x00" or self.type != SOURCE:
-            return {}
-        reader = Reader(self.raw)
-        reader.descriptor()
-        fields = reader.list_fields(8)
-        value = fields[7] if len(fields) > 7 else None
-        return dict(value) if isinstance(value, dict) else {}
+        return dict(self._filter if self._filter is not None else self._received_filter)
 
     def set_filter(self, filters: dict[Any, Any]) -> None:
         self._filter = dict(filters)
@@ -414,6 +350,8 @@ class Link(Endpoint):
         if self.local != LOCAL_UNINIT:
             return
         self.local = LOCAL_ACTIVE
+        if self.is_receiver:  # the client's deliveries are measured against what we advertise (0: no limit)
+            self.connection.scanner.set_link_limit(self.name, self.max_message_size or _NO_LIMIT)
         self.connection._attach(self)
 
     def close(self) -> None:
@@ -547,8 +485,9 @@ class Connection(Endpoint):
 
     SERVER = 1
 
-    def __init__(self) -> None:
+    def __init__(self, limits: AmqpLimits = DEFAULT_LIMITS) -> None:
         super().__init__()
+        self.scanner = FrameScanner(limits)  # checks and decodes what the client sends
         self.container = "oncebus"
         self.max_frame_size = 65536
         self.channel_max = 0xFFFF
@@ -557,10 +496,8 @@ class Connection(Endpoint):
         self.remote_hostname: str | None = None
         self.remote_idle_timeout = 0.0
         self.collector: Collector | None = None
-        self._buffer = b""
         self._out: list[bytes] = []
         self._out_size = 0
-        self._header_expected = True
         self._in_sasl = False
         self.sessions: dict[int, Session] = {}  # by the client's channel
         self._channels: dict[int, Session] = {}  # by ours
@@ -638,38 +575,28 @@ class Connection(Endpoint):
     def capacity(self) -> int:
         return 1 << 30 if not self.tail_closed else -1
 
-    def push(self, data: bytes) -> None:
-        buffer = self._buffer + data if self._buffer else data
-        view = memoryview(buffer)
-        pos, end = 0, len(buffer)
-        while not self.tail_closed:
-            if self._header_expected:
-                if end - pos < 8:
-                    break
-                self._header(bytes(buffer[pos : pos + 8]))
-                pos += 8
-                continue
-            if end - pos < 8:
-                break
-            size, doff, frame_type, channel = _FRAME.unpack_from(buffer, pos)
-            if end - pos < size:
-                break
-            body = view[pos + doff * 4 : pos + size]
-            pos += size
-            if not body:
-                continue  # an empty frame: a heartbeat
-            if frame_type == 1:
-                self._sasl(body)
+    def receive_data(self, data: bytes) -> None:
+        """Take bytes the client sent; raises :class:`~oncebus.amqp.frames.FrameError` where they break AMQP (the
+        caller closes with its condition)."""
+        self.receive(self.scanner.feed(data))
+
+    def receive(self, frames: list[Frame]) -> None:
+        """Take what the client sent, as the frame scanner read it (checked, each performative decoded once)."""
+        for frame in frames:
+            if self.tail_closed:
+                return
+            if isinstance(frame, ProtocolHeader):
+                self._header(frame.sasl)
+            elif frame.sasl:
+                self._sasl(frame)
             else:
                 try:
-                    self._amqp(channel, body)
+                    self._amqp(frame)
                 except (DecodeError, IndexError, TypeError, ValueError) as exc:
                     self._fail("amqp:decode-error", f"cannot read a frame: {exc}")
-        self._buffer = bytes(buffer[pos:]) if pos < end else b""
 
-    def _header(self, header: bytes) -> None:
-        self._header_expected = False
-        if header == SASL_HEADER:
+    def _header(self, sasl: bool) -> None:
+        if sasl:
             self._in_sasl = True
             mechanisms = b"\x00\x53\x40" + encode_list([b"\xe0\x0c\x01\xa3\x09ANONYMOUS"])
             self._write(SASL_HEADER + _FRAME.pack(8 + len(mechanisms), 2, 1, 0) + mechanisms)
@@ -677,16 +604,14 @@ class Connection(Endpoint):
             self._write(AMQP_HEADER)
             self.sent_header = True
 
-    def _sasl(self, body: memoryview) -> None:
-        reader = Reader(body)
-        if reader.descriptor() != 0x41:  # only sasl-init is the client's to send (ANONYMOUS has no challenge)
+    def _sasl(self, frame: Performative) -> None:
+        if frame.code != 0x41:  # only sasl-init is the client's to send (ANONYMOUS has no challenge)
             return
-        fields = reader.list_fields(1)
+        fields = frame.fields
         ok = bool(fields) and str(fields[0]) == "ANONYMOUS"
         outcome = b"\x00\x53\x44" + encode_list([b"\x50" + (b"\x00" if ok else b"\x01")])
         self._write(_FRAME.pack(8 + len(outcome), 2, 1, 0) + outcome)
         if ok:
-            self._header_expected = True
             self._in_sasl = False
         else:
             self.head_closed = True
@@ -760,31 +685,26 @@ class Connection(Endpoint):
         self.close()
 
     # --- frames in
-    def _amqp(self, channel: int, body: memoryview) -> None:
-        code = body[2] if body[1] == 0x53 else -1
-        if code == DISPOSITION and (fields := disposition_fields(body)) is not None:  # the usual completion
-            self._on_disposition(channel, fields)
-            return
-        reader = Reader(body)
-        reader.pos = 3
+    def _amqp(self, frame: Performative) -> None:
+        code, channel, fields = frame.code, frame.channel, frame.fields
         if code == DISPOSITION:
-            self._on_disposition(channel, reader.list_fields(6))
+            self._on_disposition(channel, fields)
         elif code == TRANSFER:
-            self._on_transfer(channel, reader.list_fields(10), body[reader.pos :])
+            self._on_transfer(frame)
         elif code == FLOW:
-            self._on_flow(channel, reader.list_fields(10))
+            self._on_flow(channel, fields)
         elif code == ATTACH:
-            self._on_attach(channel, body, reader)
+            self._on_attach(channel, fields, frame.raw or [])
         elif code == DETACH:
-            self._on_detach(channel, reader.list_fields(3))
+            self._on_detach(channel, fields)
         elif code == BEGIN:
-            self._on_begin(channel, reader.list_fields(5))
+            self._on_begin(channel, fields)
         elif code == END:
-            self._on_end(channel, reader.list_fields(1))
+            self._on_end(channel, fields)
         elif code == OPEN:
-            self._on_open(reader.list_fields(5))
+            self._on_open(fields)
         elif code == CLOSE:
-            self._on_close(reader.list_fields(1))
+            self._on_close(fields)
 
     def _on_open(self, fields: list[Any]) -> None:
         fields += [None] * (5 - len(fields))
@@ -865,13 +785,13 @@ class Connection(Endpoint):
             self._fail("amqp:connection:framing-error", f"a frame on channel {channel}, which no begin opened")
         return session
 
-    def _on_attach(self, channel: int, body: memoryview, reader: Reader) -> None:
+    def _on_attach(self, channel: int, fields: list[Any], raw: list[bytes]) -> None:
         session = self._session(channel)
         if session is None:
             return
-        spans = reader.field_spans()
-        raw = [bytes(body[a:b]) for a, b in spans] + [NULL] * max(0, 14 - len(spans))
-        name, handle, role = Reader(raw[0]).value(), Reader(raw[1]).value(), Reader(raw[2]).value()
+        fields = fields + [None] * (14 - len(fields))
+        raw = raw + [NULL] * (14 - len(raw))
+        name, handle, role = fields[0], fields[1], fields[2]
         if not isinstance(name, str) or not isinstance(handle, int) or not isinstance(role, bool):
             self._fail("amqp:decode-error", "an attach needs a name, a handle and a role")
             return
@@ -880,17 +800,17 @@ class Connection(Endpoint):
             return
         link = Link(session, name, handle, is_sender=role)  # role true: the client receives
         link.name_raw = raw[0]
-        snd, rcv = Reader(raw[3]).value(), Reader(raw[4]).value()
+        snd, rcv = fields[3], fields[4]
         link.remote_snd_settle_mode = int(snd) if isinstance(snd, int) else SND_MIXED
         link.remote_rcv_settle_mode = int(rcv) if isinstance(rcv, int) else RCV_FIRST
-        link.remote_source = Terminus.decode(raw[5], SOURCE)
-        link.remote_target = Terminus.decode(raw[6], TARGET)
-        count = Reader(raw[9]).value()
+        link.remote_source = Terminus.received(raw[5], fields[5], SOURCE)
+        link.remote_target = Terminus.received(raw[6], fields[6], TARGET)
+        count = fields[9]
         if link.is_receiver and isinstance(count, int):
             link.delivery_count = int(count)
-        size = Reader(raw[10]).value()
+        size = fields[10]
         link.remote_max_message_size = int(size) if isinstance(size, int) else 0
-        properties = Reader(raw[13]).value()
+        properties = fields[13]
         link.remote_properties = dict(properties) if isinstance(properties, dict) else None
         link.remote_bits = REMOTE_ACTIVE
         session.links[handle] = link
@@ -1028,11 +948,11 @@ class Connection(Endpoint):
         ]
         self._write(amqp_frame(FLOW, fields, session.channel))
 
-    def _on_transfer(self, channel: int, fields: list[Any], payload: memoryview) -> None:
-        session = self._session(channel)
+    def _on_transfer(self, frame: Performative) -> None:
+        session = self._session(frame.channel)
         if session is None:
             return
-        fields += [None] * (10 - len(fields))
+        fields, payload = frame.fields, frame.payload  # (the scanner gave a transfer its 10 fields)
         link = session.links.get(fields[0])
         if link is None or link.is_sender:
             self._fail("amqp:session:unattached-handle", f"a transfer on handle {fields[0]}, which is not attached")
@@ -1043,6 +963,7 @@ class Connection(Endpoint):
             delivery = Delivery(link, fields[2] if isinstance(fields[2], bytes) else b"")
             delivery_id = fields[1] if isinstance(fields[1], int) else None
             delivery.delivery_id = delivery_id
+            delivery.message_format = fields[3] if isinstance(fields[3], int) else 0
             link._reading.append(delivery)
             link.credit -= 1
             link.delivery_count = (link.delivery_count + 1) & _MASK
@@ -1055,6 +976,7 @@ class Connection(Endpoint):
         if payload:
             delivery.chunks.append(bytes(payload))
             delivery.pending += len(payload)
+        delivery.size, delivery.oversized = frame.size, frame.oversized
         delivery.aborted = bool(fields[9])
         delivery.partial = bool(fields[5]) and not delivery.aborted
         link._arriving = delivery if delivery.partial else None

@@ -166,7 +166,6 @@ class SendLink:
         link.max_message_size = self.max_message_size
         link.properties = {MAX_BATCH_SIZE: proton.ulong(min(self.max_batch_size, self.max_message_size))}
         self.conn.serve(link, self)
-        self.conn.scanner.set_link_limit(link.name, self.max_message_size)
         link.open()
         link.flow(SEND_CREDIT)
 
@@ -177,7 +176,6 @@ class SendLink:
         pass
 
     def refuse_partial(self, delivery: engine.Delivery, size: int, limit: int) -> None:
-        self.conn.incoming(delivery)  # its facts: nothing more is read of it
         delivery.notes.refused = True
         self._answer(delivery, too_large(size, limit))
         self._top_up()
@@ -186,7 +184,6 @@ class SendLink:
     def on_delivery(self, delivery: engine.Delivery) -> None:
         if delivery.partial or delivery.notes.refused:  # refused ones: bytes were dropped
             return
-        facts = self.conn.incoming(delivery)
         payload = read_payload(self.link, delivery)
         if delivery.aborted:
             delivery.settle()
@@ -194,8 +191,8 @@ class SendLink:
             return
         item: list[Message] | BaseException
         try:
-            if facts.oversized:
-                raise too_large(facts.size, self.max_message_size)
+            if delivery.oversized:
+                raise too_large(delivery.size, self.max_message_size)
             if len(payload) > self.max_message_size:
                 raise MessageSizeExceededError(
                     f"the transfer is {len(payload)} bytes, over the link's max-message-size of "
@@ -205,7 +202,7 @@ class SendLink:
                 denied = self.conn.access_denied(path, SEND)
                 if denied is not None:
                     raise UnauthorizedError(denied)
-            item = codec.decode_transfer(payload, facts.message_format, self.conn.limits.max_value_depth)
+            item = codec.decode_transfer(payload, delivery.message_format, self.conn.limits.max_value_depth)
         except (OncebusError, ValueError) as exc:
             item = exc if isinstance(exc, OncebusError) else InvalidArgumentError(str(exc))
         except Exception as exc:  # a message the codec did not foresee: refuse it, keep the connection
@@ -702,7 +699,6 @@ class RequestLink:
         link.rcv_settle_mode = engine.RCV_FIRST
         link.max_message_size = self.max_message_size
         self.conn.serve(link, self)
-        self.conn.scanner.set_link_limit(link.name, self.max_message_size)
         link.open()
         link.flow(REQUEST_CREDIT)
 
@@ -713,7 +709,6 @@ class RequestLink:
         pass
 
     def refuse_partial(self, delivery: engine.Delivery, size: int, limit: int) -> None:
-        self.conn.incoming(delivery)
         delivery.notes.refused = True
         self._reject(delivery, condition_of(too_large(size, limit)))
         self.conn.pump()
@@ -726,13 +721,12 @@ class RequestLink:
     def on_delivery(self, delivery: engine.Delivery) -> None:
         if delivery.partial or delivery.notes.refused:
             return
-        facts = self.conn.incoming(delivery)
         payload = read_payload(self.link, delivery)
         if delivery.aborted:
             delivery.settle()
             return
-        if facts.oversized:
-            self._reject(delivery, condition_of(too_large(facts.size, self.max_message_size)))
+        if delivery.oversized:
+            self._reject(delivery, condition_of(too_large(delivery.size, self.max_message_size)))
             return
         request = proton.Message()
         try:

@@ -25,7 +25,7 @@ from azure.servicebus._pyamqp.performatives import (
     SASLInit,
 )
 
-from oncebus.amqp import engine
+from oncebus.amqp import engine, events
 from tests.amqp.raw import (
     AMQP_HEADER,
     ATTACH,
@@ -84,15 +84,14 @@ class Harness:
         self.dispatch()
         return frames(self.conn.take_output())
 
-    def dispatch(self) -> None:
+    def dispatch(self) -> None:  # what AmqpConnection._handle does, in short
         while (event := self.collector.peek()) is not None:
             self.events.append(event)
-            if event.type == proton.Event.CONNECTION_REMOTE_OPEN:
+            if isinstance(event, events.ConnectionOpened):
                 self.conn.open()
-            elif event.type == proton.Event.SESSION_REMOTE_OPEN:
-                assert event.session is not None
+            elif isinstance(event, events.SessionBegun):
                 event.session.open()
-            elif event.type == proton.Event.LINK_REMOTE_OPEN:
+            elif isinstance(event, events.LinkAttached):
                 link = event.link
                 assert link is not None
                 link.source.copy(link.remote_source)
@@ -100,13 +99,11 @@ class Harness:
                 link.open()
                 if link.is_receiver:
                     link.flow(10)
-            elif event.type == proton.Event.LINK_REMOTE_CLOSE:
-                assert event.link is not None
+            elif isinstance(event, events.LinkDetached):
                 event.link.close()
-            elif event.type == proton.Event.SESSION_REMOTE_CLOSE:
-                assert event.session is not None
+            elif isinstance(event, events.SessionEnded):
                 event.session.close()
-            elif event.type == proton.Event.CONNECTION_REMOTE_CLOSE:
+            elif isinstance(event, events.ConnectionClosed):
                 self.conn.close()
             self.collector.pop()
 
@@ -174,8 +171,9 @@ def test_every_performative_has_all_its_fields() -> None:
     receiver.advance()
     out += frames(h.conn.take_output())
     out += h.feed(transfer_frame(0, b"\x00\x53\x75\xa0\x01y", delivery_id=0, delivery_tag=b"a", message_format=0))
-    sender_delivery = h.events[-1].delivery
-    assert sender_delivery is not None
+    last = h.events[-1]
+    assert isinstance(last, events.DeliveryChanged)
+    sender_delivery = last.delivery
     sender_delivery.update(engine.ACCEPTED)
     sender_delivery.settle()
     out += frames(h.conn.take_output())
@@ -245,7 +243,7 @@ def test_outcomes_of_a_run_of_deliveries_go_out_as_one_disposition() -> None:
     h.feed(attach_frame("s", 0, "q", sender=True))
     for i in range(5):
         h.feed(transfer_frame(0, b"\x00\x53\x75\xa0\x01y", delivery_id=i, delivery_tag=bytes([i]), message_format=0))
-    deliveries = [e.delivery for e in h.events if e.type == proton.Event.DELIVERY]
+    deliveries = [e.delivery for e in h.events if isinstance(e, events.DeliveryChanged)]
     assert len(deliveries) == 5
     for d in deliveries:
         assert d is not None
@@ -265,7 +263,7 @@ def test_a_delivery_in_several_frames_is_one_event_when_read_at_once() -> None:
     data += transfer_frame(0, b"cd", delivery_id=0, more=True)
     data += transfer_frame(0, b"ef", delivery_id=0)
     h.feed(data)
-    deliveries = [e for e in h.events if e.type == proton.Event.DELIVERY]
+    deliveries = [e for e in h.events if isinstance(e, events.DeliveryChanged)]
     assert len(deliveries) == 1
     delivery = deliveries[0].delivery
     assert delivery is not None and not delivery.partial
@@ -306,8 +304,9 @@ def test_a_rejection_carries_its_condition_with_an_info_map() -> None:
     h.start()
     h.feed(attach_frame("s", 0, "q", sender=True))
     h.feed(transfer_frame(0, b"\x00\x53\x75\xa0\x01y", delivery_id=0, delivery_tag=b"a", message_format=0))
-    delivery = h.events[-1].delivery
-    assert delivery is not None
+    last = h.events[-1]
+    assert isinstance(last, events.DeliveryChanged)
+    delivery = last.delivery
     delivery.local.condition = proton.Condition("amqp:not-found", "no such thing")
     delivery.update(engine.REJECTED)
     delivery.settle()
@@ -353,7 +352,7 @@ def test_a_delivery_id_the_client_repeats_is_answered_under_that_id_each_time() 
     h.feed(transfer_frame(0, b"\x00\x53\x75\xa0\x01a", delivery_id=7, delivery_tag=b"a", message_format=0))
     h.feed(transfer_frame(0, b"\x00\x53\x75\xa0\x01b", delivery_id=7, delivery_tag=b"b", message_format=0))
     h.feed(transfer_frame(0, b"\x00\x53\x75\xa0\x01c", delivery_id=3, delivery_tag=b"c", message_format=0))
-    deliveries = [e.delivery for e in h.events if e.type == proton.Event.DELIVERY]
+    deliveries = [e.delivery for e in h.events if isinstance(e, events.DeliveryChanged)]
     assert [d.tag for d in deliveries if d is not None] == [b"a", b"b", b"c"]
     link = h.conn.links[0]
     for payload in (b"\x00\x53\x75\xa0\x01a", b"\x00\x53\x75\xa0\x01b", b"\x00\x53\x75\xa0\x01c"):

@@ -14,11 +14,10 @@ import os
 import struct
 from typing import Any
 
-import proton
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oncebus.amqp import engine
+from oncebus.amqp import engine, events
 from oncebus.amqp.encoding import Reader
 from oncebus.amqp.frames import FrameError, disposition_fields
 from tests.amqp.raw import AMQP_HEADER, SASL_HEADER, attach_frame, flow_frame, frame, open_frame, transfer_frame
@@ -77,25 +76,24 @@ def _whole_frames(data: bytes) -> None:
 def _serve(conn: engine.Connection, collector: engine.Collector, sent: list[engine.Delivery]) -> None:
     """What the connection's handlers do, in short: open what is opened, answer what arrives."""
     while (event := collector.peek()) is not None:
-        kind = event.type
-        if kind == proton.Event.CONNECTION_REMOTE_OPEN:
+        if isinstance(event, events.ConnectionOpened):
             conn.open()
-        elif kind == proton.Event.SESSION_REMOTE_OPEN and event.session is not None:
+        elif isinstance(event, events.SessionBegun):
             event.session.open()
-        elif kind == proton.Event.LINK_REMOTE_OPEN and event.link is not None:
+        elif isinstance(event, events.LinkAttached):
             link = event.link
             link.source.copy(link.remote_source)
             link.target.copy(link.remote_target)
             link.open()
             if link.is_receiver:
                 link.flow(5)
-        elif kind == proton.Event.LINK_FLOW and event.link is not None and event.link.is_sender:
+        elif isinstance(event, events.LinkFlow) and event.link.is_sender:
             link = event.link
             while link.credit > 0:
                 sent.append(link.delivery(b"t%d" % len(sent)))
                 link.send(b"\x00\x53\x75\xa0\x01y")
                 link.advance()
-        elif kind == proton.Event.DELIVERY and event.delivery is not None:
+        elif isinstance(event, events.DeliveryChanged):
             delivery = event.delivery
             if delivery.link.is_receiver and not delivery.partial:
                 delivery.link.recv(1 << 20)
@@ -104,11 +102,11 @@ def _serve(conn: engine.Connection, collector: engine.Collector, sent: list[engi
             elif delivery.link.is_sender:
                 delivery.update(engine.ACCEPTED)
                 delivery.settle()
-        elif kind in (proton.Event.LINK_REMOTE_CLOSE, proton.Event.LINK_REMOTE_DETACH) and event.link is not None:
+        elif isinstance(event, events.LinkDetached):
             event.link.close()
-        elif kind == proton.Event.SESSION_REMOTE_CLOSE and event.session is not None:
+        elif isinstance(event, events.SessionEnded):
             event.session.close()
-        elif kind == proton.Event.CONNECTION_REMOTE_CLOSE:
+        elif isinstance(event, events.ConnectionClosed):
             conn.close()
         collector.pop()
 

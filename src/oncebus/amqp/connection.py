@@ -20,6 +20,18 @@ import proton
 
 from oncebus.amqp import engine
 from oncebus.amqp.errors import INTERNAL_ERROR, TRACKING_ID
+from oncebus.amqp.events import (
+    ConnectionClosed,
+    ConnectionOpened,
+    DeliveryChanged,
+    Event,
+    LinkAttached,
+    LinkDetached,
+    LinkFlow,
+    SessionBegun,
+    SessionEnded,
+    TransportClosed,
+)
 from oncebus.amqp.frames import RESOURCE_LIMIT, Frame, FrameError, NotAmqpError
 from oncebus.amqp.performatives import AMQP_HEADER, close_frame, open_frame
 from oncebus.amqp.sas import Grant
@@ -556,69 +568,62 @@ class AmqpConnection(asyncio.Protocol):
             try:
                 self._handle(event)
             except Exception:
-                _LOG.exception("error handling %s", event.type)
+                _LOG.exception("error handling %s", type(event).__name__)
                 self.connection.condition = proton.Condition(
                     "amqp:internal-error", "oncebus failed; see its log", {TRACKING_ID: str(uuid.uuid4())}
                 )
                 self.connection.close()
             collector.pop()
 
-    def _handle(self, event: engine.Event) -> None:
+    def _handle(self, event: Event) -> None:
         if self.refused is not None:  # closing at its open: nothing the client asks for is done
             return
-        kind = event.type
-        if kind == proton.Event.DELIVERY:
-            delivery = event.delivery
-            assert delivery is not None  # a delivery event carries its delivery
-            handler = self.handlers.get(delivery.link)
-            if handler is not None:
-                handler.on_delivery(delivery)
-            elif (
-                delivery.link.is_receiver
-                and not delivery.partial
-                and not delivery.notes.done
-                and not delivery.notes.refused
-            ):
-                delivery.notes.done = True  # nobody reads it (a link refused or closed): drop it
-                # settled with an outcome (a bare settle reads as state null, which rhea cannot read)
-                delivery.local.condition = proton.Condition(
-                    LINK_DETACH_FORCED,
-                    f"link {delivery.link.name!r} was refused or closed: nothing sent on it is read",
-                    {TRACKING_ID: str(uuid.uuid4())},
-                )
-                delivery.update(engine.REJECTED)
-                delivery.settle()
-        elif kind == proton.Event.LINK_FLOW:
-            handler = self.handlers.get(event.link) if event.link is not None else None
-            if handler is not None:
-                handler.on_flow()
-        elif kind == proton.Event.LINK_REMOTE_OPEN:
-            assert event.link is not None  # link events carry their link, session events their session
-            self.host.attach(self, event.link)
-        elif kind in (proton.Event.LINK_REMOTE_CLOSE, proton.Event.LINK_REMOTE_DETACH):
-            link = event.link
-            assert link is not None
-            self._link_gone(link)
-            if link.state & engine.LOCAL_ACTIVE:
-                if kind == proton.Event.LINK_REMOTE_CLOSE:
-                    link.close()
-                else:
-                    link.detach()
-        elif kind == proton.Event.SESSION_REMOTE_OPEN:
-            assert event.session is not None
-            event.session.open()
-        elif kind == proton.Event.SESSION_REMOTE_CLOSE:
-            assert event.session is not None
-            if event.session.state & engine.LOCAL_ACTIVE:
-                event.session.close()
-        elif kind == proton.Event.CONNECTION_REMOTE_OPEN:
-            self.connection.open()
-        elif kind == proton.Event.CONNECTION_REMOTE_CLOSE:
-            if self.connection.state & engine.LOCAL_ACTIVE:
-                self.connection.close()
-        elif kind == proton.Event.TRANSPORT_CLOSED:
-            self._write()
-            self._shutdown()
+        match event:
+            case DeliveryChanged(delivery):
+                handler = self.handlers.get(delivery.link)
+                if handler is not None:
+                    handler.on_delivery(delivery)
+                elif (
+                    delivery.link.is_receiver
+                    and not delivery.partial
+                    and not delivery.notes.done
+                    and not delivery.notes.refused
+                ):
+                    delivery.notes.done = True  # nobody reads it (a link refused or closed): drop it
+                    # settled with an outcome (a bare settle reads as state null, which rhea cannot read)
+                    delivery.local.condition = proton.Condition(
+                        LINK_DETACH_FORCED,
+                        f"link {delivery.link.name!r} was refused or closed: nothing sent on it is read",
+                        {TRACKING_ID: str(uuid.uuid4())},
+                    )
+                    delivery.update(engine.REJECTED)
+                    delivery.settle()
+            case LinkFlow(link):
+                handler = self.handlers.get(link)
+                if handler is not None:
+                    handler.on_flow()
+            case LinkAttached(link):
+                self.host.attach(self, link)
+            case LinkDetached(link, closed):
+                self._link_gone(link)
+                if link.state & engine.LOCAL_ACTIVE:
+                    if closed:
+                        link.close()
+                    else:
+                        link.detach()
+            case SessionBegun(session):
+                session.open()
+            case SessionEnded(session):
+                if session.state & engine.LOCAL_ACTIVE:
+                    session.close()
+            case ConnectionOpened():
+                self.connection.open()
+            case ConnectionClosed():
+                if self.connection.state & engine.LOCAL_ACTIVE:
+                    self.connection.close()
+            case TransportClosed():
+                self._write()
+                self._shutdown()
 
     def _link_gone(self, link: engine.Link) -> None:
         handler = self.handlers.pop(link, None)

@@ -10,7 +10,7 @@ The client sends ``declare`` (answered ``declared`` with a transaction id) and `
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import proton
 
@@ -96,7 +96,7 @@ class CoordinatorLink:
             except Exception as exc:  # too many open on this connection
                 reject(delivery, exc)
                 return
-            delivery.local.data = cast(Any, [declared])
+            delivery.local.data = [declared]
             delivery.update(DECLARED)
             delivery.settle()
             return

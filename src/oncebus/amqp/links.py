@@ -274,7 +274,7 @@ class SendLink:
         if delivery.settled:  # the client settled first: nothing to answer
             delivery.settle()
             return
-        delivery.local.data = cast(Any, [txn_id, proton.Described(proton.ulong(0x24), [])])
+        delivery.local.data = [txn_id, proton.Described(proton.ulong(0x24), [])]
         delivery.update(TRANSACTIONAL_STATE)
         delivery.settle()
 
@@ -549,7 +549,7 @@ class ReceiveLink:
             delivery.local.condition = condition_of(error)
             delivery.update(engine.REJECTED)
         else:
-            delivery.local.data = cast(Any, [txn_id, outcome])
+            delivery.local.data = [txn_id, outcome]
             delivery.update(TRANSACTIONAL_STATE)
         delivery.settle()
         self.conn.pump()

@@ -19,6 +19,7 @@ from oncebus.amqp.links import (
     SESSION_FILTER,
     TRANSFER_DESTINATION,
     ReceiveLink,
+    RequestHandler,
     RequestLink,
     ResponseLink,
     SendLink,
@@ -67,7 +68,7 @@ class Router:
         else:
             conn.spawn(self._receiver(conn, link, address))
 
-    def _node(self, conn: AmqpConnection, link: engine.Link, node: str, handler: Any) -> None:
+    def _node(self, conn: AmqpConnection, link: engine.Link, node: str, handler: RequestHandler) -> None:
         if not link.is_receiver:
             ResponseLink(conn, link, node).open()
             return

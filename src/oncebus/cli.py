@@ -15,7 +15,6 @@ import asyncio
 import base64
 import json
 import math
-import os
 import socket
 import sys
 import time
@@ -24,16 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from oncebus import __version__
-from oncebus.auth import KEYS_ENV, KeyRing, SasKey, parse_key_spec, parse_keys, read_keys_file
-from oncebus.broker import Namespace, SystemClock
+from oncebus.auth import KeyRing, SasKey, parse_key_spec, read_keys_file
 from oncebus.cli_rules import add_rule_parser, rule_command
 from oncebus.core.durations import parse_duration, to_micros
 from oncebus.core.errors import InvalidArgumentError, MessageSizeExceededError, OncebusError
 from oncebus.core.properties import SENDER_PROPERTIES
-from oncebus.core.tiers import TierQuotas
 from oncebus.server import ServeError, ServeOptions, run
-from oncebus.server.control import LATEST_US, MAX_REQUEST_LINE, dispatch, error_from_json
+from oncebus.server.control import LATEST_US, MAX_REQUEST_LINE, dispatch, error_from_json, open_local
 from oncebus.server.datadir import DataDir, resolve_data_dir
+from oncebus.server.settings import Settings, SettingsError
 from oncebus.store.postgres_url import open_store, store_spec
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_BUSY = 1, 2, 3, 4
@@ -92,16 +90,17 @@ class _Local:
 
     max_request: int | None = None
 
-    def __init__(self, datadir: DataDir) -> None:
+    def __init__(self, datadir: DataDir, settings: Settings) -> None:
         self.datadir = datadir
         try:
-            quotas = TierQuotas.from_env(stored=datadir.read_tier())  # as `serve` would take it (no --tier here)
+            quotas = settings.quotas(stored=datadir.read_tier())  # as `serve` would take it (no --tier here)
+            spec = store_spec(settings.store, option="ONCEBUS_STORE")  # as serve reads it
         except InvalidArgumentError:
             datadir.unlock()
             raise
         self._runner = asyncio.Runner()
-        self._store = open_store(store_spec(None), datadir.store_path)  # $ONCEBUS_STORE, as serve reads it
-        self._namespace = self._runner.run(Namespace.open(self._store, SystemClock(), quotas=quotas))
+        self._store = open_store(spec, datadir.store_path)
+        self._namespace = self._runner.run(open_local(self._store, quotas))
 
     def call(self, op: str, args: dict[str, Any]) -> Any:
         return self._runner.run(dispatch(self._namespace, op, args))
@@ -113,12 +112,12 @@ class _Local:
         self.datadir.unlock()
 
 
-def _open_target(data_dir: Path) -> _Remote | _Local:
+def _open_target(data_dir: Path, settings: Settings) -> _Remote | _Local:
     datadir = DataDir(data_dir)
     deadline = time.monotonic() + 5.0
     while True:
         if datadir.try_lock():
-            return _Local(datadir)
+            return _Local(datadir, settings)
         info = datadir.read_server_info()
         if info is not None and info.get("role") == "standby":
             raise CliError(
@@ -139,26 +138,27 @@ def _open_target(data_dir: Path) -> _Remote | _Local:
 
 
 # ---------------------------------------------------------------------------------- serve
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
     for option, value in (("--port", args.port), ("--tls-port", args.tls_port), ("--http-port", args.http_port)):
         if value is not None and not (0 if option == "--port" else -1) <= value <= 65535:
             raise CliError(f"{option} {value}: use a port from 0 to 65535 (0 picks a free one)", EXIT_USAGE)
     options = ServeOptions(
-        data_dir=resolve_data_dir(args.data_dir),
+        data_dir=resolve_data_dir(args.data_dir, settings.data_dir),
         host=args.host,
         port=args.port,
         tls_port=args.tls_port,
         http_port=args.http_port,
-        keys=_keys(args),
+        keys=_keys(args, settings),
         allow_default_key=args.allow_default_key,
         allow_faults=args.allow_faults,
         config=args.config,
         send_log=args.send_log,
-        clock_file=os.environ.get("ONCEBUS_CLOCK_FILE"),  # tests only: time read from a file
-        store=_store(args),
+        clock_file=settings.clock_file,  # tests only: time read from a file
+        store=_store(args, settings),
         tier=args.tier,
         cluster=args.cluster,
         advertise=args.advertise,
+        settings=settings,
     )
     try:
         return asyncio.run(run(options, install_signal_handlers=True))
@@ -166,14 +166,16 @@ def _serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_BUSY if exc.busy else EXIT_REFUSED) from exc
 
 
-def _store(args: argparse.Namespace) -> str | None:
+def _store(args: argparse.Namespace, settings: Settings) -> str | None:
     try:
-        return store_spec(args.store)
+        if args.store is not None:
+            return store_spec(args.store)
+        return store_spec(settings.store, option="ONCEBUS_STORE")
     except InvalidArgumentError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
 
 
-def _keys(args: argparse.Namespace) -> KeyRing | None:
+def _keys(args: argparse.Namespace, settings: Settings) -> KeyRing | None:
     """The SAS keys from --key, --keys-file and ONCEBUS_SAS_KEYS, together (None: the emulator's default key)."""
     entries: list[SasKey] = []
     try:
@@ -184,12 +186,8 @@ def _keys(args: argparse.Namespace) -> KeyRing | None:
                 raise ValueError(f"--key: {exc}") from None
         if args.keys_file:
             entries += read_keys_file(args.keys_file).entries()
-        from_env = os.environ.get(KEYS_ENV, "")
-        if from_env.strip():
-            try:
-                entries += parse_keys(from_env).entries()
-            except ValueError as exc:
-                raise ValueError(f"{KEYS_ENV}: {exc}") from None
+        if settings.keys is not None:  # ONCEBUS_SAS_KEYS
+            entries += settings.keys.entries()
         return KeyRing(entries) if entries else None
     except ValueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
@@ -789,12 +787,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown and args.command != "advise":
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    settings = Settings()
     try:
+        try:
+            settings = Settings.from_environ()  # every ONCEBUS_* variable, read and checked once
+        except SettingsError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from None
         if args.command == "serve":
             from oncebus.logs import configure_logging
 
             configure_logging(args.log_format)
-            return _serve(args)
+            return _serve(args, settings)
         if args.command == "advise":
             try:
                 from oncebus.spark._advisor import main as advise_main
@@ -803,7 +806,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"'oncebus advise' needs the spark extra: pip install 'oncebus[spark]' ({exc})", EXIT_USAGE
                 ) from exc
             return int(advise_main([args.log, *unknown]) or 0)
-        target = _open_target(resolve_data_dir(args.data_dir))
+        target = _open_target(resolve_data_dir(args.data_dir, settings.data_dir), settings)
         try:
             handlers = {
                 "send": _send,
@@ -832,7 +835,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"oncebus: error: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     except Exception as exc:  # a bug: one line, the traceback only when asked for
-        if os.environ.get("ONCEBUS_DEBUG"):
+        if settings.debug:
             raise
         print(
             f"oncebus: error: internal error ({type(exc).__name__}: {exc}); "

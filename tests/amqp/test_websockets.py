@@ -407,6 +407,26 @@ def test_the_amqp_close_exchange_ends_with_the_websocket_close(ws_server: WsServ
         assert client.close_code == 1000
 
 
+def test_an_upgrade_in_absolute_form_as_the_java_sdk_sends_it(ws_server: WsServer) -> None:
+    """The Java SDK (proton-j's WebSocket layer, azure-core-amqp 2.12.0) asks for
+    ``GET https://127.0.0.1/$servicebus/websocket`` (the absolute form, which RFC 9112 3.2.2 says a server must
+    accept), with ``Connection: Upgrade,Keep-Alive`` and a Host without the port. Failed before: the target was
+    taken whole as the path, the upgrade went to the application (501) and the SDK waited for ever."""
+    request = upgrade_request(
+        ws_server.port,
+        path="https://127.0.0.1/$servicebus/websocket",
+        extra=[("Connection", "Upgrade,Keep-Alive"), ("Host", "127.0.0.1")],
+    )
+    with WsRawClient(ws_server.port) as client:
+        client.send_raw(request)
+        response, rest = read_response(client.sock)
+        assert response.status_code == 101
+        assert dict(response.headers)[b"sec-websocket-protocol"] == b"AMQPWSB10"
+        client._unwrap(rest)
+        client.send(SASL_HEADER)
+        client.expect(SASL_MECHANISMS)
+
+
 @pytest.mark.parametrize(
     ("request_bytes", "status", "says"),
     [

@@ -52,21 +52,6 @@ def test_the_defaults_are_azures_figures() -> None:
     assert AmqpLimits().max_connections == 5_000  # AMQP connections per namespace, every tier
 
 
-def test_the_tier_is_read_from_the_option_or_the_environment() -> None:
-    assert TierQuotas.from_env({}) == STANDARD
-    assert TierQuotas.from_env({"ONCEBUS_TIER": "Premium"}).tier is Tier.PREMIUM
-    assert TierQuotas.from_env({"ONCEBUS_TIER": "premium"}, tier="standard").tier is Tier.STANDARD
-    assert TierQuotas.from_env({"ONCEBUS_TIER": "premium", "ONCEBUS_MESSAGING_UNITS": "8"}).max_entities == 8_000
-    with pytest.raises(InvalidArgumentError, match="'basic' is not a Service Bus tier: use standard or premium"):
-        TierQuotas.from_env({"ONCEBUS_TIER": "basic"})
-    with pytest.raises(InvalidArgumentError, match="1, 2, 4, 8 or 16 messaging units"):
-        TierQuotas.from_env({"ONCEBUS_TIER": "premium", "ONCEBUS_MESSAGING_UNITS": "3"})
-    changed = TierQuotas.from_env({"ONCEBUS_QUOTA_MAX_ENTITIES": "3", "ONCEBUS_QUOTA_MAX_CONCURRENT_RECEIVES": "0"})
-    assert (changed.max_entities, changed.max_concurrent_receives, changed.tier) == (3, 0, Tier.STANDARD)
-    with pytest.raises(InvalidArgumentError, match="ONCEBUS_QUOTA_MAX_ENTITIES='many' is not a whole number"):
-        TierQuotas.from_env({"ONCEBUS_QUOTA_MAX_ENTITIES": "many"})
-
-
 # ---------------------------------------------------------------------------------- message and batch size
 def test_standard_messages_are_256_kb_at_most() -> None:
     props = _queue(STANDARD)

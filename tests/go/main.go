@@ -38,6 +38,7 @@ var scenarios = map[string]func(ctx context.Context, arg string) (result, error)
 	"admin-rules":   adminRules,
 	"admin-errors":  adminErrors,
 	"rights":        rights,
+	"websocket":     webSocketRoundTrip,
 }
 
 func main() {

@@ -52,8 +52,24 @@ func sessions(ctx context.Context, _ string) (result, error) {
 	return withClient(ctx, func(client *azservicebus.Client) (result, error) {
 		const queue = "go-sessions"
 		out := result{}
-		// a message without a session id is refused by a queue that requires sessions
-		out["noSessionRefused"] = errorText(send(ctx, client, queue, plain("no-session")))
+		// a message without a session id is refused by a queue that requires sessions; with the SDK's default
+		// retry options (an error it retries would take about half a minute to come back), and a plain receiver
+		noRetries, err := azservicebus.NewClientFromConnectionString(connectionString(), nil)
+		if err != nil {
+			return nil, err
+		}
+		started := time.Now()
+		out["noSessionRefused"] = errorText(send(ctx, noRetries, queue, plain("no-session")))
+		out["noSessionRefusedMs"] = time.Since(started).Milliseconds()
+		started = time.Now()
+		plainReceiver, err := noRetries.NewReceiverForQueue(queue, nil)
+		if err != nil {
+			return nil, err
+		}
+		_, plainErr := plainReceiver.ReceiveMessages(ctx, 1, nil)
+		out["plainReceiverRefused"] = errorText(plainErr)
+		out["plainReceiverRefusedMs"] = time.Since(started).Milliseconds()
+		_ = noRetries.Close(ctx)
 		if err := send(ctx, client, queue, sessionMessage("s1-a", "s1"), sessionMessage("s2-a", "s2"),
 			sessionMessage("s1-b", "s1")); err != nil {
 			return nil, err
@@ -159,7 +175,7 @@ func sessions(ctx context.Context, _ string) (result, error) {
 
 		// no session has messages: AcceptNextSessionForQueue fails with CodeTimeout by the context's deadline
 		noneCtx, cancelNone := context.WithTimeout(ctx, 3*time.Second)
-		started := time.Now()
+		started = time.Now()
 		none, noneErr := client.AcceptNextSessionForQueue(noneCtx, queue, nil)
 		cancelNone()
 		out["noneWaitedMs"] = time.Since(started).Milliseconds()

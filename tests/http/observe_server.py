@@ -19,7 +19,7 @@ import uvicorn
 
 from oncebus.amqp import serve_amqp
 from oncebus.broker import ManualClock, Namespace
-from oncebus.http.observe import AmqpTransportGauges, TransportGauges, make_observe_app
+from oncebus.http.observe import make_observe_app
 from oncebus.store.sqlite import SqliteStore
 
 T = TypeVar("T")
@@ -40,7 +40,6 @@ class ObservedBroker:
         self._sock.bind(("127.0.0.1", 0))
         self.port = int(self._sock.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
-        self.transport: TransportGauges | None = None
 
     def __enter__(self) -> ObservedBroker:
         self._thread.start()
@@ -52,8 +51,7 @@ class ObservedBroker:
         if self.amqp:
             self.amqp_server = await serve_amqp(self.namespace, port=0)
             self.connection_string = self.amqp_server.connection_string
-            self.transport = AmqpTransportGauges(self.amqp_server)
-        app = make_observe_app(self.namespace, transport=self.transport)
+        app = make_observe_app(self.namespace)  # the AMQP server reports its gauges to the namespace
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
         self._serving = asyncio.create_task(self._server.serve(sockets=[self._sock]))
         while not self._server.started:

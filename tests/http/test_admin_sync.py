@@ -362,18 +362,37 @@ def test_a_queue_may_forward_to_itself(admin: ServiceBusAdministrationClient, na
     assert got.forward_to.endswith(f"/{name}") and got.forward_dead_lettered_messages_to.endswith(f"/{name}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=HttpResponseError,
-    reason="left for a decision: oncebus refuses forwarding from a session-enabled queue (Azure/azure-service-bus#317, "
-    "2019: a 400 for a session queue forwarding to a session queue); the SDK repository's 2021 recording of "
-    "test_mgmt_queue_create_with_queue_description shows Service Bus creating one that forwards to a topic (201)",
-)
-def test_a_session_enabled_queue_may_forward_to_a_topic(admin: ServiceBusAdministrationClient, name: str) -> None:
-    """test_mgmt_queue_create_with_queue_description, as Service Bus answered it in 2021 (the SDK's recording)."""
+def test_a_session_enabled_queue_may_forward_and_its_messages_keep_their_session(
+    admin: ServiceBusAdministrationClient, server: Served, name: str
+) -> None:
+    """test_mgmt_queue_create_with_queue_description, as Service Bus answered it in 2021 (the SDK repository's
+    recording: 201, ForwardTo read back, for a session-enabled queue forwarding to a topic). Failed before: 400.
+    A session message sent to it reaches the topic's session subscription, and a session queue forwarding to
+    another, with its SessionId."""
     admin.create_topic(f"{name}-t")
+    admin.create_subscription(f"{name}-t", "s", requires_session=True)
     created = admin.create_queue(name, requires_session=True, forward_to=f"{name}-t")
     assert created.requires_session and created.forward_to.endswith(f"/{name}-t")
+    assert admin.get_queue(name).forward_to.endswith(f"/{name}-t")
+    admin.create_queue(f"{name}-end", requires_session=True)
+    admin.create_queue(f"{name}-q", requires_session=True)
+    updated = admin.get_queue(f"{name}-q")
+    updated.forward_to = f"{name}-end"
+    admin.update_queue(updated)  # an update may set it too
+    assert admin.get_queue(f"{name}-q").forward_to.endswith(f"/{name}-end")
+    with ServiceBusClient.from_connection_string(server.connection_string) as client:
+        with client.get_queue_sender(name) as sender:
+            sender.send_messages(ServiceBusMessage("via the topic", session_id="order-7", message_id="m1"))
+        with client.get_queue_sender(f"{name}-q") as sender:
+            sender.send_messages(ServiceBusMessage("via the queue", session_id="order-8", message_id="m2"))
+        with client.get_subscription_receiver(f"{name}-t", "s", session_id="order-7", max_wait_time=5) as receiver:
+            got = receiver.receive_messages(max_message_count=5, max_wait_time=5)
+            assert [(str(m), m.session_id) for m in got] == [("via the topic", "order-7")]
+            receiver.complete_message(got[0])
+        with client.get_queue_receiver(f"{name}-end", session_id="order-8", max_wait_time=5) as receiver:
+            got = receiver.receive_messages(max_message_count=5, max_wait_time=5)
+            assert [(str(m), m.session_id) for m in got] == [("via the queue", "order-8")]
+            receiver.complete_message(got[0])
 
 
 def test_express_is_accepted_and_said(admin: ServiceBusAdministrationClient, name: str) -> None:

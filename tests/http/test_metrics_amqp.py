@@ -46,3 +46,16 @@ def test_connections_and_links_open_follow_the_sdk(tmp_path: Path) -> None:
         assert _until(broker, lambda v: v == (0, 0)) == (0, 0)
         status, _, body = broker.get("/api/dashboard")
         assert status == 200 and b'"transport": {"connections_open": 0, "links_open": 0}' in body
+
+
+def test_the_gauges_come_through_the_observation_port(tmp_path: Path) -> None:
+    """The AMQP server reports to the namespace it serves (``observer.transport``) while it runs, and stops when it
+    closes; ``/metrics`` shows them only then (the observe app knows nothing of AMQP)."""
+    with ObservedBroker(tmp_path, amqp=True) as broker:
+        assert broker.ns.observer.transport is broker.amqp_server
+        assert "oncebus_connections_open" in broker.get("/metrics")[2].decode()
+        broker.call(broker.amqp_server.close)
+        assert broker.ns.observer.transport is None
+        status, _, body = broker.get("/metrics")
+        assert status == 200 and b"oncebus_connections_open" not in body and b"oncebus_links_open" not in body
+        assert b'"transport": null' in broker.get("/api/dashboard")[2]

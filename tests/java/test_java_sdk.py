@@ -1,7 +1,7 @@
 """The official Java SDK (``com.azure:azure-messaging-servicebus`` 7.17.19 under ``azure-sdk-bom`` 1.3.8; its
 own AMQP stack, proton-j, and its own HTTP pipeline) against ``oncebus serve``: the shared dedup scenarios
 (tests/data/scenarios.json), sessions, peek-lock settlement, scheduling, peek, the processor client,
-transactions, and the administration client over HTTPS.
+transactions, the administration client over HTTPS, and AMQP over WebSockets (``AMQP_WEB_SOCKETS``).
 
 tests/java is a Maven project (pom.xml pins every version); ``mvn -q -B package`` builds it once per run, with
 Maven's local repository (~/.m2) as the cache. One JVM then runs every scenario and prints one JSON line for
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -58,6 +59,10 @@ QUEUES: dict[str, dict[str, Any]] = {
     "java-txn-b": {},
     "java-txn-c": {},
     "java-txn-d": {},
+    "java-ws": {"RequiresDuplicateDetection": True},
+    "java-ws-sessions": {"RequiresSession": True},
+    "java-wss": {"RequiresDuplicateDetection": True},
+    "java-wss-sessions": {"RequiresSession": True},
 }
 
 pytestmark = pytest.mark.timeout(BUILD_TIMEOUT + RUN_TIMEOUT + 60)  # the first test waits for the whole run
@@ -91,6 +96,14 @@ def build() -> list[str]:
 def ca_file(server: ServerProcess) -> str:
     line = next(line for line in server.output if line.startswith("CA certificate: "))
     return line.split(": ", 1)[1].split(" (", 1)[0]
+
+
+def port_of(server: ServerProcess, label: str) -> int:
+    """The port ``oncebus serve`` printed for ``label`` ("TLS", "HTTP")."""
+    for line in server.output:
+        if m := re.match(rf"{label} on [^ ]+:(\d+) ", line):
+            return int(m.group(1))
+    raise AssertionError(f"no {label} port in {server.output}")
 
 
 def truststore(servers: list[ServerProcess], directory: Path) -> Path:
@@ -209,6 +222,7 @@ def java(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JavaRun]:
             ONCEBUS_CLOCKED_CONNECTION_STRING=clocked.connection_string,
             ONCEBUS_CLOCK_FILE=str(clock.path),
             ONCEBUS_SCENARIO_FILE=str(SCENARIO_FILE),
+            ONCEBUS_TLS_PORT=str(port_of(server, "TLS")),
         )
         log = base / "java-stderr.log"
         results = run_java(classpath, env, truststore([server, clocked], base), clocked, [], log)
@@ -370,6 +384,31 @@ def test_admin_client_topics_subscriptions_rules(java: JavaRun) -> None:
     assert got["ruleUpdated"] == dict(red_only, sql="color = 'crimson'")
     assert got["rulesAfterDelete"] == ["red-only"]
     assert got["plainExists"] is False and got["topicExists"] is False
+
+
+WS_ROUND_TRIP = {
+    "received": ["204800 bytes", "first", "second", "third"],  # the resend of ws-1 dropped
+    "left": [],
+    "session": ["a1", "a2"],
+    "sessionIds": ["ws-s", "ws-s"],
+    "state": "ws-state",
+}
+
+
+def test_amqp_over_websockets_with_the_printed_connection_string(java: JavaRun) -> None:
+    """``transportType(AmqpTransportType.AMQP_WEB_SOCKETS)`` with the emulator string: wss:// to the endpoint's own
+    port (always TLS over WebSockets; the emulator flag only skips checking the certificate); a 200 KiB message in
+    proton-j's 4 KiB frames. Failed before: the SDK's upgrade names its target in absolute form
+    (``GET https://127.0.0.1/$servicebus/websocket``), which oncebus routed to the application (501): no connection."""
+    assert java.result("websocket") == WS_ROUND_TRIP
+
+
+def test_amqp_over_websockets_with_tls_and_a_custom_endpoint(java: JavaRun) -> None:
+    """An Azure-style string (no port, no emulator flag) would go to wss://127.0.0.1:443; ``customEndpointAddress``
+    names the TLS port; the CA is trusted through the JVM's truststore, the certificate's name checked."""
+    got = java.result("websocket-tls")
+    assert got.pop("connectionString").startswith("Endpoint=sb://127.0.0.1;")
+    assert got == WS_ROUND_TRIP
 
 
 def test_the_admin_client_drops_the_endpoint_port(java: JavaRun) -> None:

@@ -1,14 +1,16 @@
 // One scenario of the official JavaScript SDK (@azure/service-bus) against `oncebus serve`.
-// Usage: node scenario.js <name>; run by tests/js/test_js_sdk.py, which starts the server and sets:
+// Usage: node scenario.js <name> [argument]; run by tests/js/test_js_sdk.py, which starts the server and sets:
 //   ONCEBUS_CONNECTION_STRING  the connection string `oncebus serve` printed (a key with all rights)
 //   ONCEBUS_SEND_ONLY, ONCEBUS_LISTEN_ONLY  connection strings with a Send-only and a Listen-only key
 //   NODE_EXTRA_CA_CERTS  the server's CA file (the admin client speaks HTTPS)
+//   ONCEBUS_SCENARIO_FILE, ONCEBUS_CLOCK_FILE  for the shared dedup scenarios (dedup.js)
 // Prints one JSON line with what it saw; exits 1 (with the error) when something the scenario expects fails.
 "use strict";
 
 const { ServiceBusClient, ServiceBusAdministrationClient } = require("@azure/service-bus");
 // 7.10.0-beta.2 (package.json's alias): the first JavaScript SDK with deleteMessages and purgeMessages
 const beta = require("@azure/service-bus-beta");
+const { runDedupScenario } = require("./dedup");
 
 const connectionString = process.env.ONCEBUS_CONNECTION_STRING;
 const retryOptions = { maxRetries: 0, timeoutInMs: 15000 };
@@ -36,6 +38,11 @@ async function refused(work) {
 }
 
 const scenarios = {
+  // one of the shared duplicate-detection scenarios (dedup.js), named by the next argument
+  async "shared-dedup"() {
+    return runDedupScenario(process.argv[3]);
+  },
+
   // send, receive, complete
   async "send-receive"() {
     const body = `js-${Date.now()}`;
@@ -220,8 +227,7 @@ const scenarios = {
     return out;
   },
 
-  // entity status set through the administration client and honoured at the links (com.microsoft:entity-disabled);
-  // forwarding from a session-enabled queue refused
+  // entity status set through the administration client and honoured at the links (com.microsoft:entity-disabled)
   async status() {
     const admin = new ServiceBusAdministrationClient(connectionString);
     const out = {};
@@ -246,9 +252,10 @@ const scenarios = {
       out.received = (await receive()).map((m) => m.body);
     });
     out.topicReceiveDisabled = await refused(() => admin.createTopic(`js-status-t-${Date.now()}`, { status: "ReceiveDisabled" }));
-    out.sessionForward = await refused(() =>
-      admin.createQueue(`js-status-s-${Date.now()}`, { requiresSession: true, forwardTo: "js-status" }),
-    );
+    // a session-enabled queue may forward, as on Service Bus
+    out.sessionForward = (
+      await admin.createQueue(`js-status-s-${Date.now()}`, { requiresSession: true, forwardTo: "js-status" })
+    ).forwardTo;
     return out;
   },
 

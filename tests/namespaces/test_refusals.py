@@ -124,9 +124,9 @@ def test_the_cap_on_namespaces() -> None:
     from oncebus.store.memory import MemoryStore
 
     async def run() -> None:
-        registry = Namespaces(await Namespace.open(MemoryStore()), KeyRing.of(DEFAULT_KEYS), environ={})
+        registry = Namespaces(await Namespace.open(MemoryStore()), KeyRing.of(DEFAULT_KEYS))
         assert registry.max_namespaces == MAX_NAMESPACES == 1000
-        capped = Namespaces(registry.default, registry.keys, environ={"ONCEBUS_MAX_NAMESPACES": "2"})
+        capped = Namespaces(registry.default, registry.keys, max_namespaces=2)
         await capped.create("a")
         await capped.create("b")
         with pytest.raises(QuotaExceededError, match=r"at most 2 created namespaces.*ONCEBUS_MAX_NAMESPACES"):

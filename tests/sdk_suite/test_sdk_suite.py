@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import SUMMARY_PROPERTY
 from tests.sdk_suite import runner
 
 DATA_PLANE = [
@@ -46,13 +48,6 @@ ADMINISTRATION = [
 QUEUES = "test_queues.py::TestServiceBusQueue::"
 SESSIONS = "test_sessions.py::TestServiceBusSession::"
 
-SESSION_FORWARDING = (
-    "oncebus: a session-enabled queue that forwards (to a topic) is refused with 400; Service Bus created it "
-    "(201, ForwardTo read back) in the SDK repository's 2021 recording of this test, while "
-    "Azure/azure-service-bus#317 (2019) shows a 400 for a session queue forwarding to a session queue: left "
-    "for a decision (core/entities.py _check_forwarding; tests/http/test_admin_sync.py has it as a strict xfail)"
-)
-
 EXPECTED_FAILURES: dict[str, str] = {
     f"{QUEUES}test_queue_operation_negative[pyamqp]": (
         "stale: its stand-in for the transport's settle_messages lacks the await_outcome keyword 7.15 passes "
@@ -68,10 +63,6 @@ EXPECTED_FAILURES: dict[str, str] = {
         "bytes shifted by 9 bits where Microsoft.Azure.Amqp's DecimalEncoding, which it follows, shifts by 7: "
         "Decimal('1.2345') reads as an overflow), so the receive-and-delete receive drops the message it took"
     ),
-    "mgmt_tests/test_mgmt_queues.py::TestServiceBusAdministrationClientQueue::"
-    "test_mgmt_queue_create_with_queue_description": SESSION_FORWARDING,
-    "mgmt_tests/async/test_mgmt_queues_async.py::TestServiceBusAdministrationClientQueueAsync::"
-    "test_async_mgmt_queue_create_with_queue_description": SESSION_FORWARDING,
 }
 
 NOT_RUN: dict[str, str] = {
@@ -157,7 +148,10 @@ def _summary(outcomes: dict[str, dict[str, Any]], seconds: float) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_the_sdks_own_tests_pass_against_oncebus(
-    request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    record_property: Callable[[str, object], None],
 ) -> None:
     archive = runner.obtain_sdist(_cache_dir(request, tmp_path))
     work = runner.prepare(archive, tmp_path / "work")
@@ -174,8 +168,10 @@ def test_the_sdks_own_tests_pass_against_oncebus(
     finally:
         server.stop()
     outcomes = result.outcomes
+    summary = _summary(outcomes, result.seconds)
     with capsys.disabled():
-        print("\n" + "\n".join(_summary(outcomes, result.seconds)))
+        print("\n" + "\n".join(summary))
+    record_property(SUMMARY_PROPERTY, "\n".join(summary))  # tests/conftest.py prints it in the terminal summary
 
     assert outcomes, f"no test ran:\n{result.output[-5000:]}"
     report = f"(the run's report: {work / 'output.txt'})"

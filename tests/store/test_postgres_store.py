@@ -16,6 +16,7 @@ import pytest
 from oncebus.broker import ManualClock, Message, Namespace
 from oncebus.cli import main
 from oncebus.core.errors import InvalidArgumentError, StoreError, StoreWriteError
+from oncebus.server.settings import Settings
 from oncebus.store.base import (
     SETTLEMENT_SYNC_SECONDS,
     AddCounters,
@@ -33,18 +34,17 @@ from tests.postgres_cluster import PostgresCluster
 from tests.store.test_contract import _message
 
 
-def test_the_store_is_chosen_by_option_then_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ONCEBUS_STORE", raising=False)
+def test_the_store_is_a_postgresql_url_or_sqlite() -> None:
+    """``--store``, else ``ONCEBUS_STORE`` (read by ``oncebus.server.settings``; the CLI names where it came from)."""
     assert store_spec(None) is None
+    assert store_spec("sqlite") is None
     assert store_spec("postgresql://h/db") == "postgresql://h/db"
-    monkeypatch.setenv("ONCEBUS_STORE", "postgres://h/db")
-    assert store_spec(None) == "postgres://h/db"
-    assert store_spec("sqlite") is None  # the option wins over the environment
+    assert store_spec(Settings.from_environ({"ONCEBUS_STORE": "postgres://h/db"}).store) == "postgres://h/db"
     with pytest.raises(InvalidArgumentError, match=r"--store 'mysql://h/db': give a PostgreSQL URL"):
         store_spec("mysql://h/db")
-    monkeypatch.setenv("ONCEBUS_STORE", "/data/oncebus.db")
+    given = Settings.from_environ({"ONCEBUS_STORE": "/data/oncebus.db"}).store
     with pytest.raises(InvalidArgumentError, match=r"ONCEBUS_STORE '/data/oncebus.db': give a PostgreSQL URL"):
-        store_spec(None)
+        store_spec(given, option="ONCEBUS_STORE")
 
 
 def test_serve_with_a_store_that_is_not_a_url_is_a_usage_error(

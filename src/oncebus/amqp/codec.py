@@ -743,9 +743,7 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
         body=bodies[0] if len(bodies) == 1 else b"".join(bodies),
         message_id=message_id if type(message_id) is str else message_id_of(message_id),
         session_id=None if session_id is None else _string_field(session_id, "the session id (properties group-id)"),
-        partition_key=(
-            None if partition_key is None else _string_field(partition_key, "the partition key (x-opt-partition-key)")
-        ),
+        partition_key=None if partition_key is None else _partition_key(partition_key),
         application_properties=application,
         time_to_live=ttl,
         scheduled_enqueue_time_utc=None if scheduled is None else _scheduled_time(scheduled),

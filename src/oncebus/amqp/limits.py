@@ -5,27 +5,22 @@ after the open exchange, a delivery is refused as soon as it passes its link's
 size, a connection that does not finish its handshake is closed, and a
 receiver that does not read stops the broker from handing it more messages.
 
-The defaults suit a local broker. ``AmqpLimits.from_env()`` lets a deployment
-(or a test, which wants short timeouts) change them through environment
-variables named ``ONCEBUS_AMQP_<FIELD>`` in upper case, e.g.
-``ONCEBUS_AMQP_HANDSHAKE_TIMEOUT=0.5``.
+The defaults suit a local broker. A deployment (or a test, which wants short
+timeouts) changes them through environment variables named
+``ONCEBUS_AMQP_<FIELD>`` in upper case, e.g. ``ONCEBUS_AMQP_HANDSHAKE_TIMEOUT=0.5``,
+read with every other setting by ``oncebus.server.settings``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-
-from oncebus.core.errors import InvalidArgumentError
 
 # AMQP 1.0 (2.4.1, 5.3.1): MIN-MAX-FRAME-SIZE, what either peer must accept before the open
 # (or SASL) exchange has told it more; a larger frame then is a protocol error.
 MIN_MAX_FRAME_SIZE = 512
-
-ENV_PREFIX = "ONCEBUS_AMQP_"
 
 
 @dataclass(frozen=True)
@@ -82,25 +77,6 @@ class AmqpLimits:
             value = getattr(self, f.name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{f.name} must be positive, not {value!r}")
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> AmqpLimits:
-        """The defaults, overridden by ``ONCEBUS_AMQP_<FIELD>`` variables (a bad value is an error naming it)."""
-        environ = os.environ if environ is None else environ
-        changes: dict[str, int | float] = {}
-        for f in dataclasses.fields(cls):
-            name = ENV_PREFIX + f.name.upper()
-            text = environ.get(name)
-            if text is None:
-                continue
-            kind = float if f.type in ("float", float) else int
-            try:
-                changes[f.name] = kind(text)
-            except ValueError:
-                raise InvalidArgumentError(
-                    f"{name}={text!r} is not a{'' if kind is int else ' decimal'} number"
-                ) from None
-        return cls(**changes)  # type: ignore[arg-type]
 
 
 DEFAULT_LIMITS = AmqpLimits()

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from oncebus.amqp.connection import CONNECTION_FORCED, AmqpConnection
+from oncebus.amqp.endpoints import LOCAL_ACTIVE
 from oncebus.amqp.frames import RESOURCE_LIMIT
 from oncebus.amqp.limits import AmqpLimits, OldestFirst
 from oncebus.amqp.routing import Router
@@ -45,7 +46,7 @@ class AmqpServer:
         self.namespace = namespace
         self.keys = KeyRing.of(keys)  # name -> key, with each key's rights
         self.wall_time = wall_time
-        self.limits = limits if limits is not None else AmqpLimits.from_env()
+        self.limits = limits if limits is not None else AmqpLimits()  # oncebus serve: Settings.amqp
         self.router = Router(self)
         self.connections: set[AmqpConnection] = set()
         self.authenticated: set[AmqpConnection] = set()  # holding an accepted token: what max_connections bounds
@@ -56,6 +57,7 @@ class AmqpServer:
         self._token_checks: asyncio.Task[None] | None = None
         # the namespaces created at run time (oncebus.server.namespaces): None serves the default one alone
         self.namespaces: NamespaceResolver | None = None
+        namespace.observer.transport = self  # the gauges below, reported through the observation port (/metrics)
 
     def namespace_named(self, name: str | None) -> tuple[Namespace, Mapping[str, str]]:
         if name is None:
@@ -155,7 +157,17 @@ class AmqpServer:
                 except Exception:
                     _LOG.exception("checking the tokens of a connection failed")
 
+    def connections_open(self) -> int:
+        """AMQP connections open (on this server's socket or handed over by a front door), every namespace's."""
+        return sum(1 for conn in self.connections if not conn.closed)
+
+    def links_open(self) -> int:
+        """Links open on them (entity, ``$cbs`` and ``$management`` links), attached by both ends."""
+        return sum(_links_open(conn) for conn in self.connections if not conn.closed)
+
     async def close(self) -> None:
+        if self.namespace.observer.transport is self:
+            self.namespace.observer.transport = None
         if self._token_checks is not None:
             self._token_checks.cancel()
         if self._server is not None:
@@ -164,6 +176,11 @@ class AmqpServer:
             conn.close()
         if self._server is not None:
             await self._server.wait_closed()
+
+
+def _links_open(conn: AmqpConnection) -> int:
+    """The links open on our side of ``conn`` (what /metrics counts as open)."""
+    return sum(1 for link in conn.connection.links if link.state & LOCAL_ACTIVE)
 
 
 async def serve_amqp(
@@ -180,7 +197,7 @@ async def serve_amqp(
     Runs on the caller's event loop, the namespace's loop. ``keys`` maps SAS key
     names to keys (default: ``RootManageSharedAccessKey`` = ``SAS_KEY_VALUE``).
     ``ready`` is called with the server once it listens. ``limits`` bounds what a
-    client may make the server do (default: :meth:`AmqpLimits.from_env`).
+    client may make the server do (default: ``AmqpLimits()``; ``oncebus serve`` gives the ``ONCEBUS_AMQP_*`` settings).
     """
     server = AmqpServer(
         namespace,

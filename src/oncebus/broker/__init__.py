@@ -21,7 +21,7 @@ from oncebus.broker.faults import FAULT_KINDS, ArmedFault, FaultBook, FaultsDisa
 from oncebus.broker.namespace import Namespace
 from oncebus.broker.observation import NamespaceObserver
 from oncebus.broker.paths import EntityPath, address_path, parse_path, subscription_path
-from oncebus.broker.ports import Administration, Messaging, Observation
+from oncebus.broker.ports import Administration, Broker, Messaging, Observation, TransportGauges
 from oncebus.broker.receivable import SessionLock
 from oncebus.broker.runtime_properties import (
     UNKNOWN_TIME,
@@ -53,6 +53,7 @@ __all__ = [
     "UNKNOWN_TIME",
     "Administration",
     "ArmedFault",
+    "Broker",
     "Clock",
     "EntityPath",
     "EntityStats",
@@ -82,6 +83,7 @@ __all__ = [
     "TransactionSpanError",
     "TransactionTimeoutError",
     "Transactions",
+    "TransportGauges",
     "UnknownTransactionError",
     "address_path",
     "parse_path",

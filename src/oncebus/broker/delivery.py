@@ -30,6 +30,7 @@ from oncebus.broker.signals import ChangeSignal
 from oncebus.broker.upkeep import pump_forwarding
 from oncebus.core.errors import (
     InvalidArgumentError,
+    InvalidOperationError,
     MessageLockLostError,
     MessageNotFoundError,
     OperationTimeoutError,
@@ -130,7 +131,7 @@ class Delivery:
     def _check_session(self, receivable: Receivable, session: SessionLock | None, path: str) -> str | None:
         if receivable.settings.requires_session and not receivable.is_dead_letter:
             if session is None:
-                raise InvalidArgumentError(
+                raise InvalidOperationError(
                     f"It is not possible for an entity that requires sessions to create a non-sessionful "
                     f"message receiver: {path!r} requires sessions; accept a session first"
                 )

@@ -45,6 +45,12 @@ from oncebus.broker.recovery import (
 from oncebus.broker.registry import Entity, EntityKind, Registry
 from oncebus.broker.routing import Router
 from oncebus.broker.rulebook import Rules
+from oncebus.broker.runtime_properties import (
+    RuntimeProperties,
+    queue_runtime_properties,
+    subscription_runtime_properties,
+    topic_runtime_properties,
+)
 from oncebus.broker.sending import Sender, SendLog, SendOutcome
 from oncebus.broker.signals import ChangeSignal, wait_any, wait_until
 from oncebus.broker.stats import EntityStats, entity_stats
@@ -358,6 +364,16 @@ class Namespace(Delivery):
             self._touch(subscription_path(where.entity, where.subscription))
         self._write_later(receivable.advance(self._now()))
         return receivable
+
+    def queue_runtime_properties(self, name: str) -> RuntimeProperties:
+        """The queue's counts and sizes, as ``ServiceBusAdministrationClient`` names them."""
+        return queue_runtime_properties(self, name)
+
+    def topic_runtime_properties(self, name: str) -> RuntimeProperties:
+        return topic_runtime_properties(self, name)
+
+    def subscription_runtime_properties(self, topic_name: str, name: str) -> RuntimeProperties:
+        return subscription_runtime_properties(self, topic_name, name)
 
     def open_receiver(self, path: str) -> Callable[[], None]:
         """A receiver opens on ``path`` (an AMQP receiver link): counted against the tier's concurrent receive

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from oncebus.broker.counters import (
     HISTORY_SAMPLE_US,
@@ -72,12 +73,22 @@ def _receivable_view(subscription: str, receivable: Receivable) -> ReceivableVie
     )
 
 
+class TransportGauges(Protocol):
+    """What a front end reports about its open connections and links, through the observation port: the AMQP
+    server sets itself as ``observer.transport`` when it starts (``/metrics`` and the dashboard read it)."""
+
+    def connections_open(self) -> int: ...
+
+    def links_open(self) -> int: ...
+
+
 class NamespaceObserver:
     """The namespace-wide counters and the clocked work: history samples and the per-minute duplicate log."""
 
     def __init__(self) -> None:
         self.store = StoreCounters()
         self.history = ActivityHistory()
+        self.transport: TransportGauges | None = None  # set by the AMQP server serving this namespace
         self._next_sample_us = 0
         self._next_log_us = 0
         self._logged: dict[str, tuple[int, int, int]] = {}

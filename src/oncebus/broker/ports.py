@@ -22,15 +22,20 @@ from typing import Any, Protocol
 
 from oncebus.broker.clock import Clock
 from oncebus.broker.counters import EntityView
-from oncebus.broker.observation import NamespaceObserver
+from oncebus.broker.faults import FaultBook
+from oncebus.broker.observation import NamespaceObserver, TransportGauges
 from oncebus.broker.receivable import SessionLock
 from oncebus.broker.registry import EntityKind
+from oncebus.broker.runtime_properties import RuntimeProperties
 from oncebus.broker.sending import SendOutcome
 from oncebus.broker.stats import EntityStats
 from oncebus.broker.transactions import Transactions
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.messages import Message, ReceivedMessage, ServiceBusReceiveMode
 from oncebus.core.rules import RuleProperties
+from oncebus.core.tiers import TierQuotas
+
+__all__ = ["Administration", "Broker", "Messaging", "Observation", "TransportGauges"]
 
 
 class Messaging(Protocol):
@@ -38,6 +43,23 @@ class Messaging(Protocol):
 
     transactions: Transactions
     """Open transactions: sends and settlements held until a discharge stores them as one unit, or drops them."""
+    quotas: TierQuotas
+    """The tier's quotas (message and batch sizes a link advertises)."""
+    faults: FaultBook
+    """Failures armed by a test; the door fires them (``faults.armed`` is all the hot path reads)."""
+
+    def open_receiver(self, path: str) -> Callable[[], None]:
+        """A receiver opens on ``path``: counted against the tier's concurrent receive requests (server busy past
+        it); call the returned function when it closes."""
+        ...
+
+    def lose_lock(self, path: str, lock_token: uuid.UUID) -> None:
+        """Lose the message's lock now, as when it expires (the ``lock-lost`` fault)."""
+        ...
+
+    def lose_session_lock(self, session: SessionLock) -> None:
+        """Lose a session's lock now, as when it expires (the ``session-lock-lost`` fault)."""
+        ...
 
     async def send(self, entity_name: str, messages: Message | Sequence[Message]) -> list[SendOutcome]:
         """Send one message or an atomic batch to a queue or topic."""
@@ -170,6 +192,9 @@ class Administration(Protocol):
     """Entities and rules: what the HTTP administration API, the topology loader, the CLI and ``$management`` rule
     operations do."""
 
+    quotas: TierQuotas
+    """The tier's quotas (what the administration API reports and checks)."""
+
     async def create_entity(
         self, kind: EntityKind, name: str, **properties: Any
     ) -> QueueProperties | TopicProperties: ...
@@ -197,6 +222,14 @@ class Administration(Protocol):
         ...
 
     def get_queue(self, name: str) -> QueueProperties: ...
+
+    def queue_runtime_properties(self, name: str) -> RuntimeProperties:
+        """Counts and sizes, as ``ServiceBusAdministrationClient`` names them (also for topics and subscriptions)."""
+        ...
+
+    def topic_runtime_properties(self, name: str) -> RuntimeProperties: ...
+
+    def subscription_runtime_properties(self, topic_name: str, name: str) -> RuntimeProperties: ...
 
     def get_topic(self, name: str) -> TopicProperties: ...
 
@@ -260,4 +293,13 @@ class Observation(Protocol):
         ...
 
     observer: NamespaceObserver
+    """History, store counters, and the gauges a front end reports (``observer.transport``)."""
     clock: Clock
+    faults: FaultBook
+    """Faults armed and fired (``/metrics``; the HTTP fault endpoints arm them)."""
+
+
+class Broker(Messaging, Administration, Observation, Protocol):
+    """The three ports together: what a door serving a whole namespace holds (the HTTP app, the AMQP server, the
+    control socket). A module that needs one port types by that port; only ``oncebus.server`` (the composition
+    root) names the concrete ``Namespace``."""

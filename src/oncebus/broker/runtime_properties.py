@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
-from oncebus.broker.namespace import Namespace
 from oncebus.broker.receivable import Receivable
+from oncebus.broker.stats import EntityStats
+from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.messages import MessageState
-from oncebus.core.rules import CorrelationRuleFilter, SqlRuleFilter
+from oncebus.core.rules import CorrelationRuleFilter, RuleProperties, SqlRuleFilter
 from oncebus.core.timeutil import us_to_datetime
 
 # Azure's own value for a time that never happened (an entity never accessed): 0001-01-01T00:00:00Z.
@@ -58,6 +59,24 @@ class RuntimeProperties:
         )
 
 
+class Entities(Protocol):
+    """What the runtime properties read of a namespace (``Namespace`` passes itself)."""
+
+    def get_queue(self, name: str) -> QueueProperties: ...
+
+    def get_topic(self, name: str) -> TopicProperties: ...
+
+    def get_subscription(self, topic_name: str, name: str) -> SubscriptionProperties: ...
+
+    def list_subscriptions(self, topic_name: str) -> list[SubscriptionProperties]: ...
+
+    def list_rules(self, topic_name: str, name: str) -> list[RuleProperties]: ...
+
+    def stats(self, entity_name: str) -> EntityStats: ...
+
+    def receivable(self, path: str) -> Receivable: ...
+
+
 def _of(receivable: Receivable) -> RuntimeProperties:
     counts = receivable.counts()
     size = receivable.held_bytes
@@ -82,17 +101,17 @@ def _stamped(runtime: RuntimeProperties, props: Any) -> RuntimeProperties:
     )
 
 
-def queue_runtime_properties(namespace: Namespace, name: str) -> RuntimeProperties:
+def queue_runtime_properties(namespace: Entities, name: str) -> RuntimeProperties:
     props = namespace.get_queue(name)  # EntityNotFoundError when there is no such queue
     return _stamped(_of(namespace.receivable(name)), props)
 
 
-def subscription_runtime_properties(namespace: Namespace, topic: str, name: str) -> RuntimeProperties:
+def subscription_runtime_properties(namespace: Entities, topic: str, name: str) -> RuntimeProperties:
     props = namespace.get_subscription(topic, name)
     return _stamped(_of(namespace.receivable(f"{topic}/Subscriptions/{name}")), props)
 
 
-def topic_runtime_properties(namespace: Namespace, name: str) -> RuntimeProperties:
+def topic_runtime_properties(namespace: Entities, name: str) -> RuntimeProperties:
     subscriptions = namespace.list_subscriptions(name)
     size = 0
     scheduled: set[int] = set()

@@ -305,20 +305,9 @@ class _EntityProperties:
                 f"status {status!r} does not apply to a {self.kind}: use {', '.join(self.statuses)}"
             )
 
-    def _check_forwarding(self) -> Any:
-        """Service Bus does not forward from a session-enabled queue or subscription (checked on create and update,
-        not when loading what an older release stored)."""
-        target = getattr(self, "forward_to", None)
-        if getattr(self, "requires_session", False) and target is not None:
-            raise InvalidArgumentError(
-                f"{self.kind} {self.name!r} requires sessions and forwards to {target!r}: "
-                "auto-forwarding from a session-enabled queue or subscription is not supported; drop one of them"
-            )
-        return self
-
     @classmethod
     def create(cls, name: str, **values: Any) -> Any:
-        return cls._create(name, values)._check_forwarding()
+        return cls._create(name, values)
 
     @classmethod
     def _create(cls, name: str, values: dict[str, Any]) -> Any:
@@ -363,7 +352,7 @@ class _EntityProperties:
                     f"(it is {getattr(self, key)}); delete and recreate the {self.kind} to change it. "
                     "SubCode=40000"
                 )
-        return dataclasses.replace(self, **checked)._check_forwarding()
+        return dataclasses.replace(self, **checked)
 
     def to_dict(self) -> dict[str, Any]:
         """The properties as JSON values (the times only once the broker has set them)."""

@@ -13,6 +13,7 @@ peek-lock, settle over HTTP) documents another code for the same failure. Every 
     │   ├── ArgumentOutOfRangeError     argument-out-of-range                400  a number outside its range
     │   ├── ImmutablePropertyError      argument-error                       400  a property fixed at creation
     │   ├── SqlExpressionError          argument-error                       400  a rule's SQL
+    │   ├── InvalidOperationError       not-allowed                          400  refused in this context
     │   └── MessageSizeExceededError    link:message-size-exceeded           403  over the entity's limit
     ├── EntityNotFoundError             not-found                            404  (REST data plane: 410)
     ├── EntityAlreadyExistsError        entity-already-exists                409
@@ -92,6 +93,17 @@ class SqlExpressionError(InvalidArgumentError):
         self.line = line
         self.column = column
         self.expected = expected
+
+
+class InvalidOperationError(InvalidArgumentError):
+    """What Service Bus reports as an InvalidOperationException: a request well formed but not allowed here (a
+    message without a session id sent to an entity that requires sessions, a partition key that differs from the
+    session id, a receiver without a session on such an entity). Over AMQP ``amqp:not-allowed``, which the SDKs
+    take as final (the Go SDK retries a condition it does not know, such as ``argument-error``, on new
+    connections)."""
+
+    condition = "amqp:not-allowed"
+    status = 400
 
 
 class MessageSizeExceededError(InvalidArgumentError):

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from oncebus.core.errors import InvalidArgumentError
+from oncebus.core.errors import InvalidArgumentError, InvalidOperationError
 
 MessageId = str | bytes | uuid.UUID | int
 """An AMQP message-id: string, binary, uuid or ulong (``int`` from 0 to 2**64 - 1)."""
@@ -176,7 +176,7 @@ def validate_ids(message_id: object, partition_key: object, session_id: object) 
             raise InvalidArgumentError(f"{name} must be text (a string), not {type(value).__name__}")
         _check_length(name, value)
     if session_id is not None and partition_key is not None and session_id != partition_key:
-        raise InvalidArgumentError(
+        raise InvalidOperationError(
             f"partition_key {partition_key!r} differs from session_id {session_id!r}: "
             "when both are set they must be equal"
         )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from oncebus.core.dedup import DuplicateDetector
 from oncebus.core.durations import TIMESPAN_MAX, to_micros
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
-from oncebus.core.errors import InvalidArgumentError, MessageSizeExceededError
+from oncebus.core.errors import InvalidArgumentError, InvalidOperationError, MessageSizeExceededError
 from oncebus.core.keys import MessageId, normalize_message_id, require_identifiable, validate_ids
 from oncebus.core.messages import Message, MessageState, StoredMessage, check_message
 from oncebus.core.tiers import STANDARD, TierQuotas
@@ -62,7 +62,7 @@ def validate_send(
         except InvalidArgumentError as exc:
             raise type(exc)(f"{where}: {exc}") from None
         if requires_session and message.session_id is None:
-            raise InvalidArgumentError(
+            raise InvalidOperationError(
                 f"{where}: the SessionId was not set on a message, and it cannot be sent to the entity "
                 f"{props.name!r}. Entities that have session support enabled can only receive messages "
                 "that have the SessionId set"

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,9 +41,6 @@ from oncebus.core.errors import (
     QuotaExceededError,
 )
 
-TIER_ENV = "ONCEBUS_TIER"
-MESSAGING_UNITS_ENV = "ONCEBUS_MESSAGING_UNITS"
-QUOTA_ENV_PREFIX = "ONCEBUS_QUOTA_"
 MESSAGING_UNITS = (1, 2, 4, 8, 16)
 
 STANDARD_MESSAGE_KB = 256
@@ -104,37 +100,6 @@ class TierQuotas:
         else:
             base = cls(tier, 1)
         return dataclasses.replace(base, **changes)
-
-    @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, tier: str | None = None, stored: str | None = None
-    ) -> TierQuotas:
-        """``tier`` (the ``--tier`` option), else ``$ONCEBUS_TIER``, else ``stored`` (the data directory's), else
-        Standard; ``$ONCEBUS_MESSAGING_UNITS``.
-
-        ``ONCEBUS_QUOTA_<FIELD>`` (e.g. ``ONCEBUS_QUOTA_MAX_ENTITIES=3``) changes one count, for tests that
-        want to meet a quota without building 10,000 entities; Azure's figures are the defaults.
-        """
-        environ = os.environ if environ is None else environ
-        text = tier if tier is not None else environ.get(TIER_ENV) or stored or Tier.STANDARD.value
-        units_text = environ.get(MESSAGING_UNITS_ENV, "1")
-        try:
-            units = int(units_text)
-        except ValueError:
-            raise InvalidArgumentError(f"{MESSAGING_UNITS_ENV}={units_text!r} is not 1, 2, 4, 8 or 16") from None
-        changes: dict[str, int] = {}
-        for f in dataclasses.fields(cls):
-            name = QUOTA_ENV_PREFIX + f.name.upper()
-            value = environ.get(name)
-            if value is None or f.name in ("tier", "messaging_units"):
-                continue
-            try:
-                changes[f.name] = int(value)
-            except ValueError:
-                raise InvalidArgumentError(f"{name}={value!r} is not a whole number") from None
-            if changes[f.name] < 0:
-                raise InvalidArgumentError(f"{name}={value!r}: a quota is 0 or more")
-        return cls.of(Tier.parse(text), units, **changes)
 
     @property
     def premium(self) -> bool:

@@ -27,13 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
 
 from oncebus.auth import MANAGE, KeyRing, authorize_request, normalize_path
-from oncebus.broker import (
-    UNKNOWN_TIME,
-    Namespace,
-    queue_runtime_properties,
-    subscription_runtime_properties,
-    topic_runtime_properties,
-)
+from oncebus.broker import UNKNOWN_TIME, Administration
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.errors import EntityNotFoundError, InvalidArgumentError, OncebusError, status_of
 from oncebus.http import atom
@@ -98,7 +92,7 @@ class AdminApi:
 
     def __init__(
         self,
-        namespace: Namespace,
+        namespace: Administration,
         keys: Mapping[str, str],
         *,
         rules: RuleBook | None = None,
@@ -251,14 +245,14 @@ class AdminApi:
         return Reply(200, atom.ATOM_FEED, atom.feed_document(self_href, title, entries, next_href, self._now()))
 
     def _queue_content(self, props: QueueProperties, request: Request) -> str:
-        runtime = queue_runtime_properties(self.namespace, props.name)
+        runtime = self.namespace.queue_runtime_properties(props.name)
         return atom.queue_description(props, runtime, request.api_version, request.host)
 
     def _topic_content(self, props: TopicProperties, request: Request) -> str:
-        return atom.topic_description(props, topic_runtime_properties(self.namespace, props.name), request.api_version)
+        return atom.topic_description(props, self.namespace.topic_runtime_properties(props.name), request.api_version)
 
     def _subscription_content(self, topic: str, props: SubscriptionProperties, request: Request) -> str:
-        runtime = subscription_runtime_properties(self.namespace, topic, props.name)
+        runtime = self.namespace.subscription_runtime_properties(topic, props.name)
         return atom.subscription_description(props, runtime, request.host)
 
     # --- namespace ------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any, Protocol, cast
 
 from oncebus import __version__
 from oncebus.auth import MANAGE, KeyRing, authorize_request, header_namespace, refusal_text
-from oncebus.broker import Namespace
+from oncebus.broker import Broker
 from oncebus.core.errors import OncebusError, UnauthorizedError, status_of
 from oncebus.http.admin import AdminApi
 from oncebus.http.faults import FaultsApi, is_faults_path
@@ -69,7 +69,7 @@ def is_mounted_path(path: str) -> bool:
 class HttpApp:
     def __init__(
         self,
-        namespace: Namespace,
+        namespace: Broker,
         keys: Mapping[str, str],
         *,
         mounted: ASGIApp | None = None,

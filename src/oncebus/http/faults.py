@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from oncebus.auth import MANAGE, KeyRing, authorize_request, refusal_text
-from oncebus.broker import FaultsDisabledError, FaultSpec, Namespace
+from oncebus.broker import FaultsDisabledError, FaultSpec, Observation
 from oncebus.core.errors import OncebusError, UnauthorizedError, status_of
 from oncebus.http.jsonbody import parse_json
 from oncebus.http.server import Receive, Scope, Send
@@ -38,7 +38,7 @@ class FaultsApi:
     """An ASGI application serving ``/$faults`` for one namespace's fault book."""
 
     def __init__(
-        self, namespace: Namespace, keys: Mapping[str, str], *, wall_time: Callable[[], float] = time.time
+        self, namespace: Observation, keys: Mapping[str, str], *, wall_time: Callable[[], float] = time.time
     ) -> None:
         self.namespace = namespace
         self.keys = KeyRing.of(keys)

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from xml.etree.ElementTree import Element
 from xml.sax.saxutils import escape
 
-from oncebus.broker import UNKNOWN_TIME, Namespace
+from oncebus.broker import UNKNOWN_TIME, Administration
 from oncebus.core.durations import format_duration, parse_duration
 from oncebus.core.errors import InvalidArgumentError, named
 from oncebus.core.properties import CORRELATION_NAMES
@@ -75,7 +75,7 @@ class RuleBook(Protocol):
 class NamespaceRules:
     """The rules of the Namespace's subscriptions, as the administration API shows and changes them."""
 
-    def __init__(self, namespace: Namespace) -> None:
+    def __init__(self, namespace: Administration) -> None:
         self.namespace = namespace
 
     def list_rules(self, topic: str, subscription: str) -> list[RuleView]:

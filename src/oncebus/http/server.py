@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -50,7 +51,7 @@ SERVER_HEADER = b"oncebus"
 class Upgrade:
     """A WebSocket upgrade request handed to another protocol (see ``HttpProtocol``'s ``upgrades``)."""
 
-    target: bytes  # as the client sent it: path and query
+    target: bytes  # as the client sent it, in origin form: path and query
     headers: list[tuple[bytes, bytes]]
     scheme: str  # "http" or "https": the connection's, before the upgrade
     early_data: bytes  # what the client sent after the request, before any answer
@@ -59,10 +60,21 @@ class Upgrade:
 UpgradeDoor = Callable[[Upgrade], asyncio.Protocol]
 
 
+_ABSOLUTE_FORM = re.compile(rb"^[a-z][a-z0-9+.-]*://[^/?#]*", re.IGNORECASE)
+
+
+def origin_form(target: bytes) -> bytes:
+    """A request target in origin form (path and query): the absolute form (``GET https://host/path``, which a
+    server must accept, RFC 9112 3.2.2; the Java SDK's WebSocket upgrade is sent so) loses its scheme and host."""
+    if match := _ABSOLUTE_FORM.match(target):
+        return target[match.end() :] or b"/"
+    return target
+
+
 def upgrade_path(target: bytes) -> str:
     """The path an upgrade request is routed by: decoded, without query, outer slashes or case
-    (``//$ServiceBus/websocket/?x`` is ``/$servicebus/websocket``)."""
-    return "/" + unquote(target.partition(b"?")[0].decode("latin-1")).strip("/").lower()
+    (``//$ServiceBus/websocket/?x`` is ``/$servicebus/websocket``, and so is ``https://host/$servicebus/websocket``)."""
+    return "/" + unquote(origin_form(target).partition(b"?")[0].decode("latin-1")).strip("/").lower()
 
 
 @dataclass(frozen=True)
@@ -326,7 +338,7 @@ class HttpProtocol(asyncio.Protocol):
         if self.connections is not None:
             self.connections.discard(self)
         upgrade = Upgrade(
-            target=bytes(request.target),
+            target=origin_form(bytes(request.target)),
             headers=[(bytes(name), bytes(value)) for name, value in request.headers],
             scheme=self.scheme,
             early_data=early_data,
@@ -364,7 +376,7 @@ class HttpProtocol(asyncio.Protocol):
 
     # --- the application -------------------------------------------------------------------------
     def _scope(self, request: h11.Request) -> Scope:
-        target = request.target
+        target = origin_form(request.target)
         raw_path, _, query = target.partition(b"?")
         transport = self.transport
         client = transport.get_extra_info("peername") if transport else None

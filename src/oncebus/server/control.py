@@ -21,15 +21,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from oncebus.auth import make_token, resource_path
-from oncebus.broker import FaultsDisabledError, FaultSpec, Namespace
+from oncebus.broker import FaultsDisabledError, FaultSpec, Namespace, SystemClock
 from oncebus.core import errors
 from oncebus.core.durations import parse_duration
 from oncebus.core.errors import ArgumentOutOfRangeError, InvalidArgumentError, OncebusError
 from oncebus.core.messages import Message, ServiceBusReceiveMode
 from oncebus.core.properties import SENDER_PROPERTIES
 from oncebus.core.rules import RuleProperties
+from oncebus.core.tiers import TierQuotas
 from oncebus.core.timeutil import datetime_to_us, us_to_datetime
 from oncebus.server.namespaces import Namespaces
+from oncebus.store.base import Store
 
 LATEST_US = datetime_to_us(datetime.max.replace(tzinfo=UTC))
 """The latest time a datetime holds (end of year 9999), in microseconds since the epoch."""
@@ -46,6 +48,12 @@ def operation(name: str) -> Callable[[Handler], Handler]:
         return handler
 
     return register
+
+
+async def open_local(store: Store, quotas: TierQuotas) -> Namespace:
+    """The namespace of a data directory no server runs on, for the CLI to ``dispatch`` to in-process (this package
+    is the one that builds namespaces; the CLI never names the engine's concrete class)."""
+    return await Namespace.open(store, SystemClock(), quotas=quotas)
 
 
 async def dispatch(namespace: Namespace, op: str, args: dict[str, Any]) -> Any:

@@ -35,8 +35,9 @@ PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
 
 
-def resolve_data_dir(flag: str | None) -> Path:
-    return Path(flag or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR).expanduser().resolve()
+def resolve_data_dir(flag: str | None, from_settings: Path | None = None) -> Path:
+    """``--data-dir``, else ``ONCEBUS_DATA_DIR`` (``Settings.data_dir``), else ``.oncebus``."""
+    return Path(flag or from_settings or DEFAULT_DATA_DIR).expanduser().resolve()
 
 
 class DataDir:

@@ -14,24 +14,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
 import resource
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from oncebus.amqp.server import AmqpServer
 from oncebus.amqp.websocket import WEBSOCKET_PATH
 from oncebus.auth import connection_string, is_loopback
 from oncebus.broker import Namespace
-from oncebus.core.errors import InvalidArgumentError
 from oncebus.http.app import HttpApp
-from oncebus.http.observe import AmqpTransportGauges, make_observe_app
-from oncebus.http.server import AllowedHosts, ASGIApp, HttpLimits, HttpProtocol, Upgrade, host_name
+from oncebus.http.observe import make_observe_app
+from oncebus.http.server import AllowedHosts, ASGIApp, HttpProtocol, Upgrade, host_name
 from oncebus.server.certs import Certificates
 from oncebus.server.listener import ALL_KINDS, HTTP, TLS, Doors, Listener
 from oncebus.server.namespaces import Namespaces
+from oncebus.server.settings import Settings
 
 
 def client_host(host: str) -> str:
@@ -79,38 +77,13 @@ class Front:
 
 
 ALLOWED_HOSTS_ENV = "ONCEBUS_HTTP_ALLOWED_HOSTS"
-T = TypeVar("T")
 
 
-def from_env(defaults: T, prefix: str, environ: Mapping[str, str] | None = None) -> T:
-    """``defaults`` (a dataclass) with its number fields overridden by ``<prefix><FIELD>`` variables, e.g.
-    ``ONCEBUS_LISTEN_MAX_PENDING=512`` or ``ONCEBUS_HTTP_MAX_CONNECTIONS=64``; a bad value is an error naming it."""
-    environ = os.environ if environ is None else environ
-    changes: dict[str, int | float] = {}
-    for f in dataclasses.fields(defaults):  # type: ignore[arg-type]
-        value = getattr(defaults, f.name)
-        text = environ.get(prefix + f.name.upper())
-        if text is None or not isinstance(value, int | float) or isinstance(value, bool):
-            continue
-        kind = type(value)
-        try:
-            number = kind(text)
-        except ValueError:
-            raise InvalidArgumentError(
-                f"{prefix}{f.name.upper()}={text!r} is not a{'' if kind is int else ' decimal'} number"
-            ) from None
-        if not number > 0:
-            raise InvalidArgumentError(f"{prefix}{f.name.upper()}={text!r} must be positive")
-        changes[f.name] = number
-    return dataclasses.replace(defaults, **changes)  # type: ignore[type-var]
-
-
-def allowed_hosts(host: str, environ: Mapping[str, str] | None = None) -> AllowedHosts:
+def allowed_hosts(host: str, added: Iterable[str] = ()) -> AllowedHosts:
     """The names the HTTP doors answer to: loopback names and IPs (always), ``--host``, this machine's name, and
-    ``ONCEBUS_HTTP_ALLOWED_HOSTS`` (comma-separated; ``.example.org`` a domain, ``*`` every name)."""
-    environ = os.environ if environ is None else environ
+    ``added`` (``ONCEBUS_HTTP_ALLOWED_HOSTS``: ``.example.org`` a domain, ``*`` every name)."""
     names = {host_name(host.encode()), socket.gethostname().lower()}
-    names.update(n.strip().lower() for n in environ.get(ALLOWED_HOSTS_ENV, "").split(","))
+    names.update(n.strip().lower() for n in added)
     return AllowedHosts(frozenset(n for n in names if n))
 
 
@@ -136,14 +109,17 @@ async def open_front(
     certificates: Certificates,
     mount: ASGIApp | None = None,
     namespaces: Namespaces | None = None,
+    settings: Settings | None = None,
 ) -> Front:
-    """Bind every listener (all or none: a port in use fails the start) and start accepting."""
+    """Bind every listener (all or none: a port in use fails the start) and start accepting, with the bounds
+    ``settings`` gives (None: the defaults)."""
     if not keys:
         raise ValueError("give at least one SAS key (name -> key)")
+    settings = settings if settings is not None else Settings()
     raise_file_limit()
-    amqp = AmqpServer(namespace, keys)
+    amqp = AmqpServer(namespace, keys, limits=settings.amqp)
     if mount is None:  # /metrics and the dashboard (oncebus.http.observe)
-        mount = make_observe_app(namespace, transport=AmqpTransportGauges(amqp))
+        mount = make_observe_app(namespace)  # with the gauges the AMQP server reports to the namespace
     app = HttpApp(  # beyond loopback: /metrics and the dashboard need a key
         namespace, keys, mounted=mount, observe_needs_key=not is_loopback(host), namespaces=namespaces
     )
@@ -152,8 +128,8 @@ async def open_front(
         namespaces.on_delete(amqp.namespace_deleted)
     context = certificates.server_context()
     connections: set[HttpProtocol] = set()
-    limits = from_env(HttpLimits(), "ONCEBUS_HTTP_")
-    hosts = allowed_hosts(host)
+    limits = settings.http
+    hosts = allowed_hosts(host, settings.allowed_hosts)
 
     def websocket(upgrade: Upgrade) -> asyncio.Protocol:
         return amqp.websocket_protocol(upgrade.target, upgrade.headers, upgrade.early_data)
@@ -163,7 +139,10 @@ async def open_front(
     def http(scheme: str) -> HttpProtocol:
         return HttpProtocol(app, scheme=scheme, limits=limits, connections=connections, hosts=hosts, upgrades=upgrades)
 
-    doors = from_env(Doors(amqp=amqp.connection_protocol, http=http, tls=context), "ONCEBUS_LISTEN_")
+    doors = dataclasses.replace(
+        Doors(amqp=amqp.connection_protocol, http=http, tls=context),
+        **settings.listen,  # type: ignore[arg-type]
+    )
     opened: list[Listener] = []
     try:
         main = Listener.open(host, port, doors, ALL_KINDS)

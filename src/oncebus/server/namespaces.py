@@ -17,11 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +44,6 @@ __all__ = [
     "Namespaces",
     "OffsetClock",
     "check_namespace_name",
-    "max_namespaces_from_env",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -100,20 +98,6 @@ class NamedNamespace:
     extras: dict[str, Any] = field(default_factory=dict)  # what a front end builds for it once (HTTP apps)
 
 
-def max_namespaces_from_env(environ: Mapping[str, str]) -> int:
-    """``ONCEBUS_MAX_NAMESPACES`` (default :data:`MAX_NAMESPACES`); a bad value is an error naming it."""
-    text = environ.get(MAX_NAMESPACES_ENV)
-    if text is None:
-        return MAX_NAMESPACES
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise InvalidArgumentError(f"{MAX_NAMESPACES_ENV}={text!r} must be a whole number of at least 1")
-    return value
-
-
 class Namespaces:
     """The serve process's namespaces: the default one and those created at run time (all on one event loop)."""
 
@@ -123,14 +107,11 @@ class Namespaces:
         keys: KeyRing,
         *,
         quotas: TierQuotas | None = None,
-        max_namespaces: int | None = None,
-        environ: Mapping[str, str] | None = None,
+        max_namespaces: int = MAX_NAMESPACES,  # Settings.max_namespaces (ONCEBUS_MAX_NAMESPACES)
     ) -> None:
         self.default = default
         self.keys = keys
         self.quotas = quotas if quotas is not None else default.quotas
-        if max_namespaces is None:
-            max_namespaces = max_namespaces_from_env(os.environ if environ is None else environ)
         self.max_namespaces = max_namespaces
         self.fault_refusal: str | None = default.faults.refusal
         self.connection_string: str | None = None  # the default one, once the listeners are up

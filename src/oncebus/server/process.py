@@ -29,8 +29,9 @@ from oncebus.server.certs import ensure_certificates
 from oncebus.server.control import ControlServer
 from oncebus.server.datadir import DataDir
 from oncebus.server.front import Front, client_host, open_front
-from oncebus.server.namespaces import Namespaces, max_namespaces_from_env
+from oncebus.server.namespaces import Namespaces
 from oncebus.server.runtime import freeze_again, tune_gc
+from oncebus.server.settings import Settings
 from oncebus.store.postgres_url import open_store
 from oncebus.store.sendlog import SendLogWriter
 
@@ -72,6 +73,7 @@ class ServeOptions:
     store: str | None = None  # a postgresql:// URL (store/postgres_url.py); None: oncebus.db in the data directory
     cluster: bool = False  # one node of several on the PostgreSQL store (server/cluster.py)
     advertise: str | None = None  # the host other nodes reach this one at (cluster; default: --host, or its name)
+    settings: Settings | None = None  # the ONCEBUS_* variables (None: read from the environment when run starts)
 
     def resolved_port(self, given: int | None, default: int) -> int:
         if given is not None:
@@ -104,9 +106,9 @@ async def run(
             "or pass --allow-default-key"
         )
     try:
-        quotas = TierQuotas.from_env(tier=options.tier)
-        cap = max_namespaces_from_env(os.environ)  # namespaces created at run time (server/namespaces.py)
-    except InvalidArgumentError as exc:
+        settings = options.settings if options.settings is not None else Settings.from_environ()
+        quotas = settings.quotas(tier=options.tier)
+    except InvalidArgumentError as exc:  # SettingsError: one line naming the variable and what it allows
         raise ServeError(str(exc)) from exc
     topology = None
     if options.config:  # read and shape-checked before the data directory is touched
@@ -126,7 +128,7 @@ async def run(
     try:
         stored_tier = datadir.read_tier()
         try:  # the tier chosen now (--tier, $ONCEBUS_TIER), else the one this data directory was last served with
-            quotas = TierQuotas.from_env(tier=options.tier, stored=stored_tier)
+            quotas = settings.quotas(tier=options.tier, stored=stored_tier)
             if stored_tier is not None and Tier.parse(stored_tier) is not quotas.tier:
                 say(f"the tier changes from {Tier.parse(stored_tier).value} to {quotas.tier.value} (as asked)")
             datadir.write_tier(quotas.tier.value)
@@ -135,7 +137,7 @@ async def run(
         if install_signal_handlers:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-        serving = _Serving(options, datadir, keys, quotas, cap, topology, stop, ready, say)
+        serving = _Serving(options, datadir, keys, quotas, settings, topology, stop, ready, say)
         if options.cluster:
             await _run_node(serving)
         else:
@@ -158,7 +160,7 @@ class _Serving:
         datadir: DataDir,
         keys: KeyRing,
         quotas: TierQuotas,
-        cap: int,
+        settings: Settings,
         topology: Any,
         stop: asyncio.Event,
         ready: Callable[[dict[str, Any]], None] | None,
@@ -168,7 +170,7 @@ class _Serving:
         self.datadir = datadir
         self.keys = keys
         self.quotas = quotas
-        self.cap = cap
+        self.settings = settings
         self.topology = topology
         self.stop = stop
         self._ready = ready
@@ -233,7 +235,7 @@ class _Serving:
             )
         if options.tune_gc:
             tune_gc()
-        namespaces = Namespaces(namespace, keys, quotas=self.quotas, max_namespaces=self.cap)  # created at run time
+        namespaces = Namespaces(namespace, keys, quotas=self.quotas, max_namespaces=self.settings.max_namespaces)
         control = ControlServer(namespace, namespaces=namespaces)
         await control.start()
         info: dict[str, Any] = {
@@ -261,11 +263,10 @@ class _Serving:
                     certificates=certificates,
                     mount=options.mount,
                     namespaces=namespaces,
+                    settings=self.settings,
                 )
             except OSError as exc:
                 raise ServeError(f"cannot listen: {exc}") from exc
-            except InvalidArgumentError as exc:  # a limit set in the environment (ONCEBUS_AMQP_/LISTEN_/HTTP_...)
-                raise ServeError(str(exc)) from exc
             info.update(front.info())
             self.bound(info)
             if announce is not None:

@@ -6,7 +6,6 @@ PostgreSQL URL is given: without it, the user gets one line saying which extra t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,11 +20,10 @@ SCHEMES = ("postgresql://", "postgres://")
 
 
 def store_spec(given: str | None, *, option: str = "--store") -> str | None:
-    """The store asked for (``given``, else ``$ONCEBUS_STORE``), checked: a PostgreSQL URL, or None for the
-    embedded SQLite file (also what ``sqlite`` or an empty value mean)."""
+    """The store asked for (``--store``, else ``ONCEBUS_STORE`` as ``oncebus.server.settings`` read it; ``option``
+    names where it came from), checked: a PostgreSQL URL, or None for the embedded SQLite file (also what
+    ``sqlite`` or an empty value mean)."""
     source = option
-    if given is None:
-        given, source = os.environ.get(STORE_ENV), STORE_ENV
     if given is None or given.strip() in ("", "sqlite"):
         return None
     spec = given.strip()

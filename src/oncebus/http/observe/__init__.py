@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from oncebus.http.observe._app import make_observe_app
 from oncebus.http.observe._dashboard import dashboard_state
-from oncebus.http.observe._metrics import AmqpTransportGauges, NamespaceCollector, TransportGauges, make_registry
+from oncebus.http.observe._metrics import NamespaceCollector, make_registry
 
 __all__ = [
-    "AmqpTransportGauges",
     "NamespaceCollector",
-    "TransportGauges",
     "dashboard_state",
     "make_observe_app",
     "make_registry",

@@ -15,10 +15,10 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
 from oncebus.http.observe._dashboard import dashboard_state
-from oncebus.http.observe._metrics import NamespaceCollector, TransportGauges
+from oncebus.http.observe._metrics import NamespaceCollector
 
 if TYPE_CHECKING:
-    from oncebus.broker import Namespace
+    from oncebus.broker import Observation
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -100,15 +100,15 @@ async def _lifespan(receive: Receive, send: Send) -> None:
             return
 
 
-def make_observe_app(namespace: Namespace, *, transport: TransportGauges | None = None) -> ASGIApp:
+def make_observe_app(namespace: Observation) -> ASGIApp:
     """The ASGI app serving /metrics, the dashboard (/, /dashboard, /dashboard/static/*) and /api/dashboard.
 
     Run it on the namespace's event loop: handlers read the broker's counters directly
-    (O(entities), no store I/O) and never await the broker. ``transport`` adds the
-    open connections and links gauges (``AmqpTransportGauges(amqp_server)``).
+    (O(entities), no store I/O) and never await the broker. The open connections and links gauges are
+    those the AMQP server serving the namespace reports to its observation port (``observer.transport``).
     Mounted under a prefix, it honours the scope's ``root_path``.
     """
-    collector = NamespaceCollector(namespace, transport)
+    collector = NamespaceCollector(namespace)
     files = _static_files()
     page_template = files["index.html"][0].decode()
 
@@ -161,7 +161,7 @@ def make_observe_app(namespace: Namespace, *, transport: TransportGauges | None 
                 body = f"since must be an integer of microseconds, not {since_text!r}\n".encode()
                 await _respond(send, 400, body, "text/plain; charset=utf-8")
                 return
-        state = dashboard_state(namespace, since_us=since, transport=transport)  # on the loop: reads counters
+        state = dashboard_state(namespace, since_us=since)  # on the loop: reads counters
         body = await asyncio.to_thread(lambda: json.dumps(state, allow_nan=False).encode())
         await _respond(send, 200, body, "application/json")
 

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 from oncebus.broker import HISTORY_KEPT_US, HISTORY_SAMPLE_US, EntityView, Histogram, suggest_window
 
 if TYPE_CHECKING:
-    from oncebus.broker import Namespace
-    from oncebus.http.observe._metrics import TransportGauges
+    from oncebus.broker import Observation
 
 
 def _histogram(histogram: Histogram) -> dict[str, Any]:
@@ -67,12 +66,11 @@ def _entity(view: EntityView, history: list[tuple[int, int, int, int]]) -> dict[
     }
 
 
-def dashboard_state(
-    namespace: Namespace, *, since_us: int | None = None, transport: TransportGauges | None = None
-) -> dict[str, Any]:
+def dashboard_state(namespace: Observation, *, since_us: int | None = None) -> dict[str, Any]:
     """Everything the page shows; ``history`` holds only samples newer than ``since_us`` when given."""
     views = namespace.entity_views()
     observer = namespace.observer
+    transport = observer.transport  # reported by the AMQP server serving this namespace
     store = observer.store
     return {
         "now_us": namespace.clock.now_us(),

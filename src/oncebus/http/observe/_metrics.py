@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
-import proton
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
@@ -14,44 +13,10 @@ from prometheus_client.utils import floatToGoString
 from oncebus.broker import EntityView, Histogram
 
 if TYPE_CHECKING:
-    from oncebus.broker import Namespace
+    from oncebus.broker import Observation
 
 ENTITY = ["entity"]
 RECEIVABLE = ["entity", "subscription"]  # subscription is "" for a queue
-
-
-class TransportGauges(Protocol):
-    """What a front end reports about its open connections and links."""
-
-    def connections_open(self) -> int: ...
-
-    def links_open(self) -> int: ...
-
-
-class AmqpTransportGauges:
-    """Reads an ``AmqpServer``'s open connections and their active links (no AMQP code changes needed)."""
-
-    def __init__(self, server: Any) -> None:
-        self._server = server
-
-    def connections_open(self) -> int:
-        return sum(1 for conn in list(self._server.connections) if not conn.closed)
-
-    def links_open(self) -> int:
-        active = proton.Endpoint.LOCAL_ACTIVE
-        count = 0
-        for conn in list(self._server.connections):
-            if conn.closed:
-                continue
-            links = getattr(conn.connection, "links", None)
-            if isinstance(links, list):  # oncebus's engine keeps them in a list
-                count += sum(1 for link in links if link.state & active == active)
-                continue
-            link = conn.connection.link_head(active)
-            while link is not None:
-                count += 1
-                link = link.next(active)
-        return count
 
 
 def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
@@ -59,11 +24,10 @@ def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
 
 
 class NamespaceCollector(Collector):
-    """Yields the oncebus metric families for one namespace (and, if given, its transport's gauges)."""
+    """Yields the oncebus metric families for one namespace (and the gauges its AMQP server reports to it)."""
 
-    def __init__(self, namespace: Namespace, transport: TransportGauges | None = None) -> None:
+    def __init__(self, namespace: Observation) -> None:
         self.namespace = namespace
-        self.transport = transport
 
     def collect(self) -> Iterator[Metric]:
         views = self.namespace.entity_views()
@@ -71,13 +35,14 @@ class NamespaceCollector(Collector):
         yield from self._receivable_families(views)
         yield from self._store_families()
         yield from self._fault_families()
-        if self.transport is not None:
+        transport = self.namespace.observer.transport  # reported by the AMQP server serving this namespace
+        if transport is not None:
             yield GaugeMetricFamily(
-                "oncebus_connections_open", "AMQP connections open", value=self.transport.connections_open()
+                "oncebus_connections_open", "AMQP connections open", value=transport.connections_open()
             )
             yield GaugeMetricFamily(
                 "oncebus_links_open", "AMQP links open (entity, $cbs and $management links)",
-                value=self.transport.links_open(),
+                value=transport.links_open(),
             )  # fmt: skip
 
     def _entity_families(self, views: list[EntityView]) -> Iterator[Metric]:
@@ -184,8 +149,8 @@ class NamespaceCollector(Collector):
         yield armed
 
 
-def make_registry(namespace: Namespace, transport: TransportGauges | None = None) -> CollectorRegistry:
+def make_registry(namespace: Observation) -> CollectorRegistry:
     """A registry holding only this namespace's collector (not the process-wide default registry)."""
     registry = CollectorRegistry()
-    registry.register(NamespaceCollector(namespace, transport))
+    registry.register(NamespaceCollector(namespace))
     return registry

@@ -17,7 +17,8 @@ import java.time.Duration;
  *   <li>{@code ONCEBUS_CONNECTION_STRING}: a server on the real clock (messaging, transactions, admin);
  *   <li>{@code ONCEBUS_CLOCKED_CONNECTION_STRING} and {@code ONCEBUS_CLOCK_FILE}: a server whose time is read
  *       from that file (the shared dedup scenarios set it to each step's offset);
- *   <li>{@code ONCEBUS_SCENARIO_FILE}: tests/data/scenarios.json.
+ *   <li>{@code ONCEBUS_SCENARIO_FILE}: tests/data/scenarios.json;
+ *   <li>{@code ONCEBUS_TLS_PORT}: the real-clock server's TLS port.
  * </ul>
  */
 final class Env {
@@ -25,12 +26,15 @@ final class Env {
     volatile String clockedConnectionString;
     final Path clockFile;
     final Path scenarioFile;
+    final String tlsPort;
 
-    private Env(String connectionString, String clockedConnectionString, Path clockFile, Path scenarioFile) {
+    private Env(String connectionString, String clockedConnectionString, Path clockFile, Path scenarioFile,
+        String tlsPort) {
         this.connectionString = connectionString;
         this.clockedConnectionString = clockedConnectionString;
         this.clockFile = clockFile;
         this.scenarioFile = scenarioFile;
+        this.tlsPort = tlsPort;
     }
 
     static Env fromEnvironment() {
@@ -38,7 +42,8 @@ final class Env {
             required("ONCEBUS_CONNECTION_STRING"),
             System.getenv("ONCEBUS_CLOCKED_CONNECTION_STRING"),
             pathOrNull(System.getenv("ONCEBUS_CLOCK_FILE")),
-            pathOrNull(System.getenv("ONCEBUS_SCENARIO_FILE")));
+            pathOrNull(System.getenv("ONCEBUS_SCENARIO_FILE")),
+            System.getenv("ONCEBUS_TLS_PORT"));
     }
 
     private static String required(String name) {

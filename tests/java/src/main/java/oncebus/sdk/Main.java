@@ -48,6 +48,7 @@ public final class Main {
         TransactionScenarios.register(all);
         AdminScenarios.register(all);
         FindingScenarios.register(all);
+        WebSocketScenarios.register(all);
         List<String> names = args.length > 0 ? List.of(args) : new ArrayList<>(all.keySet());
         ExecutorService executor = Executors.newCachedThreadPool(runnable -> {
             Thread thread = new Thread(runnable, "scenario");

@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TINY: dict[str, list[str]] = {
     "amqp_decode": ["--number", "20", "--repeat", "1"],
+    "amqp_frames": ["--transfers", "200", "--repeat", "1"],
     "amqp_floor": ["--messages", "400", "--senders", "1", "--receivers", "1", "--repeat", "1"],
     "amqp_send": ["--messages", "400", "--senders", "1", "--receivers", "1", "--repeat", "1"],
     "amqp_transactions": ["--rounds", "1"],

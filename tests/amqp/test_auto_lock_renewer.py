@@ -3,7 +3,7 @@
 The SDK's renewer sends its renew-lock requests from several threads (sync) or
 tasks (aio) over the receiver's one session, whose delivery-id counter the SDK
 does not lock: transfers can repeat or reorder delivery-ids. The server
-renumbers them (see ``oncebus.amqp.frames``); these tests hold 20 locks of
+answers each under the id it came with (see ``oncebus.amqp.frames``); these tests hold 20 locks of
 10 s for longer than a lock period and then complete every message. With
 10 s locks the SDK renews every message continuously (it renews whatever
 expires within 10 s). Locks of 5 s were lost on a loaded CI machine: the

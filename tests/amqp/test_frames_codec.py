@@ -10,14 +10,11 @@ from datetime import UTC, datetime, timedelta
 import proton
 import pytest
 from azure.servicebus import ServiceBusMessage
-from azure.servicebus._pyamqp._decode import decode_frame, decode_payload
+from azure.servicebus._pyamqp._decode import decode_payload
 from azure.servicebus._pyamqp._encode import encode_frame, encode_payload
 from azure.servicebus._pyamqp.message import Header, Message, Properties
 from azure.servicebus._pyamqp.performatives import (
     AttachFrame,
-    BeginFrame,
-    DispositionFrame,
-    OpenFrame,
     TransferFrame,
 )
 from azure.servicebus._pyamqp.utils import amqp_timestamp_value
@@ -25,9 +22,8 @@ from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
 from azure.servicebus.amqp import AmqpAnnotatedMessage
 
 from oncebus.amqp import codec, outgoing
-from oncebus.amqp.connection import raw_delivery_tag
-from oncebus.amqp.frames import FrameError, FrameScanner
-from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT
+from oncebus.amqp.frames import FrameError, FrameScanner, Performative
+from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT, TRANSFER
 from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.messages import MessageState, ReceivedMessage
 from tests.messages import received_of
@@ -82,19 +78,20 @@ def test_scanner_reads_formats_and_tags_across_multi_frame_transfers_and_any_spl
     for _ in range(20):
         scanner = FrameScanner()
         position = 0
+        read: list[Performative] = []
         while position < len(stream):
             step = rng.randint(1, 40)
-            scanner.feed(stream[position : position + step])
-            scanner.set_link_limit("to-queue", 1 << 20)  # what the connection does once it accepts the link
+            read += [f for f in scanner.feed(stream[position : position + step]) if isinstance(f, Performative)]
+            scanner.set_link_limit("to-queue", 1 << 20)  # what the engine does once oncebus opens the link
             position += step
-        got = [scanner.pop("to-queue") for _ in range(3)]
-        assert [(d.tag, d.message_format) for d in got] == [
-            (b"t1", BATCH_MESSAGE_FORMAT),
-            (b"\x00\xff", 0),
-            (b"t3", 0),
+        transfers = [f for f in read if f.code == TRANSFER]
+        assert [(f.fields[2], f.fields[3], bytes(f.payload)) for f in transfers] == [
+            (b"t1", BATCH_MESSAGE_FORMAT, b"first half"),
+            (None, None, b"second half"),
+            (b"\x00\xff", 0, b"plain"),
+            (b"t3", None, b"no format"),
         ]
-        with pytest.raises(FrameError):
-            scanner.pop("to-queue")
+        assert [f.size for f in transfers] == [10, 21, 5, 9]  # per delivery, across its frames
 
 
 def test_scanner_refuses_a_transfer_on_an_unknown_handle() -> None:
@@ -180,135 +177,6 @@ def test_encode_received_adds_broker_annotations_and_keeps_the_message() -> None
     assert decoded.properties.message_id == b"m"
     assert decoded.application_properties[b"DeadLetterReason"] == b"poison"
     assert decoded.data == [b"hello"]
-
-
-# --- delivery-id renumbering (the SDK's threads can reuse or reorder a session's delivery-ids) ------
-def _frames_of(stream: bytes) -> list[tuple[int, int, list[object]]]:
-    """(channel, performative code, fields) of every AMQP frame in ``stream`` (headers skipped)."""
-    found = []
-    offset = 0
-    while offset < len(stream):
-        if stream[offset : offset + 4] == b"AMQP":
-            offset += 8
-            continue
-        size, doff, _type, channel = struct.unpack_from(">IBBH", stream, offset)
-        if size > doff * 4:
-            code, fields = decode_frame(memoryview(stream[offset + doff * 4 : offset + size]))
-            found.append((channel, code, fields))
-        offset += size
-    return found
-
-
-class _ProtonServer:
-    """A real proton server engine behind the scanner, answering opens the way the connection does."""
-
-    def __init__(self) -> None:
-        self.scanner = FrameScanner()
-        self.transport = proton.Transport(proton.Transport.SERVER)
-        self.connection = proton.Connection()
-        self.transport.bind(self.connection)
-        self.collector = proton.Collector()
-        self.connection.collect(self.collector)
-        self.deliveries: list[proton.Delivery] = []
-        self.written = b""
-
-    def push(self, data: bytes) -> None:
-        self.transport.push(self.scanner.feed(data))
-        self.pump()
-
-    def pump(self) -> None:
-        while (event := self.collector.peek()) is not None:
-            kind = event.type
-            if kind == proton.Event.CONNECTION_REMOTE_OPEN:
-                self.connection.open()
-            elif kind == proton.Event.SESSION_REMOTE_OPEN:
-                event.session.open()
-            elif kind == proton.Event.LINK_REMOTE_OPEN:
-                event.link.open()
-                event.link.flow(100)
-                self.scanner.set_link_limit(event.link.name, 1 << 20)
-            elif kind == proton.Event.DELIVERY and not event.delivery.partial:
-                if event.delivery not in self.deliveries:
-                    self.deliveries.append(event.delivery)
-            self.collector.pop()
-        while (pending := self.transport.pending()) > 0:
-            self.written += self.scanner.outgoing(self.transport.peek(pending))
-            self.transport.pop(pending)
-        assert self.transport.condition is None, self.transport.condition
-
-
-def test_racing_delivery_ids_are_renumbered_for_proton_and_outcomes_mapped_back() -> None:
-    server = _ProtonServer()
-    open_frame = OpenFrame._make(["client"] + [None] * (len(OpenFrame._fields) - 1))
-    begin = BeginFrame(None, 5, 1000, 1000, None, None, None, None)
-    server.push(b"AMQP\x00\x01\x00\x00" + frame(0, open_frame) + frame(3, begin) + frame(3, attach("mgmt", 0)))
-    # the client's ids: 5, 6, 6 (a second thread read the same counter), 9 (its increments), 7 (late),
-    # then a two-frame delivery numbered 7 again; proton wants 5, 6, 7, 8, 9, 10
-    theirs = [5, 6, 6, 9, 7]
-    stream = b"".join(
-        frame(3, transfer(0, b"m%d" % i, delivery_id=d, delivery_tag=b"t%d" % i, message_format=0))
-        for i, d in enumerate(theirs)
-    )
-    stream += frame(3, transfer(0, b"big-1", delivery_id=7, delivery_tag=b"t5", message_format=0, more=True))
-    stream += frame(3, transfer(0, b"big-2", delivery_id=7, more=False))
-    for i in range(0, len(stream), 7):  # any split of the stream
-        server.push(stream[i : i + 7])
-    assert server.scanner.renumbered == 4
-    assert [server.scanner.pop("mgmt").tag for _ in range(6)] == [b"t%d" % i for i in range(6)]
-    received = []
-    for delivery in server.deliveries:
-        received.append((raw_delivery_tag(delivery), delivery.link.recv(100)))
-        delivery.link.advance()
-    assert received == [(b"t%d" % i, b"m%d" % i) for i in range(5)] + [(b"t5", b"big-1big-2")]
-
-    # the client settles its own transfers (role=sender; the SDK never does, mapped anyway):
-    # its id 6 names our 6 and 7, its 7..9 our 8, 9 and 10
-    out = server.scanner.feed(
-        frame(3, DispositionFrame(False, 6, None, False, None, None))
-        + frame(3, DispositionFrame(False, 7, 9, False, None, None))
-    )
-    assert [(fields[1], fields[2]) for _, code, fields in _frames_of(out) if code == 0x15] == [(6, 7), (8, 10)]
-
-    # our outcomes (role=receiver) go back in the client's numbering: accept 5..8, reject 9 and 10
-    server.written = b""
-    for delivery in server.deliveries[:4]:
-        delivery.update(proton.Delivery.ACCEPTED)
-        delivery.settle()
-    for delivery in server.deliveries[4:]:
-        delivery.update(proton.Delivery.REJECTED)
-        delivery.settle()
-    server.pump()
-    outcomes = [
-        (fields[0], fields[1], fields[2], fields[3], next(iter(fields[4])))
-        for _, code, fields in _frames_of(server.written)
-        if code == 0x15
-    ]
-    accepted = sorted(
-        {i for role, a, b, settled, state in outcomes if state == "accepted" for i in range(a, (b or a) + 1)}
-    )
-    rejected = sorted(
-        {i for role, a, b, settled, state in outcomes if state == "rejected" for i in range(a, (b or a) + 1)}
-    )
-    assert all(role is True and settled is True for role, _, _, settled, _ in outcomes)
-    assert sorted((a, b or a, state) for _, a, b, _, state in outcomes) == [
-        (5, 6, "accepted"),  # ours 5..7
-        (7, 7, "rejected"),  # ours 9 (rejected is never batched)
-        (7, 7, "rejected"),  # ours 10
-        (9, 9, "accepted"),  # ours 8
-    ]
-    assert accepted == [5, 6, 9]  # ours 5, 6, 7, 8
-    assert rejected == [7]  # ours 9, 10
-    assert server.scanner._sessions[3].theirs == {}  # settled: nothing left to map
-
-
-def test_scanner_passes_frames_through_unchanged_when_the_client_numbers_in_sequence() -> None:
-    scanner = FrameScanner()
-    head = b"AMQP\x00\x01\x00\x00" + frame(0, attach("q", 0))
-    assert scanner.feed(head) == head
-    scanner.set_link_limit("q", 1 << 20)
-    stream = b"".join(frame(0, transfer(0, b"x", delivery_id=d, delivery_tag=b"t", message_format=0)) for d in range(3))
-    assert scanner.feed(stream) == stream
-    assert scanner.renumbered == 0
 
 
 def _sdk_encoding(message: ServiceBusMessage | AmqpAnnotatedMessage) -> bytes:

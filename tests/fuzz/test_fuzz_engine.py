@@ -14,12 +14,12 @@ import os
 import struct
 from typing import Any
 
-import proton
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oncebus.amqp import engine
-from oncebus.amqp.frames import FrameError, FrameScanner
+from oncebus.amqp import engine, events
+from oncebus.amqp.encoding import Reader
+from oncebus.amqp.frames import FrameError, disposition_fields
 from tests.amqp.raw import AMQP_HEADER, SASL_HEADER, attach_frame, flow_frame, frame, open_frame, transfer_frame
 from tests.fuzz.mutations import amqp_values, encode_value, performative
 
@@ -76,25 +76,24 @@ def _whole_frames(data: bytes) -> None:
 def _serve(conn: engine.Connection, collector: engine.Collector, sent: list[engine.Delivery]) -> None:
     """What the connection's handlers do, in short: open what is opened, answer what arrives."""
     while (event := collector.peek()) is not None:
-        kind = event.type
-        if kind == proton.Event.CONNECTION_REMOTE_OPEN:
+        if isinstance(event, events.ConnectionOpened):
             conn.open()
-        elif kind == proton.Event.SESSION_REMOTE_OPEN and event.session is not None:
+        elif isinstance(event, events.SessionBegun):
             event.session.open()
-        elif kind == proton.Event.LINK_REMOTE_OPEN and event.link is not None:
+        elif isinstance(event, events.LinkAttached):
             link = event.link
             link.source.copy(link.remote_source)
             link.target.copy(link.remote_target)
             link.open()
             if link.is_receiver:
                 link.flow(5)
-        elif kind == proton.Event.LINK_FLOW and event.link is not None and event.link.is_sender:
+        elif isinstance(event, events.LinkFlow) and event.link.is_sender:
             link = event.link
             while link.credit > 0:
                 sent.append(link.delivery(b"t%d" % len(sent)))
                 link.send(b"\x00\x53\x75\xa0\x01y")
                 link.advance()
-        elif kind == proton.Event.DELIVERY and event.delivery is not None:
+        elif isinstance(event, events.DeliveryChanged):
             delivery = event.delivery
             if delivery.link.is_receiver and not delivery.partial:
                 delivery.link.recv(1 << 20)
@@ -103,11 +102,11 @@ def _serve(conn: engine.Connection, collector: engine.Collector, sent: list[engi
             elif delivery.link.is_sender:
                 delivery.update(engine.ACCEPTED)
                 delivery.settle()
-        elif kind in (proton.Event.LINK_REMOTE_CLOSE, proton.Event.LINK_REMOTE_DETACH) and event.link is not None:
+        elif isinstance(event, events.LinkDetached):
             event.link.close()
-        elif kind == proton.Event.SESSION_REMOTE_CLOSE and event.session is not None:
+        elif isinstance(event, events.SessionEnded):
             event.session.close()
-        elif kind == proton.Event.CONNECTION_REMOTE_CLOSE:
+        elif isinstance(event, events.ConnectionClosed):
             conn.close()
         collector.pop()
 
@@ -121,8 +120,8 @@ def _serve(conn: engine.Connection, collector: engine.Collector, sent: list[engi
 )
 @given(_frames, st.integers(1, 64))
 def test_the_engine_takes_any_frames_the_scanner_lets_through(frames: list[bytes], chunk: int) -> None:
-    scanner = FrameScanner(renumber=False)  # as the connection runs it with this engine
     conn = engine.Connection()
+    scanner = conn.scanner
     collector = engine.Collector()
     conn.collect(collector)
     sent: list[engine.Delivery] = []
@@ -133,7 +132,7 @@ def test_the_engine_takes_any_frames_the_scanner_lets_through(frames: list[bytes
             passed = scanner.feed(data[start : start + chunk * 16])
         except FrameError:
             return  # the scanner refused it: the connection closes with its condition
-        conn.push(passed)
+        conn.receive(passed)
         _serve(conn, collector, sent)
         out: Any = conn.take_output()
         _whole_frames(out)
@@ -180,13 +179,13 @@ def _disposition(fields: list[bytes], short: bool) -> bytes:
 def test_the_disposition_fast_path_reads_what_the_general_decoder_reads(
     fields: list[bytes], short: bool, tail: bytes
 ) -> None:
-    """``engine.disposition_fields`` (the SDKs' usual completions) answers None or exactly what the general
+    """``disposition_fields`` (the SDKs' usual completions) answers None or exactly what the general
     decoder gives for the same bytes; garbage after the list sends it to the general decoder."""
     body = _disposition(fields, short) + tail
-    fast = engine.disposition_fields(memoryview(body))  # never raises
+    fast = disposition_fields(memoryview(body))  # never raises
     if fast is None:
         return
-    reader = engine.Reader(memoryview(body))
+    reader = Reader(memoryview(body))
     reader.pos = 3
     general = reader.list_fields(6)
     assert fast == general
@@ -201,7 +200,7 @@ def test_the_python_sdks_completion_takes_the_fast_path() -> None:
     _, body = encode_frame(
         DispositionFrame(role=True, first=5, last=None, settled=True, state=Accepted(), batchable=None)
     )
-    fields = engine.disposition_fields(memoryview(bytes(body)))
+    fields = disposition_fields(memoryview(bytes(body)))
     assert fields is not None and fields[:4] == [True, 5, None, True]
     assert engine.Disposition().decode(fields[4]) == engine.ACCEPTED
 
@@ -210,10 +209,10 @@ def test_the_usual_completion_takes_the_fast_path() -> None:
     for short in (True, False):
         for state in _STATES[:2]:
             body = _disposition([b"\x41", b"\x52\x05", b"\x52\x05", b"\x41", state, b"\x42"], short)
-            fields = engine.disposition_fields(memoryview(body))
+            fields = disposition_fields(memoryview(body))
             assert fields is not None and fields[:4] == [True, 5, 5, True]
             assert engine.Disposition().decode(fields[4]) == engine.ACCEPTED
-        assert engine.disposition_fields(memoryview(_disposition([b"\x41", b"\x52\x05", _STATES[2]], short))) is None
+        assert disposition_fields(memoryview(_disposition([b"\x41", b"\x52\x05", _STATES[2]], short))) is None
 
 
 def test_a_disposition_cut_short_goes_to_the_general_decoder() -> None:
@@ -223,4 +222,4 @@ def test_a_disposition_cut_short_goes_to_the_general_decoder() -> None:
         b"\x00\x53\x15\xd0\x00\x00",
         b"\x00\x53\x15\xc0\x02\x01\x52",
     ):
-        assert engine.disposition_fields(memoryview(body)) is None
+        assert disposition_fields(memoryview(body)) is None

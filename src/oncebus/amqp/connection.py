@@ -1,34 +1,41 @@
-"""One client connection: proton's engine objects driven from an asyncio protocol.
+"""One client connection: oncebus's AMQP engine (:mod:`oncebus.amqp.engine`) driven from an asyncio protocol.
 
-No proton reactor: the socket belongs to asyncio, every incoming byte goes
-through the :class:`~oncebus.amqp.frames.FrameScanner` (which reads what proton
-hides, such as a transfer's message format) and then into
-``transport.push()``; proton's events are dispatched to one handler object per
-link; whatever proton wants to write is written back to the socket. Broker
-work runs as tasks on the same loop, and each task calls :meth:`pump` when it
-has changed proton state, so the Namespace is only ever touched from its loop.
+The socket belongs to asyncio; every incoming byte goes through the
+:class:`~oncebus.amqp.frames.FrameScanner` and into the engine; the engine's
+events are dispatched to one handler object per link; whatever the engine has
+to write is written back to the socket. Broker work runs as tasks on the same
+loop, and each task calls :meth:`pump` when it has changed engine state, so the
+Namespace is only ever touched from its loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import uuid
 from collections.abc import Coroutine, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import cproton
 import proton
 
 from oncebus.amqp import engine
 from oncebus.amqp.errors import INTERNAL_ERROR, TRACKING_ID
-from oncebus.amqp.frames import RESOURCE_LIMIT, FrameError, FrameScanner, IncomingDelivery, NotAmqpError
+from oncebus.amqp.events import (
+    ConnectionClosed,
+    ConnectionOpened,
+    DeliveryChanged,
+    Event,
+    LinkAttached,
+    LinkDetached,
+    LinkFlow,
+    SessionBegun,
+    SessionEnded,
+    TransportClosed,
+)
+from oncebus.amqp.frames import RESOURCE_LIMIT, Frame, FrameError, NotAmqpError
 from oncebus.amqp.performatives import AMQP_HEADER, close_frame, open_frame
 from oncebus.amqp.sas import Grant
 from oncebus.auth import access_denied, ancestors, normalize_path
-from oncebus.core.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from oncebus.amqp.limits import AmqpLimits
@@ -42,8 +49,6 @@ LINK_DETACH_FORCED = "amqp:link:detach-forced"
 TRANSFER_LIMIT_EXCEEDED = "amqp:link:transfer-limit-exceeded"
 # distinct token audiences one connection may hold at once (a new token for an audience replaces the old one)
 MAX_GRANTS_PER_CONNECTION = 1000
-_session_ids = itertools.count(1)
-ENGINE_VARIABLE = "ONCEBUS_AMQP_ENGINE"
 
 
 class AmqpHost(Protocol):
@@ -89,7 +94,7 @@ class AmqpHost(Protocol):
         """A connection ended: forget it."""
         ...
 
-    def attach(self, conn: AmqpConnection, link: proton.Link) -> None:
+    def attach(self, conn: AmqpConnection, link: engine.Link) -> None:
         """A client attached ``link`` on ``conn``: give it its handler (or refuse it)."""
         ...
 
@@ -99,43 +104,31 @@ class LinkHandler(Protocol):
 
     def on_flow(self) -> None: ...
 
-    def on_delivery(self, delivery: proton.Delivery) -> None: ...
+    def on_delivery(self, delivery: engine.Delivery) -> None: ...
 
     def on_closed(self) -> None: ...
-
-    def refuse_partial(self, delivery: proton.Delivery, size: int, limit: int) -> None:
-        """Refuse ``delivery`` while it is still arriving: it passed the link's size ``limit``."""
-        ...
 
     def covered_path(self) -> str | None:
         """The entity path a CBS token must keep covering while the link is open (None: no token needed)."""
         ...
 
 
-def use_own_engine() -> bool:
-    """oncebus's own AMQP engine (:mod:`oncebus.amqp.engine`), unless ``ONCEBUS_AMQP_ENGINE=proton`` asks for
-    proton's (the engine before it, kept for one release as a way back)."""
-    choice = os.environ.get(ENGINE_VARIABLE, "oncebus").strip().lower() or "oncebus"
-    if choice not in ("oncebus", "proton"):
-        raise InvalidArgumentError(f"{ENGINE_VARIABLE}={choice!r}: the AMQP engine is 'oncebus' (default) or 'proton'")
-    return choice == "oncebus"
+@runtime_checkable
+class ReceivingHandler(LinkHandler, Protocol):
+    """A handler of a link the client sends on: it can refuse a delivery still arriving."""
+
+    def refuse_partial(self, delivery: engine.Delivery, size: int, limit: int) -> None:
+        """Refuse ``delivery`` while it is still arriving: it passed the link's size ``limit``."""
+        ...
 
 
-def raw_delivery_tag(delivery: proton.Delivery) -> bytes:
-    """The delivery tag as bytes (``Delivery.tag`` decodes it as UTF-8, which binary tags break)."""
-    if isinstance(delivery, engine.Delivery):
-        return delivery.raw_tag
-    tag = cproton.lib.pn_delivery_tag(delivery._impl)
-    return bytes(cproton.ffi.unpack(tag.start, tag.size))
+def raw_delivery_tag(delivery: engine.Delivery) -> bytes:
+    """The delivery tag as bytes."""
+    return delivery.raw_tag
 
 
-def session_key(link: proton.Link) -> int:
-    session = link.session
-    key = getattr(session, "oncebus_id", None)
-    if key is None:
-        key = next(_session_ids)
-        session.oncebus_id = key
-    return int(key)
+def session_key(link: engine.Link) -> int:
+    return link.session.key
 
 
 class AmqpConnection(asyncio.Protocol):
@@ -148,22 +141,15 @@ class AmqpConnection(asyncio.Protocol):
         self.bound_keys: Mapping[str, str] = host.keys  # what its CBS tokens are verified with
         self.limits = host.limits
         self.loop = asyncio.get_running_loop()
-        self.own_engine = use_own_engine()
-        self.scanner = FrameScanner(self.limits, renumber=not self.own_engine)
         self.grants: dict[str, Grant] = {}  # by audience path: at most MAX_GRANTS_PER_CONNECTION
         self._grants_expire_at = float("inf")  # the earliest expiry among ``grants``
-        # proton's objects, or oncebus's engine under the same names (one object is connection and transport)
-        self.connection: Any = cast(Any, engine.Connection() if self.own_engine else proton.Connection())
+        # the engine: connection, sessions and links of this client, and the bytes in and out (I/O-free)
+        self.connection = engine.Connection(self.limits)
+        self.scanner = self.connection.scanner
         self.connection.container = _CONTAINER_ID
-        self.transport: Any = cast(
-            Any, self.connection if self.own_engine else proton.Transport(proton.Transport.SERVER)
-        )
-        self.transport.max_frame_size = self.limits.max_frame_size
-        self.transport.channel_max = self.limits.max_sessions_per_connection - 1
-        sasl = self.transport.sasl()
-        sasl.allowed_mechs("ANONYMOUS")
-        self.transport.bind(self.connection)
-        self.collector: Any = cast(Any, engine.Collector() if self.own_engine else proton.Collector())
+        self.connection.max_frame_size = self.limits.max_frame_size
+        self.connection.channel_max = self.limits.max_sessions_per_connection - 1
+        self.collector = engine.Collector()
         self.connection.collect(self.collector)
         self.socket: asyncio.Transport | None = None
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -175,7 +161,8 @@ class AmqpConnection(asyncio.Protocol):
         self._linger_timer: asyncio.TimerHandle | None = None
         self.writable = True  # the socket's write buffer is below its bound (asyncio's pause/resume_writing)
         self._writable_waiters: list[asyncio.Future[None]] = []
-        self.response_links: dict[tuple[int, str], list[proton.Sender]] = {}
+        self.handlers: dict[engine.Link, LinkHandler] = {}  # the handler serving each link oncebus opened
+        self.response_links: dict[tuple[int, str], list[engine.Link]] = {}
         # session locks held by this connection's receive links, by (receivable path, session id)
         self.sessions: dict[tuple[str, str], SessionLock] = {}
         self.opened_at: float | None = None  # loop time of the client's open
@@ -212,10 +199,7 @@ class AmqpConnection(asyncio.Protocol):
         if not self._authenticated:  # a client busy with its handshake is shed last (see max_unauthenticated)
             self.host.connection_active(self)
         try:
-            renumbered = self.scanner.renumbered
-            data = self.scanner.feed(data)
-            if renumbered == 0 and self.scanner.renumbered:
-                _LOG.info("the client numbered deliveries out of sequence (a known SDK thread race); renumbering")
+            frames = self.scanner.feed(data)
         except FrameError as exc:
             self.protocol_error(exc.condition, str(exc), not_amqp=isinstance(exc, NotAmqpError))
             return
@@ -230,13 +214,11 @@ class AmqpConnection(asyncio.Protocol):
                 self._handshake_timer.cancel()
                 self._handshake_timer = None
             refuse = self.refused is not None
-        # proton answers the open it is given after the open and close asked of it; oncebus's engine writes as it
-        # is asked, so it reads the client's header and open first (the answer must start with our header)
-        if refuse and not self.own_engine:
-            self._refuse()
+        # the engine writes as it is asked, so it reads the client's header and open first (the answer must start
+        # with our header)
         try:
-            self._push(data)
-            if refuse and self.own_engine:
+            self._push(frames)
+            if refuse:
                 self._refuse()
                 self.pump()
         except Exception:
@@ -252,14 +234,9 @@ class AmqpConnection(asyncio.Protocol):
         self.connection.open()
         self.connection.close()
 
-    def _push(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            capacity = self.transport.capacity()
-            if capacity <= 0:
-                break
-            self.transport.push(bytes(view[:capacity]))
-            view = view[capacity:]
+    def _push(self, frames: list[Frame]) -> None:
+        if frames:
+            self.connection.receive(frames)
             self.pump()
         if self.scanner.oversized:
             oversized, self.scanner.oversized = self.scanner.oversized, []
@@ -268,14 +245,14 @@ class AmqpConnection(asyncio.Protocol):
         self.pump()
 
     def eof_received(self) -> bool | None:
-        self.transport.close_tail()
+        self.connection.close_tail()
         self.pump()
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed:
-            self.transport.close_tail()
-            self.transport.close_head()
+            self.connection.close_tail()
+            self.connection.close_head()
         self._shutdown()
         for timer in (self._handshake_timer, self._linger_timer):
             if timer is not None:
@@ -298,14 +275,8 @@ class AmqpConnection(asyncio.Protocol):
 
     def outgoing_bytes(self) -> int:
         """Bytes waiting to reach this client: in the socket's buffer and in proton's sessions."""
-        pending = self.socket.get_write_buffer_size() if self.socket is not None else 0
-        if self.own_engine:  # it writes as it goes: nothing waits in the engine
-            return pending
-        session = self.connection.session_head(0)
-        while session is not None:
-            pending += session.outgoing_bytes
-            session = session.next(0)
-        return pending
+        # the engine writes as it goes: nothing waits in it
+        return self.socket.get_write_buffer_size() if self.socket is not None else 0
 
     def has_room(self) -> bool:
         """True while the client reads what it is sent (the outgoing bytes are under their bound)."""
@@ -324,7 +295,7 @@ class AmqpConnection(asyncio.Protocol):
         """Close the connection (server shutdown): send close, flush, drop the socket."""
         if self.closed:
             return
-        if self.connection.state & proton.Endpoint.LOCAL_ACTIVE:
+        if self.connection.state & engine.LOCAL_ACTIVE:
             self.connection.close()
         self.pump()
         self._shutdown()
@@ -351,15 +322,15 @@ class AmqpConnection(asyncio.Protocol):
         _LOG.warning("closing the connection from %s: %s: %s", peer, condition, description)
         self._write()
         out = b""
-        scanner = self.scanner
+        sent = self.connection
         if not_amqp:
-            out = b"" if scanner.sent_header else AMQP_HEADER
-        elif scanner.in_amqp_layer:
-            if not scanner.sent_header:
+            out = b"" if sent.sent_header else AMQP_HEADER
+        elif self.scanner.in_amqp_layer:
+            if not sent.sent_header:
                 out += AMQP_HEADER
-            if not scanner.sent_open:
+            if not sent.sent_open:
                 out += open_frame(_CONTAINER_ID, self.limits.max_frame_size)
-            if not scanner.sent_close:
+            if not sent.sent_close:
                 out += close_frame(condition, description)
         if self.socket is not None and out:
             self.socket.write(out)
@@ -390,9 +361,8 @@ class AmqpConnection(asyncio.Protocol):
             self._handshake_timer.cancel()
             self._handshake_timer = None
         for link in self._links():
-            handler = getattr(link, "oncebus_handler", None)
+            handler = self.handlers.pop(link, None)
             if handler is not None:
-                link.oncebus_handler = None
                 handler.on_closed()
         # broker work is never cancelled (a cancelled write would leave the broker's memory behind its
         # store): running tasks finish, see ``closed`` and leave proton alone; link loops stop on their own
@@ -415,26 +385,19 @@ class AmqpConnection(asyncio.Protocol):
             return False
         return True
 
-    def _links(self) -> list[proton.Link]:
-        if self.own_engine:
-            return list(self.connection.links)
-        links: list[proton.Link] = []
-        link = self.connection.link_head(0)
-        while link is not None:
-            links.append(link)
-            link = link.next(0)
-        return links
+    def _links(self) -> list[engine.Link]:
+        return list(self.connection.links)
 
     def _refuse_oversized(self, name: str, size: int, limit: int) -> None:
         """A delivery on the client's link ``name`` passed ``limit``: refuse it now (the rest of it is dropped)."""
         for link in self._links():
             if not (link.is_receiver and link.name == name):
                 continue
-            handler = getattr(link, "oncebus_handler", None)
+            handler = self.handlers.get(link)
             delivery = link.current
-            if handler is not None and delivery is not None and delivery.partial:
+            if isinstance(handler, ReceivingHandler) and delivery is not None and delivery.partial:
                 handler.refuse_partial(delivery, size, limit)
-            elif handler is None and link.state & proton.Endpoint.LOCAL_ACTIVE:
+            elif handler is None and link.state & engine.LOCAL_ACTIVE:
                 condition = proton.Condition(
                     TRANSFER_LIMIT_EXCEEDED,
                     f"a transfer on link {name!r}, which oncebus has not accepted or given credit",
@@ -443,13 +406,12 @@ class AmqpConnection(asyncio.Protocol):
                 self.close_link(link, condition)
             return
 
-    def close_link(self, link: proton.Link, condition: proton.Condition) -> None:
+    def close_link(self, link: engine.Link, condition: proton.Condition) -> None:
         """Detach ``link`` (closed) with ``condition``; its handler stops now."""
-        handler = getattr(link, "oncebus_handler", None)
+        handler = self.handlers.pop(link, None)
         if handler is not None:
-            link.oncebus_handler = None
             handler.on_closed()
-        if link.state & proton.Endpoint.LOCAL_ACTIVE:
+        if link.state & engine.LOCAL_ACTIVE:
             link.condition = condition
             link.close()
         self.pump()
@@ -520,14 +482,14 @@ class AmqpConnection(asyncio.Protocol):
             )
             return
         for link in self._links():
-            handler = getattr(link, "oncebus_handler", None)
+            handler = self.handlers.get(link)
             path = handler.covered_path() if handler is not None else None
             if path is None:
                 continue
             if self.access_denied(path, None, now) is None:
-                link.oncebus_covered = True
+                link.token_covered = True
                 continue
-            if getattr(link, "oncebus_covered", False):
+            if link.token_covered:
                 why = f"the token that covered {normalize_path(path)!r} expired and no new one was put on $cbs"
             else:
                 why = f"no token covers {normalize_path(path)!r}: put a token for it (or a parent) on $cbs"
@@ -574,55 +536,23 @@ class AmqpConnection(asyncio.Protocol):
         self._schedule_tick()
 
     def _write(self) -> None:
-        if self.own_engine:
-            self._write_own()
-            return
-        while True:
-            pending = self.transport.pending()
-            if pending < 0:
-                self._shutdown(drain=True)
-                return
-            if pending == 0:
-                return
-            data = self.transport.peek(pending)
-            assert data is not None  # pending > 0 bytes are there to peek
-            self.transport.pop(pending)
-            try:
-                data = self.scanner.outgoing(data)
-            except FrameError:  # proton wrote something the scanner cannot follow: a bug here, never the client's
-                _LOG.exception("cannot follow the outgoing frames; closing the connection")
-                if self.socket is not None:
-                    self.socket.close()
-                self._shutdown()
-                return
-            if self.socket is not None and data:
-                self.socket.write(data)
-            if self.scanner.sent_close and self._linger_timer is None and self.socket is not None:
-                # the client has been told; it does not get forever to answer the close
-                self._linger_timer = self.loop.call_later(self.limits.close_flush_timeout, self.socket.abort)
-
-    def _write_own(self) -> None:
         # the engine writes every performative whole and keeps the client's delivery ids: nothing to scan or map
-        engine_out = self.transport
-        data = engine_out.take_output()
+        data = self.connection.take_output()
         if data:
-            scanner = self.scanner
-            scanner.sent_header, scanner.sent_open = engine_out.sent_header, engine_out.sent_open
-            scanner.sent_close = engine_out.sent_close
             if self.socket is not None:
                 self.socket.write(data)
-                self.transport.last_output = self.loop.time()
-            if self.scanner.sent_close and self._linger_timer is None and self.socket is not None:
+                self.connection.last_output = self.loop.time()
+            if self.connection.sent_close and self._linger_timer is None and self.socket is not None:
                 self._linger_timer = self.loop.call_later(self.limits.close_flush_timeout, self.socket.abort)
-        if self.transport.head_closed:
+        if self.connection.head_closed:
             self._shutdown(drain=True)
 
     def _schedule_tick(self) -> None:
         if self.closed:
             return
-        deadline = self.transport.tick(self.loop.time())
-        if self.own_engine and self.transport.has_output():  # a heartbeat is due now
-            self._write_own()
+        deadline = self.connection.tick(self.loop.time())
+        if self.connection.has_output():  # a heartbeat is due now
+            self._write()
         if self._tick_handle is not None:
             self._tick_handle.cancel()
             self._tick_handle = None
@@ -638,98 +568,85 @@ class AmqpConnection(asyncio.Protocol):
             try:
                 self._handle(event)
             except Exception:
-                _LOG.exception("error handling %s", event.type)
+                _LOG.exception("error handling %s", type(event).__name__)
                 self.connection.condition = proton.Condition(
                     "amqp:internal-error", "oncebus failed; see its log", {TRACKING_ID: str(uuid.uuid4())}
                 )
                 self.connection.close()
             collector.pop()
 
-    def _handle(self, event: proton.Event) -> None:
+    def _handle(self, event: Event) -> None:
         if self.refused is not None:  # closing at its open: nothing the client asks for is done
             return
-        kind = event.type
-        if kind == proton.Event.DELIVERY:
-            delivery = event.delivery
-            assert delivery is not None  # a delivery event carries its delivery
-            handler = getattr(delivery.link, "oncebus_handler", None)
-            if handler is not None:
-                handler.on_delivery(delivery)
-            elif (
-                delivery.link.is_receiver
-                and not delivery.partial
-                and not getattr(delivery, "oncebus_done", False)
-                and not getattr(delivery, "oncebus_refused", False)
-            ):
-                delivery.oncebus_done = True  # nobody reads it (a link refused or closed): drop it
-                self.scanner.discard(delivery.link.name)
-                # settled with an outcome (a bare settle reads as state null, which rhea cannot read)
-                delivery.local.condition = proton.Condition(
-                    LINK_DETACH_FORCED,
-                    f"link {delivery.link.name!r} was refused or closed: nothing sent on it is read",
-                    {TRACKING_ID: str(uuid.uuid4())},
-                )
-                delivery.update(proton.Delivery.REJECTED)
-                delivery.settle()
-        elif kind == proton.Event.LINK_FLOW:
-            handler = getattr(event.link, "oncebus_handler", None)
-            if handler is not None:
-                handler.on_flow()
-        elif kind == proton.Event.LINK_REMOTE_OPEN:
-            assert event.link is not None  # link events carry their link, session events their session
-            self.host.attach(self, event.link)
-        elif kind in (proton.Event.LINK_REMOTE_CLOSE, proton.Event.LINK_REMOTE_DETACH):
-            link = event.link
-            assert link is not None
-            self._link_gone(link)
-            if link.state & proton.Endpoint.LOCAL_ACTIVE:
-                if kind == proton.Event.LINK_REMOTE_CLOSE:
-                    link.close()
-                else:
-                    link.detach()
-        elif kind == proton.Event.SESSION_REMOTE_OPEN:
-            assert event.session is not None
-            event.session.open()
-        elif kind == proton.Event.SESSION_REMOTE_CLOSE:
-            assert event.session is not None
-            if event.session.state & proton.Endpoint.LOCAL_ACTIVE:
-                event.session.close()
-        elif kind == proton.Event.CONNECTION_REMOTE_OPEN:
-            self.connection.open()
-        elif kind == proton.Event.CONNECTION_REMOTE_CLOSE:
-            if self.connection.state & proton.Endpoint.LOCAL_ACTIVE:
-                self.connection.close()
-        elif kind == proton.Event.TRANSPORT_CLOSED:
-            self._write()
-            self._shutdown()
+        match event:
+            case DeliveryChanged(delivery):
+                handler = self.handlers.get(delivery.link)
+                if handler is not None:
+                    handler.on_delivery(delivery)
+                elif (
+                    delivery.link.is_receiver
+                    and not delivery.partial
+                    and not delivery.notes.done
+                    and not delivery.notes.refused
+                ):
+                    delivery.notes.done = True  # nobody reads it (a link refused or closed): drop it
+                    # settled with an outcome (a bare settle reads as state null, which rhea cannot read)
+                    delivery.local.condition = proton.Condition(
+                        LINK_DETACH_FORCED,
+                        f"link {delivery.link.name!r} was refused or closed: nothing sent on it is read",
+                        {TRACKING_ID: str(uuid.uuid4())},
+                    )
+                    delivery.update(engine.REJECTED)
+                    delivery.settle()
+            case LinkFlow(link):
+                handler = self.handlers.get(link)
+                if handler is not None:
+                    handler.on_flow()
+            case LinkAttached(link):
+                self.host.attach(self, link)
+            case LinkDetached(link, closed):
+                self._link_gone(link)
+                if link.state & engine.LOCAL_ACTIVE:
+                    if closed:
+                        link.close()
+                    else:
+                        link.detach()
+            case SessionBegun(session):
+                session.open()
+            case SessionEnded(session):
+                if session.state & engine.LOCAL_ACTIVE:
+                    session.close()
+            case ConnectionOpened():
+                self.connection.open()
+            case ConnectionClosed():
+                if self.connection.state & engine.LOCAL_ACTIVE:
+                    self.connection.close()
+            case TransportClosed():
+                self._write()
+                self._shutdown()
 
-    def _link_gone(self, link: proton.Link) -> None:
-        handler = getattr(link, "oncebus_handler", None)
+    def _link_gone(self, link: engine.Link) -> None:
+        handler = self.handlers.pop(link, None)
         if handler is not None:
-            link.oncebus_handler = None
             handler.on_closed()
         if link.is_receiver:
             self.scanner.forget(link.name)
         for links in self.response_links.values():
             if link in links:
-                links.remove(cast(proton.Sender, link))
+                links.remove(link)
 
     # --- helpers for the link handlers --------------------------------------------------------
-    def incoming(self, delivery: proton.Delivery) -> IncomingDelivery:
-        """The transfer facts the scanner read for ``delivery`` (checked against proton's own tag)."""
-        facts = self.scanner.pop(delivery.link.name)
-        tag = raw_delivery_tag(delivery)
-        if facts.tag != tag:
-            raise FrameError(f"delivery tag mismatch on link {delivery.link.name!r}: {facts.tag!r} != {tag!r}")
-        return facts
+    def serve(self, link: engine.Link, handler: LinkHandler) -> None:
+        """``handler`` gets the events of ``link`` from now on (until the link or the connection ends)."""
+        self.handlers[link] = handler
 
     def authorized(self, path: str, right: str | None = None) -> bool:
         return self.access_denied(path, right) is None
 
-    def add_response_link(self, link: proton.Sender, address: str) -> None:
+    def add_response_link(self, link: engine.Link, address: str) -> None:
         self.response_links.setdefault((session_key(link), address.lower()), []).append(link)
 
-    def response_link(self, request_link: proton.Link, reply_to: str | None, node: str) -> proton.Sender | None:
+    def response_link(self, request_link: engine.Link, reply_to: str | None, node: str) -> engine.Link | None:
         """The client's receiver link that a reply to a request on ``request_link`` goes to."""
         key = session_key(request_link)
         for address in (reply_to, node):

@@ -10,11 +10,11 @@ The client sends ``declare`` (answered ``declared`` with a transaction id) and `
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import proton
 
-from oncebus.amqp import faulting
+from oncebus.amqp import engine, faulting
 from oncebus.amqp.errors import TRACKING_ID, condition_of
 from oncebus.amqp.links import read_payload, too_large
 from oncebus.core.errors import InvalidArgumentError
@@ -30,16 +30,16 @@ COORDINATOR_CREDIT = 16
 COORDINATOR_MESSAGE_SIZE = 64 * 1024
 
 
-def reject(delivery: proton.Delivery, error: BaseException) -> None:
+def reject(delivery: engine.Delivery, error: BaseException) -> None:
     delivery.local.condition = condition_of(error)
-    delivery.update(proton.Delivery.REJECTED)
+    delivery.update(engine.REJECTED)
     delivery.settle()
 
 
 class CoordinatorLink:
     """The client's link to the coordinator: declares and discharges transactions on this connection."""
 
-    def __init__(self, conn: AmqpConnection, link: proton.Receiver) -> None:
+    def __init__(self, conn: AmqpConnection, link: engine.Link) -> None:
         self.conn = conn
         self.link = link
         self.closed = False
@@ -53,10 +53,9 @@ class CoordinatorLink:
         link = self.link
         link.target.copy(link.remote_target)
         link.source.copy(link.remote_source)
-        link.rcv_settle_mode = proton.Link.RCV_FIRST
+        link.rcv_settle_mode = engine.RCV_FIRST
         link.max_message_size = COORDINATOR_MESSAGE_SIZE
-        link.oncebus_handler = self
-        self.conn.scanner.set_link_limit(link.name, COORDINATOR_MESSAGE_SIZE)
+        self.conn.serve(link, self)
         link.open()
         link.flow(COORDINATOR_CREDIT)
 
@@ -66,16 +65,14 @@ class CoordinatorLink:
     def on_flow(self) -> None:
         pass
 
-    def refuse_partial(self, delivery: proton.Delivery, size: int, limit: int) -> None:
-        self.conn.incoming(delivery)
-        delivery.oncebus_refused = True
+    def refuse_partial(self, delivery: engine.Delivery, size: int, limit: int) -> None:
+        delivery.notes.refused = True
         reject(delivery, too_large(size, limit))
         self.conn.pump()
 
-    def on_delivery(self, delivery: proton.Delivery) -> None:
-        if delivery.partial or getattr(delivery, "oncebus_refused", False):
+    def on_delivery(self, delivery: engine.Delivery) -> None:
+        if delivery.partial or delivery.notes.refused:
             return
-        self.conn.incoming(delivery)
         payload = read_payload(self.link, delivery)
         if delivery.aborted:
             delivery.settle()
@@ -99,7 +96,7 @@ class CoordinatorLink:
             except Exception as exc:  # too many open on this connection
                 reject(delivery, exc)
                 return
-            delivery.local.data = cast(Any, [declared])
+            delivery.local.data = [declared]
             delivery.update(DECLARED)
             delivery.settle()
             return
@@ -115,7 +112,7 @@ class CoordinatorLink:
             InvalidArgumentError(f"the coordinator takes declare (0x31) and discharge (0x32), not {descriptor!r}"),
         )
 
-    async def _discharge(self, delivery: proton.Delivery, txn_id: Any, fail: bool) -> None:
+    async def _discharge(self, delivery: engine.Delivery, txn_id: Any, fail: bool) -> None:
         error: BaseException | None = None
         try:
             if not isinstance(txn_id, (bytes, bytearray, memoryview)):
@@ -130,14 +127,14 @@ class CoordinatorLink:
         if self.conn.closed:
             return
         if error is None:
-            delivery.update(proton.Delivery.ACCEPTED)
+            delivery.update(engine.ACCEPTED)
             delivery.settle()
         else:
             condition = condition_of(error)
             if condition.info is None:
                 condition.info = {TRACKING_ID: str(uuid.uuid4())}
             delivery.local.condition = condition
-            delivery.update(proton.Delivery.REJECTED)
+            delivery.update(engine.REJECTED)
             delivery.settle()
         self.conn.pump()
 

@@ -430,6 +430,51 @@ class Reader:
         return value
 
 
+def _list_at(data: bytes | memoryview, pos: int, end: int) -> tuple[int, int, int]:
+    """(position of the first item, item count, end) of the list at ``pos``."""
+    _need(data, pos, 1, end)
+    code = data[pos]
+    if code == 0x45:
+        return pos + 1, 0, pos + 1
+    if code in (0xC0, 0xD0):
+        return _size_count(data, code, pos + 1, end)
+    raise DecodeError(f"not a list (constructor 0x{code:02x})")
+
+
+def list_fields(
+    data: bytes | memoryview, pos: int, wanted: int, max_depth: int = DEFAULT_MAX_DEPTH
+) -> tuple[list[Any], int]:
+    """The first ``wanted`` items of the list at ``pos`` decoded (the rest checked and skipped), and the position
+    after the list: one pass over a performative's fields."""
+    item, count, stop = _list_at(data, pos, len(data))
+    out = []
+    for index in range(count):
+        if index < wanted:
+            value, item = _decode(data, item, stop, max_depth - 1)
+            out.append(value)
+        else:
+            item = _skip(data, item, stop, max_depth - 1)
+    if item != stop:
+        raise DecodeError("a list's items do not fill its declared size")
+    return out, stop
+
+
+def list_items(
+    data: bytes | memoryview, pos: int, max_depth: int = DEFAULT_MAX_DEPTH
+) -> tuple[list[Any], list[bytes], int]:
+    """Every item of the list at ``pos``, decoded and as its bytes, and the position after the list (one pass)."""
+    item, count, stop = _list_at(data, pos, len(data))
+    values, raws = [], []
+    for _ in range(count):
+        value, after = _decode(data, item, stop, max_depth - 1)
+        values.append(value)
+        raws.append(bytes(data[item:after]))
+        item = after
+    if item != stop:
+        raise DecodeError("a list's items do not fill its declared size")
+    return values, raws, stop
+
+
 # ------------------------------------------------------------------------------------------ encoding
 NULL = b"\x40"
 

@@ -1,35 +1,79 @@
-"""oncebus's own AMQP 1.0 connection engine: sessions, links, deliveries and their frames, in Python.
+"""oncebus's own AMQP 1.0 connection engine: the connection's state machine, I/O-free.
 
-It replaces proton's Transport, Connection and event Collector for a server
-connection (proton's value types and its ``Data`` codec stay: they encode the
-rare frames' maps and conditions). Measured by ``bench/amqp_floor.py``: proton
-driven from asyncio costs 91 us of server CPU per received and completed
-message before oncebus does anything, an engine like this one 43 us (see
-docs/performance-log.md, "why proton has to go").
+Bytes in (:meth:`Connection.receive_data`): the :class:`~oncebus.amqp.frames.FrameScanner` checks them and
+decodes each performative once; :meth:`Connection.receive` applies each to the connection, its sessions and
+links (:mod:`oncebus.amqp.endpoints`) and puts a typed event (:mod:`oncebus.amqp.events`) in its
+:class:`~oncebus.amqp.events.Collector` for every change the client made. The connection
+(:mod:`oncebus.amqp.connection`, the asyncio side) hands the events to the link handlers, which act on the
+endpoints; what they ask for is written here, and :meth:`Connection.take_output` gives the bytes to send.
+Nothing here touches a socket or a clock (the caller passes the time to :meth:`Connection.tick`).
 
-The objects keep the names and meanings of the parts of proton's API that
-oncebus's link handlers use (``Link.credit``, ``Delivery.update``/``settle``,
-``Endpoint`` state bits, the ``Delivery`` outcome codes), so a handler does not
-care which engine drives it. What is not here: a client role (oncebus only
-serves), SASL mechanisms other than ANONYMOUS, resuming links, and the
-``unsettled`` maps of an attach (oncebus's links never resume).
-
-Frames arrive checked: :class:`~oncebus.amqp.frames.FrameScanner` sees every
-incoming byte first (header, bounds, known performatives, well-formed
-encodings, transfers on attached handles only). What the engine writes is
-whole: every performative carries all its fields (azure-servicebus 7.14 reads
-fields by position), and it writes nothing proton would not.
+Measured by ``bench/amqp_floor.py``: proton driven from asyncio cost 91 us of server CPU per received and
+completed message before oncebus did anything, an engine like this one 43 us (docs/performance-log.md, "why
+proton has to go"); proton's engine is no longer shipped. What is not here: a client role (oncebus only
+serves), SASL mechanisms other than ANONYMOUS, resuming links, and the ``unsettled`` maps of an attach
+(oncebus's links never resume). What the engine writes is whole: every performative carries all its fields
+(azure-servicebus 7.14 reads fields by position), and it writes nothing proton would not.
 """
 
 from __future__ import annotations
 
-import collections
 import struct
 from typing import Any
 
 import proton
 
-from oncebus.amqp.encoding import NULL, DecodeError, Reader, encode_list, encode_string, encode_symbol, encode_uint
+from oncebus.amqp.encoding import NULL, DecodeError, encode_list, encode_string, encode_uint
+from oncebus.amqp.endpoints import (
+    ACCEPTED,
+    COORDINATOR,
+    FALSE,
+    LOCAL_ACTIVE,
+    LOCAL_CLOSED,
+    LOCAL_UNINIT,
+    MODIFIED,
+    RCV_FIRST,
+    RCV_SECOND,
+    RECEIVED,
+    REJECTED,
+    RELEASED,
+    REMOTE_ACTIVE,
+    REMOTE_CLOSED,
+    REMOTE_UNINIT,
+    SND_MIXED,
+    SND_SETTLED,
+    SND_UNSETTLED,
+    SOURCE,
+    TARGET,
+    TRUE,
+    UNSPECIFIED,
+    Condition,
+    Delivery,
+    DeliveryNotes,
+    Disposition,
+    Endpoint,
+    Link,
+    Session,
+    Terminus,
+    condition_of_error,
+    encode_value,
+    error_encoding,
+)
+from oncebus.amqp.events import (
+    Collector,
+    ConnectionClosed,
+    ConnectionOpened,
+    DeliveryChanged,
+    Event,
+    LinkAttached,
+    LinkDetached,
+    LinkFlow,
+    SessionBegun,
+    SessionEnded,
+    TransportClosed,
+)
+from oncebus.amqp.frames import Frame, FrameScanner, Performative, ProtocolHeader
+from oncebus.amqp.limits import DEFAULT_LIMITS, AmqpLimits
 from oncebus.amqp.performatives import (
     AMQP_HEADER,
     ATTACH,
@@ -45,105 +89,46 @@ from oncebus.amqp.performatives import (
     amqp_frame,
 )
 
-# proton's numbers (tested equal in tests/amqp/test_engine.py): handlers compare with proton's constants
-LOCAL_UNINIT, LOCAL_ACTIVE, LOCAL_CLOSED = 1, 2, 4
-REMOTE_UNINIT, REMOTE_ACTIVE, REMOTE_CLOSED = 8, 16, 32
-SND_UNSETTLED, SND_SETTLED, SND_MIXED = 0, 1, 2
-RCV_FIRST, RCV_SECOND = 0, 1
-RECEIVED, ACCEPTED, REJECTED, RELEASED, MODIFIED = 0x23, 0x24, 0x25, 0x26, 0x27
-UNSPECIFIED, SOURCE, TARGET, COORDINATOR = 0, 1, 2, 3
-_SOURCE_CODE, _TARGET_CODE, _COORDINATOR_CODE, _ERROR_CODE = 0x28, 0x29, 0x30, 0x1D
+__all__ = [
+    "ACCEPTED",
+    "COORDINATOR",
+    "LOCAL_ACTIVE",
+    "LOCAL_CLOSED",
+    "LOCAL_UNINIT",
+    "MODIFIED",
+    "RCV_FIRST",
+    "RCV_SECOND",
+    "RECEIVED",
+    "REJECTED",
+    "RELEASED",
+    "REMOTE_ACTIVE",
+    "REMOTE_CLOSED",
+    "REMOTE_UNINIT",
+    "SND_MIXED",
+    "SND_SETTLED",
+    "SND_UNSETTLED",
+    "SOURCE",
+    "TARGET",
+    "UNSPECIFIED",
+    "Collector",
+    "Condition",
+    "Connection",
+    "Delivery",
+    "DeliveryNotes",
+    "Disposition",
+    "Endpoint",
+    "Event",
+    "Link",
+    "Session",
+    "Terminus",
+    "encode_value",
+]
+
 _WINDOW = 0x7FFFFFFF
 _MASK = 0xFFFFFFFF
 _HANDLE_MAX = 0xFFFFFFFF
-TRUE, FALSE = b"\x41", b"\x42"
 _FRAME = struct.Struct(">IBBH")
 _U32 = struct.Struct(">I")
-_ACCEPTED_STATE = b"\x00\x53\x24\x45"
-_ACCEPTED_CODE = proton.ulong(ACCEPTED)
-# a disposition's fields as the SDKs send them, read without the general decoder (anything else goes to it)
-_FLAGS = {0x40: None, 0x41: True, 0x42: False}
-_ACCEPTED_ENCODINGS = (_ACCEPTED_STATE, b"\x00\x53\x24\xc0\x01\x00")  # its empty list as list0 or list8
-
-
-def disposition_fields(body: memoryview | bytes) -> list[Any] | None:
-    """:func:`_disposition_fields`, None where the bytes run short (the general decoder says what is wrong)."""
-    try:
-        return _disposition_fields(body)
-    except (IndexError, struct.error):
-        return None
-
-
-def _disposition_fields(body: memoryview | bytes) -> list[Any] | None:
-    """The fields of a ``disposition`` body (its descriptor at 0..2) if it has the usual shape: flags, delivery
-    ids as uint, and no state or ``accepted``; None for anything else (the general decoder reads it then).
-    Gives what ``Reader.list_fields(6)`` gives for the same bytes (ids as plain ints)."""
-    code = body[3]
-    if code == 0xC0:
-        end, count, pos = 5 + body[4], body[5], 6
-    elif code == 0xD0:
-        end, count, pos = 8 + int(_U32.unpack_from(body, 4)[0]), int(_U32.unpack_from(body, 8)[0]), 12
-    elif code == 0x45:
-        return []
-    else:
-        return None
-    if count > 6 or end != len(body):
-        return None
-    fields: list[Any] = []
-    for index in range(count):
-        byte = body[pos]
-        if byte in _FLAGS:
-            fields.append(_FLAGS[byte])
-            pos += 1
-        elif byte == 0x52:
-            fields.append(body[pos + 1])
-            pos += 2
-        elif byte == 0x56 and body[pos + 1] <= 1:  # a boolean in a byte: the Python SDK's flags
-            fields.append(body[pos + 1] == 1)
-            pos += 2
-        elif byte == 0x43:
-            fields.append(0)
-            pos += 1
-        elif byte == 0x70:
-            fields.append(int(_U32.unpack_from(body, pos + 1)[0]))
-            pos += 5
-        elif index == 4 and (size := _accepted_size(body, pos)):
-            fields.append(proton.Described(_ACCEPTED_CODE, []))
-            pos += size
-        else:
-            return None
-    return fields if pos == end else None
-
-
-def _accepted_size(body: memoryview | bytes, pos: int) -> int:
-    """The length of an ``accepted`` state at ``pos`` (0: not one)."""
-    for raw in _ACCEPTED_ENCODINGS:
-        if body[pos : pos + len(raw)] == raw:
-            return len(raw)
-    return 0
-
-
-_RELEASED_STATE = b"\x00\x53\x26\x45"
-_EMPTY_MAP = b"\xc1\x01\x00"
-
-Condition = proton.Condition
-_EVENT = proton.Event  # the engine puts proton's event types, so the connection's dispatch reads both engines alike
-
-
-def encode_value(value: Any) -> bytes:
-    """Any value proton's types describe, AMQP-encoded (by proton's codec: the rare frames' maps and states)."""
-    data = proton.Data()
-    data.put_object(value)
-    return bytes(data.encode())
-
-
-def _error(condition: Any) -> bytes:
-    """An ``error`` from a proton ``Condition`` (its info map always present: the SDK reads it by position)."""
-    if condition is None:
-        return NULL
-    info = encode_value(dict(condition.info)) if condition.info else _EMPTY_MAP
-    description = encode_string(condition.description) if condition.description is not None else NULL
-    return b"\x00\x53\x1d" + encode_list([encode_symbol(condition.name), description, info])
 
 
 def _transfer_performative(head: bytes, more: bool) -> bytes:
@@ -152,369 +137,6 @@ def _transfer_performative(head: bytes, more: bool) -> bytes:
     if len(body) + 1 <= 255:
         return b"\x00\x53\x14\xc0" + bytes((len(body) + 1, 11)) + body
     return b"\x00\x53\x14\xd0" + _U32.pack(len(body) + 4) + _U32.pack(11) + body
-
-
-def _condition(value: Any) -> Any:
-    """A proton ``Condition`` from a decoded ``error`` (None for none)."""
-    if not isinstance(value, proton.Described) or not isinstance(value.value, list):
-        return None
-    fields = [*list(value.value), None, None, None]
-    name, description, info = fields[0], fields[1], fields[2]
-    return proton.Condition(
-        str(name or ""), description if isinstance(description, str) else None, info if isinstance(info, dict) else None
-    )
-
-
-# ------------------------------------------------------------------------------------- events
-class Event:
-    """What happened (proton's event types, so the connection's dispatch reads both engines alike)."""
-
-    __slots__ = ("delivery", "link", "session", "type")
-
-    def __init__(
-        self, kind: Any, link: Link | None = None, session: Session | None = None, delivery: Delivery | None = None
-    ) -> None:
-        self.type = kind
-        self.link = link
-        self.session = session
-        self.delivery = delivery
-
-
-class Collector:
-    def __init__(self) -> None:
-        self.events: collections.deque[Event] = collections.deque()
-
-    def peek(self) -> Event | None:
-        return self.events[0] if self.events else None
-
-    def pop(self) -> None:
-        if self.events:
-            self.events.popleft()
-
-
-# ------------------------------------------------------------------------------------- termini
-class Terminus:
-    """A link's source or target: kept as the bytes the client sent, which the answer echoes."""
-
-    def __init__(self, kind: int) -> None:
-        self.type = kind
-        self.raw: bytes = NULL  # the encoded source / target (a described list), or null
-        self.address: str | None = None
-        self._filter: dict[Any, Any] | None = None  # a replaced filter (a source's field 7)
-
-    @classmethod
-    def decode(cls, raw: bytes, default: int) -> Terminus:
-        terminus = cls(UNSPECIFIED)
-        terminus.raw = raw
-        if raw[:1] != b"\x00":
-            return terminus
-        reader = Reader(raw)
-        code = reader.descriptor()
-        terminus.type = {_SOURCE_CODE: SOURCE, _TARGET_CODE: TARGET, _COORDINATOR_CODE: COORDINATOR}.get(
-            code if code is not None else -1, default
-        )
-        if terminus.type != COORDINATOR:
-            fields = reader.list_fields(1)
-            address = fields[0] if fields else None
-            terminus.address = str(address) if isinstance(address, str) else None
-        return terminus
-
-    def copy(self, other: Terminus) -> None:
-        self.type, self.raw, self.address, self._filter = other.type, other.raw, other.address, other._filter
-
-    def filter_map(self) -> dict[Any, Any]:
-        """The source's filter set (empty when none)."""
-        if self._filter is not None:
-            return dict(self._filter)
-        if self.raw[:1] != b"\x00" or self.type != SOURCE:
-            return {}
-        reader = Reader(self.raw)
-        reader.descriptor()
-        fields = reader.list_fields(8)
-        value = fields[7] if len(fields) > 7 else None
-        return dict(value) if isinstance(value, dict) else {}
-
-    def set_filter(self, filters: dict[Any, Any]) -> None:
-        self._filter = dict(filters)
-
-    def encode(self) -> bytes:
-        if self.type == UNSPECIFIED:
-            return NULL
-        if self._filter is None or self.raw[:1] != b"\x00":
-            return self.raw
-        reader = Reader(self.raw)
-        reader.descriptor()
-        head = self.raw[: reader.pos]
-        spans = reader.field_spans()
-        fields = [self.raw[a:b] for a, b in spans] + [NULL] * max(0, 8 - len(spans))
-        fields[7] = encode_value(self._filter)
-        return head + encode_list(fields)
-
-
-class Disposition:
-    """One side's delivery state (proton's ``Disposition``: condition, data, failed, undeliverable)."""
-
-    __slots__ = ("annotations", "condition", "data", "failed", "type", "undeliverable")
-
-    def __init__(self) -> None:
-        self.type = 0
-        self.condition: Any = None
-        self.data: Any = None
-        self.failed = False
-        self.undeliverable = False
-        self.annotations: Any = None
-
-    def encode(self, state: int) -> bytes:
-        if state == ACCEPTED:
-            return _ACCEPTED_STATE
-        if state == RELEASED:
-            return _RELEASED_STATE
-        if state == REJECTED:
-            return b"\x00\x53\x25" + encode_list([_error(self.condition)])
-        if state == MODIFIED:
-            annotations = encode_value(self.annotations) if self.annotations else NULL
-            return b"\x00\x53\x27" + encode_list(
-                [TRUE if self.failed else FALSE, TRUE if self.undeliverable else FALSE, annotations]
-            )
-        if state == 0:
-            return NULL
-        return encode_value(proton.Described(proton.ulong(state), list(self.data or [])))
-
-    def decode(self, value: Any) -> int:
-        """Read a decoded delivery state; its code (0: none)."""
-        if not isinstance(value, proton.Described):
-            return 0
-        code = int(value.descriptor) if isinstance(value.descriptor, int) else 0
-        fields = value.value if isinstance(value.value, list) else []
-        if code == REJECTED:
-            self.condition = _condition(fields[0]) if fields else None
-        elif code == MODIFIED:
-            self.failed = bool(fields[0]) if fields else False
-            self.undeliverable = bool(fields[1]) if len(fields) > 1 else False
-            self.annotations = fields[2] if len(fields) > 2 else None
-        elif code not in (ACCEPTED, RELEASED):
-            self.data = list(fields)
-        self.type = code
-        return code
-
-
-# ------------------------------------------------------------------------------------- endpoints
-class Delivery:
-    """One delivery on one link, incoming (the client's transfer) or outgoing (ours)."""
-
-    RECEIVED, ACCEPTED, REJECTED, RELEASED, MODIFIED = RECEIVED, ACCEPTED, REJECTED, RELEASED, MODIFIED
-
-    def __init__(self, link: Link, tag: bytes) -> None:
-        self.link = link
-        self.raw_tag = tag
-        self.delivery_id: int | None = None
-        self.partial = False
-        self.aborted = False
-        self.settled = False  # settled by the client
-        self.local_settled = False
-        self.remote_state = 0
-        self.local_state = 0
-        self.remote = Disposition()
-        self.local = Disposition()
-        self.chunks: list[bytes] = []
-        self.pending = 0  # payload bytes not read yet (incoming) / to write (outgoing)
-        self.said: tuple[int, bool] | None = None  # the (state, settled) our last disposition said
-
-    @property
-    def tag(self) -> bytes:
-        return self.raw_tag
-
-    def update(self, state: int) -> None:
-        self.local_state = state
-        self.link.session.connection._disposed(self)
-
-    def settle(self) -> None:
-        if self.local_settled:
-            return
-        self.local_settled = True
-        link = self.link
-        if link.is_receiver and link._reading and link._reading[0] is self:  # as proton: settling it advances
-            link._reading.popleft()
-        self.link.session.connection._disposed(self)
-
-
-class Endpoint:
-    LOCAL_UNINIT, LOCAL_ACTIVE, LOCAL_CLOSED = LOCAL_UNINIT, LOCAL_ACTIVE, LOCAL_CLOSED
-    REMOTE_UNINIT, REMOTE_ACTIVE, REMOTE_CLOSED = REMOTE_UNINIT, REMOTE_ACTIVE, REMOTE_CLOSED
-
-    def __init__(self) -> None:
-        self.local = LOCAL_UNINIT
-        self.remote_bits = REMOTE_UNINIT
-        self.condition: Any = None
-        self.remote_condition: Any = None
-
-    @property
-    def state(self) -> int:
-        return self.local | self.remote_bits
-
-
-class Link(Endpoint):
-    """A link the client attached; ``is_sender`` when oncebus sends on it (the client receives)."""
-
-    def __init__(self, session: Session, name: str, remote_handle: int, is_sender: bool) -> None:
-        super().__init__()
-        self.session = session
-        self.connection = session.connection
-        self.name = name
-        self.remote_handle = remote_handle
-        self.handle: int | None = None
-        self.is_sender = is_sender
-        self.is_receiver = not is_sender
-        self.source = Terminus(SOURCE)
-        self.target = Terminus(TARGET)
-        self.remote_source = Terminus(UNSPECIFIED)
-        self.remote_target = Terminus(UNSPECIFIED)
-        self.snd_settle_mode = SND_MIXED
-        self.rcv_settle_mode = RCV_FIRST
-        self.remote_snd_settle_mode = SND_MIXED
-        self.remote_rcv_settle_mode = RCV_FIRST
-        self.max_message_size = 0
-        self.remote_max_message_size = 0
-        self.properties: dict[Any, Any] | None = None
-        self.remote_properties: dict[Any, Any] | None = None
-        self.name_raw = encode_string(name)
-        self.credit = 0
-        self.delivery_count = 0
-        self.drain_mode = False
-        self._reading: collections.deque[Delivery] = collections.deque()  # incoming, not advanced past yet
-        self._writing: Delivery | None = None  # outgoing: the delivery being written
-        self._arriving: Delivery | None = None  # incoming: the delivery whose frames are still arriving
-        self.unsent: collections.deque[Delivery] = collections.deque()  # outgoing, advanced, not written yet
-        self.available = 0  # transfers the client's credit allows now (credit counts advanced ones instead)
-        self.dirty = False
-        self.handle_raw = b""
-        self.oncebus_handler: Any = None
-
-    # --- both roles
-    def open(self) -> None:
-        if self.local != LOCAL_UNINIT:
-            return
-        self.local = LOCAL_ACTIVE
-        self.connection._attach(self)
-
-    def close(self) -> None:
-        self._detach(closed=True)
-
-    def detach(self) -> None:
-        self._detach(closed=False)
-
-    def _detach(self, *, closed: bool) -> None:
-        if self.local == LOCAL_CLOSED:
-            return
-        if self.local == LOCAL_UNINIT:
-            self.local = LOCAL_CLOSED
-            return
-        self.local = LOCAL_CLOSED
-        self.connection._detach(self, closed)
-
-    def next(self, mask: int) -> Link | None:
-        """The connection's next link whose state has every bit of ``mask`` (proton's iteration)."""
-        return self.connection._link_after(self, mask)
-
-    # --- oncebus receives on it (the client sends)
-    def flow(self, credit: int) -> None:
-        self.credit += credit
-        if self.local == LOCAL_ACTIVE:
-            self.connection._flow(self)
-
-    @property
-    def current(self) -> Delivery | None:
-        """The delivery being read (the oldest not advanced past) or written (proton's ``Link.current``)."""
-        if self.is_receiver:
-            return self._reading[0] if self._reading else None
-        return self._writing
-
-    def recv(self, limit: int) -> bytes | None:
-        delivery = self.current
-        if delivery is None or not delivery.chunks:
-            return b""
-        data = b"".join(delivery.chunks)
-        delivery.chunks = []
-        delivery.pending = 0
-        if len(data) > limit:
-            delivery.chunks = [data[limit:]]
-            delivery.pending = len(data) - limit
-            data = data[:limit]
-        return data
-
-    # --- oncebus sends on it
-    def delivery(self, tag: bytes) -> Delivery:
-        delivery = Delivery(self, tag)
-        self._writing = delivery
-        return delivery
-
-    def send(self, data: bytes) -> int:
-        delivery = self.current
-        if delivery is None:
-            return 0
-        delivery.chunks.append(data)
-        delivery.pending += len(data)
-        return len(data)
-
-    def advance(self) -> bool:
-        if self.is_receiver:  # the delivery read is done: the next one is current
-            if not self._reading:
-                return False
-            self._reading.popleft()
-            return True
-        delivery = self._writing
-        if delivery is None:
-            return False
-        self._writing = None
-        self.credit -= 1
-        self.connection._advanced(self, delivery)
-        return True
-
-    def drained(self) -> int:
-        if not (self.drain_mode and self.credit > 0):
-            return 0
-        drained = self.credit
-        self.delivery_count = (self.delivery_count + drained) & _MASK
-        self.credit = 0
-        self.available = len(self.unsent)
-        self.connection._flow(self, drain=True)
-        return drained
-
-
-class Session(Endpoint):
-    def __init__(self, connection: Connection, remote_channel: int) -> None:
-        super().__init__()
-        self.connection = connection
-        self.remote_channel = remote_channel
-        self.channel: int | None = None
-        self.next_incoming_id = 0
-        self.next_outgoing_id = 0
-        self.remote_incoming_window = _WINDOW
-        self.links: dict[int, Link] = {}  # by the client's handle
-        self.handles: set[int] = set()  # ours in use
-        self.outgoing: dict[int, Delivery] = {}  # our unsettled deliveries by delivery id
-        self.incoming: dict[int, Delivery] = {}  # the client's unsettled deliveries by delivery id
-
-    def open(self) -> None:
-        if self.local != LOCAL_UNINIT:
-            return
-        self.local = LOCAL_ACTIVE
-        self.connection._begin(self)
-
-    def close(self) -> None:
-        if self.local == LOCAL_CLOSED:
-            return
-        was_active = self.local == LOCAL_ACTIVE
-        self.local = LOCAL_CLOSED
-        if was_active:
-            self.connection._end(self)
-
-
-class SaslStub:
-    """proton's ``transport.sasl()``: oncebus serves ANONYMOUS only."""
-
-    def allowed_mechs(self, mechs: str) -> None:
-        pass
 
 
 # ------------------------------------------------------------------------------------- the connection
@@ -527,8 +149,9 @@ class Connection(Endpoint):
 
     SERVER = 1
 
-    def __init__(self) -> None:
+    def __init__(self, limits: AmqpLimits = DEFAULT_LIMITS) -> None:
         super().__init__()
+        self.scanner = FrameScanner(limits)  # checks and decodes what the client sends
         self.container = "oncebus"
         self.max_frame_size = 65536
         self.channel_max = 0xFFFF
@@ -537,10 +160,8 @@ class Connection(Endpoint):
         self.remote_hostname: str | None = None
         self.remote_idle_timeout = 0.0
         self.collector: Collector | None = None
-        self._buffer = b""
         self._out: list[bytes] = []
         self._out_size = 0
-        self._header_expected = True
         self._in_sasl = False
         self.sessions: dict[int, Session] = {}  # by the client's channel
         self._channels: dict[int, Session] = {}  # by ours
@@ -554,13 +175,6 @@ class Connection(Endpoint):
         self.sent_header = False  # the AMQP protocol header, open and close have been written
         self.sent_open = False
         self.sent_close = False
-
-    # --- proton's names for the same object
-    def bind(self, connection: Connection) -> None:
-        pass
-
-    def sasl(self) -> SaslStub:
-        return SaslStub()
 
     def collect(self, collector: Collector) -> None:
         self.collector = collector
@@ -577,18 +191,9 @@ class Connection(Endpoint):
                 return candidate
         return None
 
-    def _event(
-        self, kind: Any, link: Link | None = None, session: Session | None = None, delivery: Delivery | None = None
-    ) -> None:
-        collector = self.collector
-        if collector is None:
-            return
-        events = collector.events
-        if events:  # as proton's collector: an event just like the last one is not put twice
-            last = events[-1]
-            if last.type is kind and last.delivery is delivery and last.link is link and last.session is session:
-                return
-        events.append(Event(kind, link, session, delivery))
+    def _event(self, event: Event) -> None:
+        if self.collector is not None:
+            self.collector.put(event)
 
     # --- the local side
     def open(self) -> None:
@@ -610,7 +215,7 @@ class Connection(Endpoint):
         if self.local == LOCAL_UNINIT:
             self.open()
         self.local = LOCAL_CLOSED
-        self._write(amqp_frame(CLOSE, [_error(self.condition)], 0))
+        self._write(amqp_frame(CLOSE, [error_encoding(self.condition)], 0))
         self.sent_close = True
         self.head_closed = True
 
@@ -618,38 +223,28 @@ class Connection(Endpoint):
     def capacity(self) -> int:
         return 1 << 30 if not self.tail_closed else -1
 
-    def push(self, data: bytes) -> None:
-        buffer = self._buffer + data if self._buffer else data
-        view = memoryview(buffer)
-        pos, end = 0, len(buffer)
-        while not self.tail_closed:
-            if self._header_expected:
-                if end - pos < 8:
-                    break
-                self._header(bytes(buffer[pos : pos + 8]))
-                pos += 8
-                continue
-            if end - pos < 8:
-                break
-            size, doff, frame_type, channel = _FRAME.unpack_from(buffer, pos)
-            if end - pos < size:
-                break
-            body = view[pos + doff * 4 : pos + size]
-            pos += size
-            if not body:
-                continue  # an empty frame: a heartbeat
-            if frame_type == 1:
-                self._sasl(body)
+    def receive_data(self, data: bytes) -> None:
+        """Take bytes the client sent; raises :class:`~oncebus.amqp.frames.FrameError` where they break AMQP (the
+        caller closes with its condition)."""
+        self.receive(self.scanner.feed(data))
+
+    def receive(self, frames: list[Frame]) -> None:
+        """Take what the client sent, as the frame scanner read it (checked, each performative decoded once)."""
+        for frame in frames:
+            if self.tail_closed:
+                return
+            if isinstance(frame, ProtocolHeader):
+                self._header(frame.sasl)
+            elif frame.sasl:
+                self._sasl(frame)
             else:
                 try:
-                    self._amqp(channel, body)
+                    self._amqp(frame)
                 except (DecodeError, IndexError, TypeError, ValueError) as exc:
                     self._fail("amqp:decode-error", f"cannot read a frame: {exc}")
-        self._buffer = bytes(buffer[pos:]) if pos < end else b""
 
-    def _header(self, header: bytes) -> None:
-        self._header_expected = False
-        if header == SASL_HEADER:
+    def _header(self, sasl: bool) -> None:
+        if sasl:
             self._in_sasl = True
             mechanisms = b"\x00\x53\x40" + encode_list([b"\xe0\x0c\x01\xa3\x09ANONYMOUS"])
             self._write(SASL_HEADER + _FRAME.pack(8 + len(mechanisms), 2, 1, 0) + mechanisms)
@@ -657,16 +252,14 @@ class Connection(Endpoint):
             self._write(AMQP_HEADER)
             self.sent_header = True
 
-    def _sasl(self, body: memoryview) -> None:
-        reader = Reader(body)
-        if reader.descriptor() != 0x41:  # only sasl-init is the client's to send (ANONYMOUS has no challenge)
+    def _sasl(self, frame: Performative) -> None:
+        if frame.code != 0x41:  # only sasl-init is the client's to send (ANONYMOUS has no challenge)
             return
-        fields = reader.list_fields(1)
+        fields = frame.fields
         ok = bool(fields) and str(fields[0]) == "ANONYMOUS"
         outcome = b"\x00\x53\x44" + encode_list([b"\x50" + (b"\x00" if ok else b"\x01")])
         self._write(_FRAME.pack(8 + len(outcome), 2, 1, 0) + outcome)
         if ok:
-            self._header_expected = True
             self._in_sasl = False
         else:
             self.head_closed = True
@@ -722,7 +315,7 @@ class Connection(Endpoint):
         self.tail_closed = True
         if not self.head_closed:
             self.head_closed = True
-        self._event(_EVENT.TRANSPORT_CLOSED)
+        self._event(TransportClosed())
 
     def close_head(self) -> None:
         self.head_closed = True
@@ -740,31 +333,26 @@ class Connection(Endpoint):
         self.close()
 
     # --- frames in
-    def _amqp(self, channel: int, body: memoryview) -> None:
-        code = body[2] if body[1] == 0x53 else -1
-        if code == DISPOSITION and (fields := disposition_fields(body)) is not None:  # the usual completion
-            self._on_disposition(channel, fields)
-            return
-        reader = Reader(body)
-        reader.pos = 3
+    def _amqp(self, frame: Performative) -> None:
+        code, channel, fields = frame.code, frame.channel, frame.fields
         if code == DISPOSITION:
-            self._on_disposition(channel, reader.list_fields(6))
+            self._on_disposition(channel, fields)
         elif code == TRANSFER:
-            self._on_transfer(channel, reader.list_fields(10), body[reader.pos :])
+            self._on_transfer(frame)
         elif code == FLOW:
-            self._on_flow(channel, reader.list_fields(10))
+            self._on_flow(channel, fields)
         elif code == ATTACH:
-            self._on_attach(channel, body, reader)
+            self._on_attach(channel, fields, frame.raw or [])
         elif code == DETACH:
-            self._on_detach(channel, reader.list_fields(3))
+            self._on_detach(channel, fields)
         elif code == BEGIN:
-            self._on_begin(channel, reader.list_fields(5))
+            self._on_begin(channel, fields)
         elif code == END:
-            self._on_end(channel, reader.list_fields(1))
+            self._on_end(channel, fields)
         elif code == OPEN:
-            self._on_open(reader.list_fields(5))
+            self._on_open(fields)
         elif code == CLOSE:
-            self._on_close(reader.list_fields(1))
+            self._on_close(fields)
 
     def _on_open(self, fields: list[Any]) -> None:
         fields += [None] * (5 - len(fields))
@@ -777,12 +365,12 @@ class Connection(Endpoint):
         if isinstance(fields[4], int) and fields[4] > 0:
             self.remote_idle_timeout = fields[4] / 1000.0
         self.remote_bits = REMOTE_ACTIVE
-        self._event(_EVENT.CONNECTION_REMOTE_OPEN)
+        self._event(ConnectionOpened())
 
     def _on_close(self, fields: list[Any]) -> None:
-        self.remote_condition = _condition(fields[0]) if fields else None
+        self.remote_condition = condition_of_error(fields[0]) if fields else None
         self.remote_bits = REMOTE_CLOSED
-        self._event(_EVENT.CONNECTION_REMOTE_CLOSE)
+        self._event(ConnectionClosed())
 
     def _on_begin(self, channel: int, fields: list[Any]) -> None:
         if channel > self.channel_max:
@@ -797,7 +385,7 @@ class Connection(Endpoint):
         session.remote_incoming_window = int(fields[2]) if isinstance(fields[2], int) else _WINDOW
         session.remote_bits = REMOTE_ACTIVE
         self.sessions[channel] = session
-        self._event(_EVENT.SESSION_REMOTE_OPEN, session=session)
+        self._event(SessionBegun(session))
 
     def _begin(self, session: Session) -> None:
         channel = 0
@@ -822,13 +410,13 @@ class Connection(Endpoint):
         if session is None:
             return
         session.remote_bits = REMOTE_CLOSED
-        session.remote_condition = _condition(fields[0]) if fields else None
+        session.remote_condition = condition_of_error(fields[0]) if fields else None
         del self.sessions[channel]
         for link in list(session.links.values()):  # the session's links end with it
             if link.remote_bits != REMOTE_CLOSED:
                 link.remote_bits = REMOTE_CLOSED
-                self._event(_EVENT.LINK_REMOTE_CLOSE, link=link)
-        self._event(_EVENT.SESSION_REMOTE_CLOSE, session=session)
+                self._event(LinkDetached(link, closed=True))
+        self._event(SessionEnded(session))
 
     def _end(self, session: Session) -> None:
         if session.channel is None:
@@ -836,7 +424,7 @@ class Connection(Endpoint):
         for link in list(session.links.values()):
             link.local = LOCAL_CLOSED
             self._forget(link)
-        self._write(amqp_frame(END, [_error(session.condition)], session.channel))
+        self._write(amqp_frame(END, [error_encoding(session.condition)], session.channel))
         self._channels.pop(session.channel, None)
 
     def _session(self, channel: int) -> Session | None:
@@ -845,13 +433,13 @@ class Connection(Endpoint):
             self._fail("amqp:connection:framing-error", f"a frame on channel {channel}, which no begin opened")
         return session
 
-    def _on_attach(self, channel: int, body: memoryview, reader: Reader) -> None:
+    def _on_attach(self, channel: int, fields: list[Any], raw: list[bytes]) -> None:
         session = self._session(channel)
         if session is None:
             return
-        spans = reader.field_spans()
-        raw = [bytes(body[a:b]) for a, b in spans] + [NULL] * max(0, 14 - len(spans))
-        name, handle, role = Reader(raw[0]).value(), Reader(raw[1]).value(), Reader(raw[2]).value()
+        fields = fields + [None] * (14 - len(fields))
+        raw = raw + [NULL] * (14 - len(raw))
+        name, handle, role = fields[0], fields[1], fields[2]
         if not isinstance(name, str) or not isinstance(handle, int) or not isinstance(role, bool):
             self._fail("amqp:decode-error", "an attach needs a name, a handle and a role")
             return
@@ -860,22 +448,22 @@ class Connection(Endpoint):
             return
         link = Link(session, name, handle, is_sender=role)  # role true: the client receives
         link.name_raw = raw[0]
-        snd, rcv = Reader(raw[3]).value(), Reader(raw[4]).value()
+        snd, rcv = fields[3], fields[4]
         link.remote_snd_settle_mode = int(snd) if isinstance(snd, int) else SND_MIXED
         link.remote_rcv_settle_mode = int(rcv) if isinstance(rcv, int) else RCV_FIRST
-        link.remote_source = Terminus.decode(raw[5], SOURCE)
-        link.remote_target = Terminus.decode(raw[6], TARGET)
-        count = Reader(raw[9]).value()
+        link.remote_source = Terminus.received(raw[5], fields[5], SOURCE)
+        link.remote_target = Terminus.received(raw[6], fields[6], TARGET)
+        count = fields[9]
         if link.is_receiver and isinstance(count, int):
             link.delivery_count = int(count)
-        size = Reader(raw[10]).value()
+        size = fields[10]
         link.remote_max_message_size = int(size) if isinstance(size, int) else 0
-        properties = Reader(raw[13]).value()
+        properties = fields[13]
         link.remote_properties = dict(properties) if isinstance(properties, dict) else None
         link.remote_bits = REMOTE_ACTIVE
         session.links[handle] = link
         self.links.append(link)
-        self._event(_EVENT.LINK_REMOTE_OPEN, link=link)
+        self._event(LinkAttached(link))
 
     def _attach(self, link: Link) -> None:
         session = link.session
@@ -916,17 +504,17 @@ class Connection(Endpoint):
             self._fail("amqp:session:unattached-handle", f"a detach of handle {fields[0]}, which is not attached")
             return
         closed = bool(fields[1])
-        link.remote_condition = _condition(fields[2])
+        link.remote_condition = condition_of_error(fields[2])
         link.remote_bits = REMOTE_CLOSED
         del session.links[link.remote_handle]
         if link.local == LOCAL_CLOSED:
             self._forget(link)
-        self._event(_EVENT.LINK_REMOTE_CLOSE if closed else _EVENT.LINK_REMOTE_DETACH, link=link)
+        self._event(LinkDetached(link, closed))
 
     def _detach(self, link: Link, closed: bool) -> None:
         session = link.session
         if link.handle is not None and session.local == LOCAL_ACTIVE and session.remote_bits == REMOTE_ACTIVE:
-            fields = [encode_uint(link.handle), TRUE if closed else FALSE, _error(link.condition)]
+            fields = [encode_uint(link.handle), TRUE if closed else FALSE, error_encoding(link.condition)]
             self._write(amqp_frame(DETACH, fields, session.channel or 0))
         if link.remote_bits == REMOTE_CLOSED:
             self._forget(link)
@@ -968,7 +556,7 @@ class Connection(Endpoint):
                 self._dirty_links.append(link)
         if fields[9] and link.local == LOCAL_ACTIVE:
             self._flow(link)
-        self._event(_EVENT.LINK_FLOW, link=link)
+        self._event(LinkFlow(link))
 
     def _session_flow(self, session: Session) -> None:
         if session.channel is None or session.local != LOCAL_ACTIVE:
@@ -1008,11 +596,11 @@ class Connection(Endpoint):
         ]
         self._write(amqp_frame(FLOW, fields, session.channel))
 
-    def _on_transfer(self, channel: int, fields: list[Any], payload: memoryview) -> None:
-        session = self._session(channel)
+    def _on_transfer(self, frame: Performative) -> None:
+        session = self._session(frame.channel)
         if session is None:
             return
-        fields += [None] * (10 - len(fields))
+        fields, payload = frame.fields, frame.payload  # (the scanner gave a transfer its 10 fields)
         link = session.links.get(fields[0])
         if link is None or link.is_sender:
             self._fail("amqp:session:unattached-handle", f"a transfer on handle {fields[0]}, which is not attached")
@@ -1023,6 +611,7 @@ class Connection(Endpoint):
             delivery = Delivery(link, fields[2] if isinstance(fields[2], bytes) else b"")
             delivery_id = fields[1] if isinstance(fields[1], int) else None
             delivery.delivery_id = delivery_id
+            delivery.message_format = fields[3] if isinstance(fields[3], int) else 0
             link._reading.append(delivery)
             link.credit -= 1
             link.delivery_count = (link.delivery_count + 1) & _MASK
@@ -1035,12 +624,13 @@ class Connection(Endpoint):
         if payload:
             delivery.chunks.append(bytes(payload))
             delivery.pending += len(payload)
+        delivery.size, delivery.oversized = frame.size, frame.oversized
         delivery.aborted = bool(fields[9])
         delivery.partial = bool(fields[5]) and not delivery.aborted
         link._arriving = delivery if delivery.partial else None
         if not delivery.partial and delivery.settled and delivery.delivery_id is not None:
             session.incoming.pop(delivery.delivery_id, None)
-        self._event(_EVENT.DELIVERY, link=link, delivery=delivery)
+        self._event(DeliveryChanged(delivery))
 
     def _on_disposition(self, channel: int, fields: list[Any]) -> None:
         session = self._session(channel)
@@ -1063,7 +653,7 @@ class Connection(Endpoint):
                 delivery.settled = True
                 if delivery.local_settled:
                     table.pop(delivery_id, None)
-            self._event(_EVENT.DELIVERY, link=delivery.link, delivery=delivery)
+            self._event(DeliveryChanged(delivery))
 
     # --- frames out
     def _advanced(self, link: Link, delivery: Delivery) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import proton
 
+from oncebus.amqp import engine
 from oncebus.amqp.errors import TRACKING_ID
 from oncebus.core.errors import ServerBusyError
 
@@ -32,12 +33,12 @@ def _busy(fault: ArmedFault, path: str) -> ServerBusyError:
     )
 
 
-def _detach(conn: AmqpConnection, link: proton.Link, fault: ArmedFault) -> None:
+def _detach(conn: AmqpConnection, link: engine.Link, fault: ArmedFault) -> None:
     text = f"The link {link.name!r} is force detached. (oncebus fault {fault.fault_id}: {fault.spec.kind})"
     conn.close_link(link, proton.Condition(LINK_DETACH_FORCED, text, {TRACKING_ID: str(uuid.uuid4())}))
 
 
-def before_send(conn: AmqpConnection, link: proton.Link, namespace: Namespace, entity: str) -> bool:
+def before_send(conn: AmqpConnection, link: engine.Link, namespace: Namespace, entity: str) -> bool:
     """Before a send is judged: True when the connection or the link is gone (nothing of the send is stored);
     raises ``ServerBusyError`` for ``server-busy`` (the send is refused with it)."""
     book = namespace.faults
@@ -54,7 +55,7 @@ def before_send(conn: AmqpConnection, link: proton.Link, namespace: Namespace, e
     return False
 
 
-async def after_send(conn: AmqpConnection, link: proton.Link, namespace: Namespace, entity: str) -> bool:
+async def after_send(conn: AmqpConnection, link: engine.Link, namespace: Namespace, entity: str) -> bool:
     """A send was committed, its acknowledgement not sent yet: True when the acknowledgement is lost (the
     connection or link gone); ``slow-ack`` holds it back first."""
     book = namespace.faults
@@ -88,7 +89,7 @@ async def hold_delivery(namespace: Namespace, path: str) -> None:
 
 def delivered(
     conn: AmqpConnection,
-    link: proton.Link,
+    link: engine.Link,
     namespace: Namespace,
     path: str,
     lock_token: uuid.UUID | None,

@@ -55,7 +55,7 @@ def dotnet_ticks(moment_us: int) -> int:
     return DOTNET_EPOCH_TICKS + moment_us * 10
 
 
-def read_filter(terminus: proton.Terminus) -> dict[Any, Any]:
+def read_filter(terminus: engine.Terminus) -> dict[Any, Any]:
     if isinstance(terminus, engine.Terminus):
         return terminus.filter_map()
     data = terminus.filter
@@ -72,7 +72,7 @@ def filter_value(value: Any) -> Any:
     return value.value if isinstance(value, proton.Described) else value
 
 
-def read_payload(link: proton.Receiver, delivery: proton.Delivery) -> bytes:
+def read_payload(link: engine.Link, delivery: engine.Delivery) -> bytes:
     chunks = []
     while True:
         chunk = link.recv(max(delivery.pending, 1024))
@@ -83,21 +83,21 @@ def read_payload(link: proton.Receiver, delivery: proton.Delivery) -> bytes:
     return b"".join(chunks)
 
 
-def refuse(link: proton.Link, condition: proton.Condition) -> None:
+def refuse(link: engine.Link, condition: proton.Condition) -> None:
     """Answer an attach we cannot serve: attach with a null terminus, then detach with the error."""
     if link.is_sender:
-        link.source.type = proton.Terminus.UNSPECIFIED
+        link.source.type = engine.UNSPECIFIED
         link.target.copy(link.remote_target)
     else:
-        link.target.type = proton.Terminus.UNSPECIFIED
+        link.target.type = engine.UNSPECIFIED
         link.source.copy(link.remote_source)
     link.open()
     link.condition = condition
     link.close()
 
 
-def close_with(link: proton.Link, condition: proton.Condition) -> None:
-    if link.state & proton.Endpoint.LOCAL_ACTIVE:
+def close_with(link: engine.Link, condition: proton.Condition) -> None:
+    if link.state & engine.LOCAL_ACTIVE:
         link.condition = condition
         link.close()
 
@@ -145,7 +145,7 @@ class SendLink:
     """The client sends to a queue or topic: every transfer is judged and answered settled."""
 
     def __init__(
-        self, conn: AmqpConnection, link: proton.Receiver, namespace: Namespace, entity: str, max_message_size: int
+        self, conn: AmqpConnection, link: engine.Link, namespace: Namespace, entity: str, max_message_size: int
     ) -> None:
         self.conn = conn
         self.link = link
@@ -154,7 +154,7 @@ class SendLink:
         self.destination = entity  # where its messages go: another entity for a send-via link
         self.max_message_size = max_message_size
         self.max_batch_size = max_message_size  # what the link advertises for a batch (the tier's: see routing)
-        self.queue: collections.deque[tuple[proton.Delivery, list[Message] | BaseException]] = collections.deque()
+        self.queue: collections.deque[tuple[engine.Delivery, list[Message] | BaseException]] = collections.deque()
         self.worker: asyncio.Task[None] | None = None
         self.closed = False
 
@@ -162,11 +162,10 @@ class SendLink:
         link = self.link
         link.target.copy(link.remote_target)
         link.source.copy(link.remote_source)
-        link.rcv_settle_mode = proton.Link.RCV_FIRST
+        link.rcv_settle_mode = engine.RCV_FIRST
         link.max_message_size = self.max_message_size
         link.properties = {MAX_BATCH_SIZE: proton.ulong(min(self.max_batch_size, self.max_message_size))}
-        link.oncebus_handler = self
-        self.conn.scanner.set_link_limit(link.name, self.max_message_size)
+        self.conn.serve(link, self)
         link.open()
         link.flow(SEND_CREDIT)
 
@@ -176,17 +175,15 @@ class SendLink:
     def on_flow(self) -> None:
         pass
 
-    def refuse_partial(self, delivery: proton.Delivery, size: int, limit: int) -> None:
-        self.conn.incoming(delivery)  # its facts: nothing more is read of it
-        delivery.oncebus_refused = True
+    def refuse_partial(self, delivery: engine.Delivery, size: int, limit: int) -> None:
+        delivery.notes.refused = True
         self._answer(delivery, too_large(size, limit))
         self._top_up()
         self.conn.pump()
 
-    def on_delivery(self, delivery: proton.Delivery) -> None:
-        if delivery.partial or getattr(delivery, "oncebus_refused", False):  # refused ones: bytes were dropped
+    def on_delivery(self, delivery: engine.Delivery) -> None:
+        if delivery.partial or delivery.notes.refused:  # refused ones: bytes were dropped
             return
-        facts = self.conn.incoming(delivery)
         payload = read_payload(self.link, delivery)
         if delivery.aborted:
             delivery.settle()
@@ -194,8 +191,8 @@ class SendLink:
             return
         item: list[Message] | BaseException
         try:
-            if facts.oversized:
-                raise too_large(facts.size, self.max_message_size)
+            if delivery.oversized:
+                raise too_large(delivery.size, self.max_message_size)
             if len(payload) > self.max_message_size:
                 raise MessageSizeExceededError(
                     f"the transfer is {len(payload)} bytes, over the link's max-message-size of "
@@ -205,14 +202,14 @@ class SendLink:
                 denied = self.conn.access_denied(path, SEND)
                 if denied is not None:
                     raise UnauthorizedError(denied)
-            item = codec.decode_transfer(payload, facts.message_format, self.conn.limits.max_value_depth)
+            item = codec.decode_transfer(payload, delivery.message_format, self.conn.limits.max_value_depth)
         except (OncebusError, ValueError) as exc:
             item = exc if isinstance(exc, OncebusError) else InvalidArgumentError(str(exc))
         except Exception as exc:  # a message the codec did not foresee: refuse it, keep the connection
             _LOG.exception("cannot decode a message sent to %r", self.entity)
             item = InvalidArgumentError(f"the message cannot be decoded: {type(exc).__name__}: {exc}")
         if delivery.remote_state == TRANSACTIONAL_STATE:
-            delivery.oncebus_txn = _txn_id(delivery)  # held by the transaction until its discharge
+            delivery.notes.txn_id = _txn_id(delivery)  # held by the transaction until its discharge
         self.queue.append((delivery, item))
         if self.worker is None or self.worker.done():
             self.worker = self.conn.spawn(self._work())
@@ -222,7 +219,7 @@ class SendLink:
         while self.queue:
             delivery, item = self.queue.popleft()
             outcome: BaseException | None = item if isinstance(item, BaseException) else None
-            txn_id: bytes | None = getattr(delivery, "oncebus_txn", None)
+            txn_id = delivery.notes.txn_id
             if outcome is None and txn_id is not None:
                 assert not isinstance(item, BaseException)
                 try:
@@ -257,27 +254,27 @@ class SendLink:
             self._top_up()
             self.conn.pump()
 
-    def _answer(self, delivery: proton.Delivery, error: BaseException | None) -> None:
+    def _answer(self, delivery: engine.Delivery, error: BaseException | None) -> None:
         if self.closed:
             return
         if delivery.settled:  # the client settled first (pre-settled send): nothing to answer
             delivery.settle()
             return
         if error is None:
-            delivery.update(proton.Delivery.ACCEPTED)
+            delivery.update(engine.ACCEPTED)
         else:
             delivery.local.condition = condition_of(error)
-            delivery.update(proton.Delivery.REJECTED)
+            delivery.update(engine.REJECTED)
         delivery.settle()
 
-    def _answer_transactional(self, delivery: proton.Delivery, txn_id: bytes) -> None:
+    def _answer_transactional(self, delivery: engine.Delivery, txn_id: bytes) -> None:
         """Held by the transaction: ``transactional-state{txn-id, accepted}`` (stored only if it commits)."""
         if self.closed:
             return
         if delivery.settled:  # the client settled first: nothing to answer
             delivery.settle()
             return
-        delivery.local.data = cast(Any, [txn_id, proton.Described(proton.ulong(0x24), [])])
+        delivery.local.data = [txn_id, proton.Described(proton.ulong(0x24), [])]
         delivery.update(TRANSACTIONAL_STATE)
         delivery.settle()
 
@@ -300,7 +297,7 @@ class ReceiveLink:
     def __init__(
         self,
         conn: AmqpConnection,
-        link: proton.Sender,
+        link: engine.Link,
         namespace: Namespace,
         path: str,
         mode: ServiceBusReceiveMode,
@@ -323,9 +320,9 @@ class ReceiveLink:
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
         if self.mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE:
-            link.snd_settle_mode = proton.Link.SND_SETTLED
+            link.snd_settle_mode = engine.SND_SETTLED
         else:
-            link.snd_settle_mode = proton.Link.SND_UNSETTLED
+            link.snd_settle_mode = engine.SND_UNSETTLED
         # the receiver's own mode, echoed: go-amqp fails a link answered with another than it asked (second)
         link.rcv_settle_mode = link.remote_rcv_settle_mode
         if self.session is not None:
@@ -341,7 +338,7 @@ class ReceiveLink:
                 link.source.filter.put_object({SESSION_FILTER: locked})
             link.properties = {LOCKED_UNTIL_UTC: int(dotnet_ticks(self.session.locked_until_us))}
             self.conn.sessions[(self.session.path, self.session.session_id)] = self.session
-        link.oncebus_handler = self
+        self.conn.serve(link, self)
         link.open()
         self.task = self.conn.spawn(self._deliver_loop())
 
@@ -436,13 +433,13 @@ class ReceiveLink:
         if token is None:
             # settled at once, no lock: an empty tag, as Service Bus sends it (the SDK's test_message.py reads
             # receive-and-delete deliveries' tag as None)
-            delivery = self.link.delivery(b"")  # type: ignore[arg-type]  # proton takes binary tags
+            delivery = self.link.delivery(b"")
             self.link.send(payload)
             self.link.advance()
             delivery.settle()
         else:
-            delivery = self.link.delivery(token.bytes_le)  # type: ignore[arg-type]  # a binary tag
-            delivery.oncebus_lock_token = token
+            delivery = self.link.delivery(token.bytes_le)
+            delivery.notes.lock_token = token
             self.link.send(payload)
             self.link.advance()
         if self.namespace.faults.armed:
@@ -470,27 +467,27 @@ class ReceiveLink:
         except OncebusError as exc:  # in a dead-letter queue already, or the lock is gone: it stays where it is
             _LOG.warning("the message that could not be encoded stays in %s: %s", self.path, exc)
 
-    def on_delivery(self, delivery: proton.Delivery) -> None:
+    def on_delivery(self, delivery: engine.Delivery) -> None:
         """The client settled (or proposed an outcome for) a delivery (``settled`` is the client's flag)."""
-        if getattr(delivery, "oncebus_done", False):
+        if delivery.notes.done:
             return
-        token: uuid.UUID | None = getattr(delivery, "oncebus_lock_token", None)
+        token = delivery.notes.lock_token
         state = delivery.remote_state
-        if token is None or getattr(delivery, "oncebus_settling", False):
+        if token is None or delivery.notes.settling:
             if delivery.settled and token is None:
-                delivery.oncebus_done = True
+                delivery.notes.done = True
                 delivery.settle()
             return
         if not state and not delivery.settled:
             return
-        delivery.oncebus_settling = True
+        delivery.notes.settling = True
         if state == TRANSACTIONAL_STATE:
             self._settle_in_transaction(delivery, token)
             return
         if self.namespace.faults.armed and (busy := faulting.settle_refused(self.namespace, self.path)) is not None:
             self._settled(delivery, state, busy)
             return
-        if state == proton.Delivery.ACCEPTED:  # complete: no task, settled when the store has it
+        if state == engine.ACCEPTED:  # complete: no task, settled when the store has it
             try:
                 self.namespace.complete_soon(self.path, token, lambda error: self._settled(delivery, state, error))
             except Exception as exc:
@@ -498,7 +495,7 @@ class ReceiveLink:
             return
         remote = delivery.remote
         info: dict[Any, Any] = {}
-        if state == proton.Delivery.REJECTED and remote.condition is not None and remote.condition.info:
+        if state == engine.REJECTED and remote.condition is not None and remote.condition.info:
             info = {str(k): v for k, v in cast(dict[Any, Any], remote.condition.info).items()}
         settle = self._settlement(
             token,
@@ -521,19 +518,19 @@ class ReceiveLink:
         namespace = self.namespace
         path = self.path
         modify = {str(k): codec.property_value(v) for k, v in annotations.items()} or None
-        if state == proton.Delivery.ACCEPTED:
+        if state == engine.ACCEPTED:
             return lambda: namespace.complete(path, token)
-        if state == proton.Delivery.MODIFIED and undeliverable:
+        if state == engine.MODIFIED and undeliverable:
             return lambda: namespace.defer(path, token, modify)
-        if state == proton.Delivery.REJECTED:
+        if state == engine.REJECTED:
             reason, description, modify = _dead_letter_info(info)
             return lambda: namespace.dead_letter(
                 path, token, reason=reason, error_description=description, properties_to_modify=modify
             )
-        counted = counts_delivery(state == proton.Delivery.MODIFIED)
+        counted = counts_delivery(state == engine.MODIFIED)
         return lambda: namespace.abandon(path, token, modify, failed=counted)
 
-    def _settle_in_transaction(self, delivery: proton.Delivery, token: uuid.UUID) -> None:
+    def _settle_in_transaction(self, delivery: engine.Delivery, token: uuid.UUID) -> None:
         """A settlement under a transaction: held (the message stays locked) until the transaction commits."""
         txn_id = _txn_id(delivery)
         data = delivery.remote.data or []
@@ -545,19 +542,19 @@ class ReceiveLink:
             self.namespace.transactions.settle(txn_id, self.conn, settlement)
         except Exception as exc:
             error = exc
-        if getattr(delivery, "oncebus_done", False) or self.closed:
+        if delivery.notes.done or self.closed:
             return
-        delivery.oncebus_done = True
+        delivery.notes.done = True
         if error is not None:
             delivery.local.condition = condition_of(error)
-            delivery.update(proton.Delivery.REJECTED)
+            delivery.update(engine.REJECTED)
         else:
-            delivery.local.data = cast(Any, [txn_id, outcome])
+            delivery.local.data = [txn_id, outcome]
             delivery.update(TRANSACTIONAL_STATE)
         delivery.settle()
         self.conn.pump()
 
-    async def _settle(self, delivery: proton.Delivery, settle: Callable[[], Awaitable[None]], state: int) -> None:
+    async def _settle(self, delivery: engine.Delivery, settle: Callable[[], Awaitable[None]], state: int) -> None:
         error: BaseException | None = None
         try:
             await settle()
@@ -567,22 +564,22 @@ class ReceiveLink:
             error = exc
         self._settled(delivery, state, error)
 
-    def _settled(self, delivery: proton.Delivery, state: int, error: BaseException | None) -> None:
+    def _settled(self, delivery: engine.Delivery, state: int, error: BaseException | None) -> None:
         """Tell the client the outcome of its settlement (``error``: it failed)."""
-        if getattr(delivery, "oncebus_done", False) or self.closed:
+        if delivery.notes.done or self.closed:
             return
-        delivery.oncebus_done = True
+        delivery.notes.done = True
         if delivery.settled:
             delivery.settle()
         elif error is not None:
             delivery.local.condition = condition_of(error)
-            delivery.update(proton.Delivery.REJECTED)
+            delivery.update(engine.REJECTED)
             delivery.settle()
         else:
-            if state == proton.Delivery.MODIFIED:
+            if state == engine.MODIFIED:
                 delivery.local.failed = delivery.remote.failed
                 delivery.local.undeliverable = delivery.remote.undeliverable
-            delivery.update(state if state else proton.Delivery.ACCEPTED)
+            delivery.update(state if state else engine.ACCEPTED)
             delivery.settle()
         self.conn.pump()
 
@@ -612,7 +609,7 @@ def counts_delivery(modified: bool) -> bool:
     return modified
 
 
-def _txn_id(delivery: proton.Delivery) -> bytes:
+def _txn_id(delivery: engine.Delivery) -> bytes:
     data = delivery.remote.data or []
     value = data[0] if data else None
     return bytes(value) if isinstance(value, (bytes, bytearray, memoryview)) else b""  # none: refused as an unknown id
@@ -666,7 +663,10 @@ def _transactional_settlement(path: str, token: uuid.UUID, code: int | None, fie
 
 
 # ---------------------------------------------------------------------------------------- nodes
-RequestHandler = Callable[["AmqpConnection", proton.Link, proton.Message], Awaitable[proton.Message | None]]
+# (the connection, the request link, the request, and the transaction it runs in: None outside any)
+RequestHandler = Callable[
+    ["AmqpConnection", engine.Link, proton.Message, bytes | None], Awaitable[proton.Message | None]
+]
 
 
 class RequestLink:
@@ -675,7 +675,7 @@ class RequestLink:
     def __init__(
         self,
         conn: AmqpConnection,
-        link: proton.Receiver,
+        link: engine.Link,
         node: str,
         handler: RequestHandler,
         *,
@@ -696,10 +696,9 @@ class RequestLink:
         link = self.link
         link.target.copy(link.remote_target)
         link.source.copy(link.remote_source)
-        link.rcv_settle_mode = proton.Link.RCV_FIRST
+        link.rcv_settle_mode = engine.RCV_FIRST
         link.max_message_size = self.max_message_size
-        link.oncebus_handler = self
-        self.conn.scanner.set_link_limit(link.name, self.max_message_size)
+        self.conn.serve(link, self)
         link.open()
         link.flow(REQUEST_CREDIT)
 
@@ -709,27 +708,25 @@ class RequestLink:
     def on_flow(self) -> None:
         pass
 
-    def refuse_partial(self, delivery: proton.Delivery, size: int, limit: int) -> None:
-        self.conn.incoming(delivery)
-        delivery.oncebus_refused = True
+    def refuse_partial(self, delivery: engine.Delivery, size: int, limit: int) -> None:
+        delivery.notes.refused = True
         self._reject(delivery, condition_of(too_large(size, limit)))
         self.conn.pump()
 
-    def _reject(self, delivery: proton.Delivery, condition: proton.Condition) -> None:
+    def _reject(self, delivery: engine.Delivery, condition: proton.Condition) -> None:
         delivery.local.condition = condition
-        delivery.update(proton.Delivery.REJECTED)
+        delivery.update(engine.REJECTED)
         delivery.settle()
 
-    def on_delivery(self, delivery: proton.Delivery) -> None:
-        if delivery.partial or getattr(delivery, "oncebus_refused", False):
+    def on_delivery(self, delivery: engine.Delivery) -> None:
+        if delivery.partial or delivery.notes.refused:
             return
-        facts = self.conn.incoming(delivery)
         payload = read_payload(self.link, delivery)
         if delivery.aborted:
             delivery.settle()
             return
-        if facts.oversized:
-            self._reject(delivery, condition_of(too_large(facts.size, self.max_message_size)))
+        if delivery.oversized:
+            self._reject(delivery, condition_of(too_large(delivery.size, self.max_message_size)))
             return
         request = proton.Message()
         try:
@@ -744,8 +741,9 @@ class RequestLink:
         properties: dict[Any, Any] = request.properties or {}
         operation = properties.get("operation")
         operation = operation if isinstance(operation, str) else repr(operation)  # hashable, whatever was sent
+        txn_id: bytes | None = None
         if delivery.remote_state == TRANSACTIONAL_STATE and operation in IN_TRANSACTIONS:
-            cast(Any, request).oncebus_txn = _txn_id(delivery)  # run in the transaction (management.handle_request)
+            txn_id = _txn_id(delivery)  # run in the transaction (management.handle_request)
         elif delivery.remote_state == TRANSACTIONAL_STATE and operation not in OUTSIDE_TRANSACTIONS:
             refused = InvalidArgumentError(  # rather refused than applied outside its transaction
                 f"{operation!s} on {self.node} inside a transaction (transactional-state on its transfer) is not "
@@ -755,14 +753,14 @@ class RequestLink:
             )
             self._reject(delivery, condition_of(refused))
             return
-        delivery.update(proton.Delivery.ACCEPTED)
+        delivery.update(engine.ACCEPTED)
         delivery.settle()
         if self.link.credit < REQUEST_CREDIT // 2:
             self.link.flow(REQUEST_CREDIT - self.link.credit)
-        self.conn.spawn(self._answer(request))
+        self.conn.spawn(self._answer(request, txn_id))
 
-    async def _answer(self, request: proton.Message) -> None:
-        response = await self.handler(self.conn, self.link, request)
+    async def _answer(self, request: proton.Message, txn_id: bytes | None) -> None:
+        response = await self.handler(self.conn, self.link, request, txn_id)
         if response is None or self.conn.closed:
             return
         response.correlation_id = request.id
@@ -770,10 +768,10 @@ class RequestLink:
         if target is None:
             _LOG.warning("no response link for a request to %s (reply-to %r)", self.node, request.reply_to)
             return
-        delivery = target.delivery(uuid.uuid4().bytes)  # type: ignore[arg-type]  # proton takes binary tags
+        delivery = target.delivery(uuid.uuid4().bytes)
         target.send(response.encode())
         target.advance()
-        if target.snd_settle_mode != proton.Link.SND_UNSETTLED:
+        if target.snd_settle_mode != engine.SND_UNSETTLED:
             # sent settled (the link is mixed): a client that never settles its responses keeps nothing here
             delivery.settle()
         self.conn.pump()
@@ -785,7 +783,7 @@ class RequestLink:
 class ResponseLink:
     """The client's receiver link a node answers on."""
 
-    def __init__(self, conn: AmqpConnection, link: proton.Sender, address: str) -> None:
+    def __init__(self, conn: AmqpConnection, link: engine.Link, address: str) -> None:
         self.conn = conn
         self.link = link
         self.address = address
@@ -797,9 +795,9 @@ class ResponseLink:
         # responses go settled (a client that never settles them keeps nothing here): settled when asked (go-amqp
         # fails a reply link answered with another mode than the settled it asks for), mixed otherwise
         asked = link.remote_snd_settle_mode
-        link.snd_settle_mode = proton.Link.SND_SETTLED if asked == proton.Link.SND_SETTLED else proton.Link.SND_MIXED
+        link.snd_settle_mode = engine.SND_SETTLED if asked == engine.SND_SETTLED else engine.SND_MIXED
         link.rcv_settle_mode = link.remote_rcv_settle_mode
-        link.oncebus_handler = self
+        self.conn.serve(link, self)
         link.open()
         self.conn.add_response_link(link, self.address)
         target = link.remote_target.address
@@ -809,7 +807,7 @@ class ResponseLink:
     def on_flow(self) -> None:
         pass
 
-    def on_delivery(self, delivery: proton.Delivery) -> None:
+    def on_delivery(self, delivery: engine.Delivery) -> None:
         if delivery.settled:
             delivery.settle()
 

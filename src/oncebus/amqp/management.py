@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import proton
 
-from oncebus.amqp import codec, outgoing
+from oncebus.amqp import codec, engine, outgoing
 from oncebus.amqp.errors import condition_of, status_of
 from oncebus.amqp.rules import rule_from_amqp, rule_to_amqp
 from oncebus.amqp.values import text
@@ -449,11 +449,12 @@ def error_response(exc: BaseException) -> proton.Message:
 
 
 async def handle_request(
-    namespace: Namespace, conn: AmqpConnection, link: proton.Link, request: proton.Message
+    namespace: Namespace, conn: AmqpConnection, link: engine.Link, request: proton.Message, txn_id: bytes | None = None
 ) -> proton.Message:
     """Run one management request on ``namespace`` and build its response (errors become status codes and conditions).
 
-    The router binds ``namespace`` when it opens the ``$management`` link.
+    The router binds ``namespace`` when it opens the ``$management`` link. ``txn_id``: the transaction the request
+    runs in (its transfer's transactional-state; None outside any).
     """
     raw_properties: dict[Any, Any] = request.properties or {}
     properties = {str(k): v for k, v in raw_properties.items()}
@@ -474,7 +475,6 @@ async def handle_request(
             )
         body = codec.copy_value(request.body) if isinstance(request.body, dict) else {}
         body = {str(k): v for k, v in body.items()}
-        txn_id: bytes | None = getattr(request, "oncebus_txn", None)  # set by the request link (TRANSACTIONAL)
         result = await handler(_Request(namespace, conn, entity, body, properties, txn_id))
     except Exception as exc:
         _LOG.info("management %s on %r failed: %s", operation, entity, exc)

@@ -1,8 +1,8 @@
-"""AMQP 1.0 performatives as bytes: their codes and field counts, and the few frames oncebus writes itself.
+"""AMQP 1.0 performatives as bytes: their codes, and the frames written outside the engine.
 
-proton writes almost every frame; oncebus writes the protocol header, an ``open`` and a ``close`` itself when
-it refuses a client that broke the protocol (proton never got far enough to), and gives each performative
-proton writes all its fields (:func:`pad_fields`), for clients that read fields by position.
+The engine (:mod:`oncebus.amqp.engine`) writes every performative with all its fields (azure-servicebus 7.14
+reads fields by position); the connection writes the protocol header, an ``open`` and a ``close`` itself when
+it refuses a client that broke the protocol before the engine got far enough to.
 """
 
 from __future__ import annotations
@@ -48,21 +48,6 @@ SASL_PERFORMATIVES = {
     0x43: "sasl-response",
     SASL_OUTCOME: "sasl-outcome",
 }
-# the field counts of the AMQP performatives: proton leaves out trailing fields that hold their default
-# (legal AMQP), azure-servicebus 7.14 reads fields by position (open's properties are frame[9], a transfer's
-# payload follows its 11th field, a detach's error is frame[2], ...) and fails with "list index out of range";
-# so every performative oncebus sends carries every field (an absent one as null, which means its default)
-FULL_FIELD_COUNTS = {
-    OPEN: 10,
-    BEGIN: 8,
-    ATTACH: 14,
-    FLOW: 11,
-    TRANSFER: 11,
-    DISPOSITION: 6,
-    DETACH: 3,
-    END: 1,
-    CLOSE: 1,
-}
 
 
 def descriptor_code(frame: bytes | memoryview, start: int) -> int | None:
@@ -77,45 +62,6 @@ def descriptor_code(frame: bytes | memoryview, start: int) -> int | None:
 
 def descriptor_length(frame: bytes | memoryview, start: int) -> int:
     return 3 if frame[start + 1] == 0x53 else 10
-
-
-def pad_fields(frame: bytes | memoryview, start: int, wanted: int) -> bytes | None:
-    """``frame`` with its performative list extended by nulls to ``wanted`` fields (None: nothing to add)."""
-    at = start + descriptor_length(frame, start)
-    code = frame[at]
-    if code == 0x45:
-        count, items, stop = 0, at + 1, at + 1
-    elif code == 0xC0:
-        count, items, stop = frame[at + 2], at + 3, at + 2 + frame[at + 1]
-    elif code == 0xD0:
-        size, count = struct.unpack_from(">II", frame, at + 1)
-        items, stop = at + 9, at + 5 + size
-    else:
-        return None
-    if count >= wanted:
-        return None
-    body = bytes(frame[items:stop]) + NULL * (wanted - count)
-    if len(body) + 1 <= 255:
-        listed = bytes((0xC0, len(body) + 1, wanted)) + body
-    else:
-        listed = b"\xd0" + struct.pack(">II", len(body) + 4, wanted) + body
-    head = bytes(frame[4:at])
-    rest = bytes(frame[stop:])
-    return struct.pack(">I", 4 + len(head) + len(listed) + len(rest)) + head + listed + rest
-
-
-FRAME_HEADER_SIZE = 8
-
-
-def split_frames(frames: bytes) -> list[bytes]:
-    """Whole frames (as this module writes them: data offset 2) one by one."""
-    out = []
-    offset = 0
-    while offset < len(frames):
-        (size,) = struct.unpack_from(">I", frames, offset)
-        out.append(frames[offset : offset + size])
-        offset += size
-    return out
 
 
 def error_list(condition: str, description: str) -> bytes:

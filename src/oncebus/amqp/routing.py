@@ -6,11 +6,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import proton
 
-from oncebus.amqp import cbs, management
+from oncebus.amqp import cbs, engine, management
 from oncebus.amqp.coordinator import CoordinatorLink
 from oncebus.amqp.errors import condition_of
 from oncebus.amqp.links import (
@@ -19,6 +19,7 @@ from oncebus.amqp.links import (
     SESSION_FILTER,
     TRANSFER_DESTINATION,
     ReceiveLink,
+    RequestHandler,
     RequestLink,
     ResponseLink,
     SendLink,
@@ -50,9 +51,9 @@ class Router:
     def __init__(self, host: AmqpHost) -> None:
         self.host = host
 
-    def attach(self, conn: AmqpConnection, link: proton.Link) -> None:
-        if link.is_receiver and link.remote_target.type == proton.Terminus.COORDINATOR:
-            CoordinatorLink(conn, cast(proton.Receiver, link)).open()  # transactions
+    def attach(self, conn: AmqpConnection, link: engine.Link) -> None:
+        if link.is_receiver and link.remote_target.type == engine.COORDINATOR:
+            CoordinatorLink(conn, link).open()  # transactions
             return
         if link.is_receiver:
             address = address_path(link.remote_target.address)
@@ -67,15 +68,13 @@ class Router:
         else:
             conn.spawn(self._receiver(conn, link, address))
 
-    def _node(self, conn: AmqpConnection, link: proton.Link, node: str, handler: Any) -> None:
+    def _node(self, conn: AmqpConnection, link: engine.Link, node: str, handler: RequestHandler) -> None:
         if not link.is_receiver:
-            ResponseLink(conn, cast(proton.Sender, link), node).open()
+            ResponseLink(conn, link, node).open()
             return
         limits = conn.limits
         if node == cbs.CBS_NODE:
-            RequestLink(
-                conn, cast(proton.Receiver, link), node, handler, max_message_size=limits.cbs_message_size
-            ).open()
+            RequestLink(conn, link, node, handler, max_message_size=limits.cbs_message_size).open()
             return
         entity = management.entity_of_node(node)
         size = limits.management_message_size
@@ -83,7 +82,7 @@ class Router:
             size = max(size, self._max_message_size(parse_path(entity).entity, conn.namespace))
         RequestLink(
             conn,
-            cast(proton.Receiver, link),
+            link,
             node,
             handler,
             max_message_size=size,
@@ -104,7 +103,9 @@ class Router:
     def _batch_size(self, entity: str, namespace: Namespace) -> int:
         return max(namespace.quotas.batch_limit_bytes(self._properties(entity, namespace)), MIN_LINK_MESSAGE_SIZE)
 
-    async def _put_token(self, conn: AmqpConnection, link: proton.Link, request: proton.Message) -> proton.Message:
+    async def _put_token(
+        self, conn: AmqpConnection, link: engine.Link, request: proton.Message, txn_id: bytes | None
+    ) -> proton.Message:
         now = self.host.wall_time()
         result = _bind_namespace(conn, cbs.request_namespace(request.body, self.host.keys))
         if result is None:
@@ -126,13 +127,13 @@ class Router:
             }
         )
 
-    def _check_access(self, conn: AmqpConnection, link: proton.Link, path: str, right: str) -> None:
+    def _check_access(self, conn: AmqpConnection, link: engine.Link, path: str, right: str) -> None:
         denied = conn.access_denied(path, right)
         if denied is not None:
             raise UnauthorizedError(denied)
-        link.oncebus_covered = True  # a token covered it: a forced detach later says that token expired
+        link.token_covered = True  # a token covered it: a forced detach later says that token expired
 
-    def _sender(self, conn: AmqpConnection, link: proton.Link, address: str) -> None:
+    def _sender(self, conn: AmqpConnection, link: engine.Link, address: str) -> None:
         try:
             self._check_access(conn, link, address, SEND)
             where = parse_path(address)
@@ -148,13 +149,13 @@ class Router:
         except Exception as exc:
             refuse(link, condition_of(exc))
             return
-        sending = SendLink(conn, cast(proton.Receiver, link), conn.namespace, where.entity, size)
+        sending = SendLink(conn, link, conn.namespace, where.entity, size)
         sending.destination = destination
         # the SDK sizes a batch by com.microsoft:max-message-batch-size: the tier's (256 KB Standard, 1 MB Premium)
         sending.max_batch_size = self._batch_size(destination, conn.namespace)
         sending.open()
 
-    def _send_via(self, conn: AmqpConnection, link: proton.Link, address: str) -> str:
+    def _send_via(self, conn: AmqpConnection, link: engine.Link, address: str) -> str:
         """The destination of a send-via link (``com.microsoft:transfer-destination-address``): a queue or topic."""
         destination = address_path(address)
         where = parse_path(destination)
@@ -167,7 +168,7 @@ class Router:
         self._properties(where.entity, conn.namespace)  # it exists
         return where.entity
 
-    async def _receiver(self, conn: AmqpConnection, link: proton.Link, address: str) -> None:
+    async def _receiver(self, conn: AmqpConnection, link: engine.Link, address: str) -> None:
         namespace = conn.namespace
         release: Callable[[], None] | None = None
         try:
@@ -177,7 +178,7 @@ class Router:
             release = namespace.open_receiver(address)  # the tier's concurrent receive requests
             mode = (
                 ServiceBusReceiveMode.RECEIVE_AND_DELETE
-                if link.remote_snd_settle_mode == proton.Link.SND_SETTLED
+                if link.remote_snd_settle_mode == engine.SND_SETTLED
                 else ServiceBusReceiveMode.PEEK_LOCK
             )
             session = None
@@ -193,15 +194,15 @@ class Router:
         except Exception as exc:
             if release is not None:
                 release()
-            if not conn.closed and link.state & proton.Endpoint.REMOTE_ACTIVE:
+            if not conn.closed and link.state & engine.REMOTE_ACTIVE:
                 refuse(link, condition_of(exc))
             return
-        if conn.closed or not link.state & proton.Endpoint.REMOTE_ACTIVE:
+        if conn.closed or not link.state & engine.REMOTE_ACTIVE:
             release()
             if session is not None:
                 await namespace.close_session(session)
             return
-        receiving = ReceiveLink(conn, cast(proton.Sender, link), namespace, address, mode, session)
+        receiving = ReceiveLink(conn, link, namespace, address, mode, session)
         receiving.release = release  # counted until the link closes
         receiving.open()
 
@@ -218,9 +219,9 @@ def _session_filter(value: Any) -> str | None:
     )
 
 
-def _management(conn: AmqpConnection, link: proton.Link, request: proton.Message) -> Any:
+def _management(conn: AmqpConnection, link: engine.Link, request: proton.Message, txn_id: bytes | None) -> Any:
     """A ``$management`` request runs on the namespace the connection is bound to (at its first CBS token)."""
-    return management.handle_request(conn.namespace, conn, link, request)
+    return management.handle_request(conn.namespace, conn, link, request, txn_id)
 
 
 def _bind_namespace(conn: AmqpConnection, name: str | None) -> cbs.PutTokenResult | None:

@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from oncebus.amqp.connection import CONNECTION_FORCED, AmqpConnection, use_own_engine
+from oncebus.amqp.connection import CONNECTION_FORCED, AmqpConnection
+from oncebus.amqp.endpoints import LOCAL_ACTIVE
 from oncebus.amqp.frames import RESOURCE_LIMIT
 from oncebus.amqp.limits import AmqpLimits, OldestFirst
 from oncebus.amqp.routing import Router
@@ -20,8 +21,7 @@ from oncebus.amqp.websocket import AmqpOverWebSocket
 from oncebus.core.errors import EntityNotFoundError
 
 if TYPE_CHECKING:
-    import proton
-
+    from oncebus.amqp import engine
     from oncebus.broker import Namespace
 
 _LOG = logging.getLogger(__name__)
@@ -47,10 +47,6 @@ class AmqpServer:
         self.keys = KeyRing.of(keys)  # name -> key, with each key's rights
         self.wall_time = wall_time
         self.limits = limits if limits is not None else AmqpLimits()  # oncebus serve: Settings.amqp
-        # the AMQP engine: oncebus's own unless ONCEBUS_AMQP_ENGINE=proton (a wrong value stops the server here)
-        self.own_engine = use_own_engine()
-        if not self.own_engine:
-            _LOG.warning("ONCEBUS_AMQP_ENGINE=proton: serving AMQP with proton's engine (slower; kept as a way back)")
         self.router = Router(self)
         self.connections: set[AmqpConnection] = set()
         self.authenticated: set[AmqpConnection] = set()  # holding an accepted token: what max_connections bounds
@@ -147,7 +143,7 @@ class AmqpServer:
         self.authenticated.discard(conn)
         self.unauthenticated.remove(conn)
 
-    def attach(self, conn: AmqpConnection, link: proton.Link) -> None:
+    def attach(self, conn: AmqpConnection, link: engine.Link) -> None:
         self.router.attach(conn, link)
 
     async def _check_tokens(self) -> None:
@@ -183,18 +179,8 @@ class AmqpServer:
 
 
 def _links_open(conn: AmqpConnection) -> int:
-    import proton
-
-    active = proton.Endpoint.LOCAL_ACTIVE
-    links = getattr(conn.connection, "links", None)
-    if isinstance(links, list):  # oncebus's engine keeps them in a list
-        return sum(1 for link in links if link.state & active == active)
-    count = 0  # proton's engine (ONCEBUS_AMQP_ENGINE=proton)
-    link = conn.connection.link_head(active)
-    while link is not None:
-        count += 1
-        link = link.next(active)
-    return count
+    """The links open on our side of ``conn`` (what /metrics counts as open)."""
+    return sum(1 for link in conn.connection.links if link.state & LOCAL_ACTIVE)
 
 
 async def serve_amqp(

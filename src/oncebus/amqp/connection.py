@@ -39,7 +39,7 @@ from oncebus.auth import access_denied, ancestors, normalize_path
 
 if TYPE_CHECKING:
     from oncebus.amqp.limits import AmqpLimits
-    from oncebus.broker import Namespace, SessionLock
+    from oncebus.broker import Broker, SessionLock
 
 _LOG = logging.getLogger(__name__)
 _CONTAINER_ID = "oncebus"
@@ -55,7 +55,7 @@ class AmqpHost(Protocol):
     """The engine, the SAS keys tokens are verified with, the wall clock, the limits, and connection bookkeeping."""
 
     @property
-    def namespace(self) -> Namespace:
+    def namespace(self) -> Broker:
         """The engine every link sends to and receives from."""
         ...
 
@@ -64,7 +64,7 @@ class AmqpHost(Protocol):
         """SAS key name -> key: what every CBS token is verified with."""
         ...
 
-    def namespace_named(self, name: str | None) -> tuple[Namespace, Mapping[str, str]]:
+    def namespace_named(self, name: str | None) -> tuple[Broker, Mapping[str, str]]:
         """The namespace a token's key name selects (``key@name``; None: the default one) and its keys; raises
         :class:`~oncebus.core.errors.OncebusError` naming an unknown one."""
         ...
@@ -135,7 +135,7 @@ class AmqpConnection(asyncio.Protocol):
     def __init__(self, host: AmqpHost) -> None:
         self.host = host
         # the namespace this connection serves: the default one until its first CBS token names one (key@name)
-        self.namespace: Namespace = host.namespace
+        self.namespace: Broker = host.namespace
         self.namespace_name: str | None = None
         self.namespace_bound = False
         self.bound_keys: Mapping[str, str] = host.keys  # what its CBS tokens are verified with

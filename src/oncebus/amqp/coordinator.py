@@ -21,7 +21,7 @@ from oncebus.core.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from oncebus.amqp.connection import AmqpConnection
-    from oncebus.broker import Namespace
+    from oncebus.broker import Broker
 
 DECLARE = (proton.symbol("amqp:declare:list"), 0x31)
 DISCHARGE = (proton.symbol("amqp:discharge:list"), 0x32)
@@ -45,7 +45,7 @@ class CoordinatorLink:
         self.closed = False
 
     @property
-    def namespace(self) -> Namespace:
+    def namespace(self) -> Broker:
         """The connection's namespace (bound by its first CBS token, whenever that came)."""
         return self.conn.namespace
 

@@ -20,7 +20,7 @@ from oncebus.core.errors import ServerBusyError
 
 if TYPE_CHECKING:
     from oncebus.amqp.connection import AmqpConnection
-    from oncebus.broker import ArmedFault, Namespace, SessionLock
+    from oncebus.broker import ArmedFault, Broker, SessionLock
 
 CONNECTION_FORCED = "amqp:connection:forced"
 LINK_DETACH_FORCED = "amqp:link:detach-forced"
@@ -38,7 +38,7 @@ def _detach(conn: AmqpConnection, link: engine.Link, fault: ArmedFault) -> None:
     conn.close_link(link, proton.Condition(LINK_DETACH_FORCED, text, {TRACKING_ID: str(uuid.uuid4())}))
 
 
-def before_send(conn: AmqpConnection, link: engine.Link, namespace: Namespace, entity: str) -> bool:
+def before_send(conn: AmqpConnection, link: engine.Link, namespace: Broker, entity: str) -> bool:
     """Before a send is judged: True when the connection or the link is gone (nothing of the send is stored);
     raises ``ServerBusyError`` for ``server-busy`` (the send is refused with it)."""
     book = namespace.faults
@@ -55,7 +55,7 @@ def before_send(conn: AmqpConnection, link: engine.Link, namespace: Namespace, e
     return False
 
 
-async def after_send(conn: AmqpConnection, link: engine.Link, namespace: Namespace, entity: str) -> bool:
+async def after_send(conn: AmqpConnection, link: engine.Link, namespace: Broker, entity: str) -> bool:
     """A send was committed, its acknowledgement not sent yet: True when the acknowledgement is lost (the
     connection or link gone); ``slow-ack`` holds it back first."""
     book = namespace.faults
@@ -74,13 +74,13 @@ async def after_send(conn: AmqpConnection, link: engine.Link, namespace: Namespa
     return conn.closed
 
 
-def settle_refused(namespace: Namespace, path: str) -> ServerBusyError | None:
+def settle_refused(namespace: Broker, path: str) -> ServerBusyError | None:
     """``server-busy`` on a settlement (complete, abandon, defer, dead-letter): the error to answer it with."""
     fault = namespace.faults.fire("server-busy", path)
     return None if fault is None else _busy(fault, path)
 
 
-async def hold_delivery(namespace: Namespace, path: str) -> None:
+async def hold_delivery(namespace: Broker, path: str) -> None:
     """``slow-delivery``: hold messages taken for a receiver back before they are sent."""
     fault = namespace.faults.fire("slow-delivery", path)
     if fault is not None and fault.spec.seconds:
@@ -90,7 +90,7 @@ async def hold_delivery(namespace: Namespace, path: str) -> None:
 def delivered(
     conn: AmqpConnection,
     link: engine.Link,
-    namespace: Namespace,
+    namespace: Broker,
     path: str,
     lock_token: uuid.UUID | None,
     session: SessionLock | None,

@@ -29,7 +29,7 @@ from oncebus.core.messages import Message, ReceivedMessage, ServiceBusReceiveMod
 
 if TYPE_CHECKING:
     from oncebus.amqp.connection import AmqpConnection
-    from oncebus.broker import Namespace, SessionLock
+    from oncebus.broker import Broker, SessionLock
 
 _LOG = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def close_with(link: engine.Link, condition: proton.Condition) -> None:
         link.close()
 
 
-async def wait_for_change(namespace: Namespace, path: str, wake: asyncio.Future[None], timeout: float) -> None:
+async def wait_for_change(namespace: Broker, path: str, wake: asyncio.Future[None], timeout: float) -> None:
     """Wait until messages may have become available at ``path`` (or the namespace changed for every
     receiver), ``wake`` is set, or ``timeout`` passes."""
     await namespace.wait_for_change(timeout, wake, path=path)
@@ -145,7 +145,7 @@ class SendLink:
     """The client sends to a queue or topic: every transfer is judged and answered settled."""
 
     def __init__(
-        self, conn: AmqpConnection, link: engine.Link, namespace: Namespace, entity: str, max_message_size: int
+        self, conn: AmqpConnection, link: engine.Link, namespace: Broker, entity: str, max_message_size: int
     ) -> None:
         self.conn = conn
         self.link = link
@@ -298,7 +298,7 @@ class ReceiveLink:
         self,
         conn: AmqpConnection,
         link: engine.Link,
-        namespace: Namespace,
+        namespace: Broker,
         path: str,
         mode: ServiceBusReceiveMode,
         session: SessionLock | None,

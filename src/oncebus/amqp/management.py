@@ -28,7 +28,7 @@ from oncebus.core.timeutil import datetime_to_us, us_to_datetime
 
 if TYPE_CHECKING:
     from oncebus.amqp.connection import AmqpConnection
-    from oncebus.broker import Namespace, SessionLock
+    from oncebus.broker import Broker, SessionLock
 
 _LOG = logging.getLogger(__name__)
 MANAGEMENT_SUFFIX = "$management"
@@ -76,7 +76,7 @@ def _ms(moment: datetime.datetime) -> proton.timestamp:
 class _Request:
     def __init__(
         self,
-        namespace: Namespace,
+        namespace: Broker,
         conn: AmqpConnection,
         entity: str,
         body: Body,
@@ -449,7 +449,7 @@ def error_response(exc: BaseException) -> proton.Message:
 
 
 async def handle_request(
-    namespace: Namespace, conn: AmqpConnection, link: engine.Link, request: proton.Message, txn_id: bytes | None = None
+    namespace: Broker, conn: AmqpConnection, link: engine.Link, request: proton.Message, txn_id: bytes | None = None
 ) -> proton.Message:
     """Run one management request on ``namespace`` and build its response (errors become status codes and conditions).
 

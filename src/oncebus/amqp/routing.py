@@ -36,7 +36,7 @@ from oncebus.core.messages import ServiceBusReceiveMode
 if TYPE_CHECKING:
     from oncebus.amqp.connection import AmqpConnection
     from oncebus.amqp.host import AmqpHost
-    from oncebus.broker import Namespace
+    from oncebus.broker import Broker
 
 __all__ = ["MIN_LINK_MESSAGE_SIZE", "Router"]
 
@@ -90,17 +90,17 @@ class Router:
             covered=address_path(node),
         ).open()
 
-    def _properties(self, entity: str, namespace: Namespace) -> Any:
+    def _properties(self, entity: str, namespace: Broker) -> Any:
         try:
             return namespace.get_queue(entity)
         except EntityNotFoundError:
             return namespace.get_topic(entity)
 
-    def _max_message_size(self, entity: str, namespace: Namespace) -> int:
+    def _max_message_size(self, entity: str, namespace: Broker) -> int:
         props = self._properties(entity, namespace)
         return max(namespace.quotas.message_limit_kb(props) * 1024, MIN_LINK_MESSAGE_SIZE)  # the tier's cap
 
-    def _batch_size(self, entity: str, namespace: Namespace) -> int:
+    def _batch_size(self, entity: str, namespace: Broker) -> int:
         return max(namespace.quotas.batch_limit_bytes(self._properties(entity, namespace)), MIN_LINK_MESSAGE_SIZE)
 
     async def _put_token(

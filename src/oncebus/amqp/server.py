@@ -22,13 +22,13 @@ from oncebus.core.errors import EntityNotFoundError
 
 if TYPE_CHECKING:
     from oncebus.amqp import engine
-    from oncebus.broker import Namespace
+    from oncebus.broker import Broker
 
 _LOG = logging.getLogger(__name__)
 
 
 class NamespaceResolver(Protocol):
-    def resolve(self, name: str | None) -> tuple[Namespace, KeyRing]:
+    def resolve(self, name: str | None) -> tuple[Broker, KeyRing]:
         """The namespace ``name`` (None: the default one) and its keys; an error naming an unknown one."""
         ...
 
@@ -38,7 +38,7 @@ class AmqpServer:
 
     def __init__(
         self,
-        namespace: Namespace,
+        namespace: Broker,
         keys: Mapping[str, str],
         wall_time: Callable[[], float] = time.time,
         limits: AmqpLimits | None = None,
@@ -59,7 +59,7 @@ class AmqpServer:
         self.namespaces: NamespaceResolver | None = None
         namespace.observer.transport = self  # the gauges below, reported through the observation port (/metrics)
 
-    def namespace_named(self, name: str | None) -> tuple[Namespace, Mapping[str, str]]:
+    def namespace_named(self, name: str | None) -> tuple[Broker, Mapping[str, str]]:
         if name is None:
             return self.namespace, self.keys
         if self.namespaces is None:
@@ -184,7 +184,7 @@ def _links_open(conn: AmqpConnection) -> int:
 
 
 async def serve_amqp(
-    namespace: Namespace,
+    namespace: Broker,
     host: str = "127.0.0.1",
     port: int = 5672,
     *,

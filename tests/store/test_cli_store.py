@@ -122,6 +122,8 @@ def test_a_bad_checkpoint_setting_in_the_environment_is_named(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, name: str, value: str
 ) -> None:
     monkeypatch.setenv(name, value)
-    assert main(["--data-dir", str(tmp_path / "data"), "queue", "list"]) == 1
+    assert (
+        main(["--data-dir", str(tmp_path / "data"), "queue", "list"]) == 2
+    )  # a usage error, named before the data directory is opened
     err = capsys.readouterr().err
     assert f"{name}={value!r} is not" in err and "internal error" not in err

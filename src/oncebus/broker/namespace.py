@@ -99,6 +99,8 @@ class Namespace(Delivery):
         *,
         send_log: SendLog | None = None,
         quotas: TierQuotas = STANDARD,
+        checkpoint_keys: int | None = None,
+        checkpoint_seconds: float | None = None,
     ) -> None:
         self.store = store
         self.clock = clock or SystemClock()
@@ -120,7 +122,9 @@ class Namespace(Delivery):
         self._backlog_loaded = asyncio.Event()
         self._backlog_loaded.set()
         self._backlog_error: BaseException | None = None
-        self._checkpoints = DedupCheckpoints(store, self._registry)  # dedup images while serving (recovery)
+        self._checkpoints = DedupCheckpoints(  # dedup images while serving (recovery); None: its defaults
+            store, self._registry, keys=checkpoint_keys, min_seconds=checkpoint_seconds
+        )
         self.faults = FaultBook(self.clock.now_us)  # failures armed by a test (oncebus.broker.faults)
         self.transactions = Transactions(self)  # open AMQP transactions (oncebus.broker.transactions)
 
@@ -134,11 +138,20 @@ class Namespace(Delivery):
         send_log: SendLog | None = None,
         backlog_in_background: bool = False,
         quotas: TierQuotas = STANDARD,
+        checkpoint_keys: int | None = None,
+        checkpoint_seconds: float | None = None,
     ) -> Namespace:
         """``backlog_in_background``: return once entities and dedup keys are loaded (sends are judged exactly
         from then on) and restore the stored messages in steps on the loop; until that is done, what reads or
         removes stored messages (receiving, peeking, sessions, entity changes, the timers) waits for it."""
-        namespace = cls(store, clock, send_log=send_log, quotas=quotas)
+        namespace = cls(
+            store,
+            clock,
+            send_log=send_log,
+            quotas=quotas,
+            checkpoint_keys=checkpoint_keys,
+            checkpoint_seconds=checkpoint_seconds,
+        )
         namespace._load(background=backlog_in_background)
         return namespace
 

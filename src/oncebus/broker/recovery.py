@@ -14,7 +14,6 @@ import asyncio
 import itertools
 import logging
 import operator
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -22,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from oncebus.broker.registry import Registry
 from oncebus.core.dedup import DuplicateDetector, ImageError
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
-from oncebus.core.errors import InvalidArgumentError, StoreError
+from oncebus.core.errors import StoreError
 from oncebus.core.rules import RuleProperties
 from oncebus.store.base import MessageRow, PutDedupKey, Snapshot, Store
 from oncebus.store.dedup_images import DedupImage
@@ -30,9 +29,10 @@ from oncebus.store.dedup_images import DedupImage
 _LOG = logging.getLogger("oncebus.broker")
 RESTORE_STEP = 5_000  # stored messages restored between two turns of the loop (about 10 ms)
 # a dedup checkpoint once this many keys were accepted (or read from the rows at start) since the last one, at
-# most one per CHECKPOINT_MIN_SECONDS (the environment may set both: ONCEBUS_CHECKPOINT_KEYS,
-# ONCEBUS_CHECKPOINT_SECONDS). Fewer keys are not worth an image of every held key: replaying 100,000 rows
-# takes about half a second, writing the image of 10 million keys (380 MB) one to two seconds of disk.
+# most one per CHECKPOINT_MIN_SECONDS (``Namespace.open`` takes both; oncebus serve sets them from
+# ONCEBUS_CHECKPOINT_KEYS and ONCEBUS_CHECKPOINT_SECONDS, read by its settings). Fewer keys are not worth an
+# image of every held key: replaying 100,000 rows takes about half a second, writing the image of 10 million keys
+# (380 MB) one to two seconds of disk.
 CHECKPOINT_KEYS = 100_000
 CHECKPOINT_MIN_SECONDS = 10.0
 
@@ -220,31 +220,19 @@ def restore_messages_in_steps(
             receivable.end_restore()
 
 
-def _setting(name: str, default: float, kind: type[int] | type[float], allowed: str) -> float:
-    """A checkpoint setting from the environment, or ``default``; a clear error naming it when it is bad."""
-    text = os.environ.get(name)
-    if text is None:
-        return default
-    try:
-        value = kind(text)
-    except ValueError:
-        value = -1
-    if value < (1 if kind is int else 0) or value != value:
-        raise InvalidArgumentError(f"{name}={text!r} is not {allowed}: set it to one, or unset it")
-    return value
-
-
 class DedupCheckpoints:
     """When to ask the store for a dedup checkpoint (``Store.checkpoint_dedup``; a store without images never
     starts one): once ``CHECKPOINT_KEYS`` keys were accepted, or read from the rows at the last load, since the
     last checkpoint (at most one per ``CHECKPOINT_MIN_SECONDS``). Call ``tick`` from the loop between two of its
     steps (the namespace's timer)."""
 
-    def __init__(self, store: Store, registry: Registry) -> None:
+    def __init__(
+        self, store: Store, registry: Registry, *, keys: int | None = None, min_seconds: float | None = None
+    ) -> None:
         self._start = store.checkpoint_dedup
         self._registry = registry
-        self.keys = int(_setting("ONCEBUS_CHECKPOINT_KEYS", CHECKPOINT_KEYS, int, "a whole number of keys, 1 or more"))
-        self.min_seconds = _setting("ONCEBUS_CHECKPOINT_SECONDS", CHECKPOINT_MIN_SECONDS, float, "seconds, 0 or more")
+        self.keys = CHECKPOINT_KEYS if keys is None else keys
+        self.min_seconds = CHECKPOINT_MIN_SECONDS if min_seconds is None else min_seconds
         self._accepted_then: int | None = None  # keys accepted (committed) at the last checkpoint or load
         self._replayed = 0  # rows read at the last load, not in any image
         self._later: KeyLoader | None = None  # the load's images, if loaded on a thread (rows it read count too)

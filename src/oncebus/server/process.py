@@ -207,7 +207,13 @@ class _Serving:
         clock = FileClock(options.clock_file) if options.clock_file else SystemClock()
         try:
             namespace = await Namespace.open(  # the stored messages load while it serves
-                store, clock, send_log=send_log, backlog_in_background=True, quotas=self.quotas
+                store,
+                clock,
+                send_log=send_log,
+                backlog_in_background=True,
+                quotas=self.quotas,
+                checkpoint_keys=self.settings.checkpoint_keys,
+                checkpoint_seconds=self.settings.checkpoint_seconds,
             )
         except BaseException:
             store.close()

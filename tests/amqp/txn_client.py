@@ -63,8 +63,13 @@ class Outcome:
 class TxnClient:
     """One AMQP connection with a coordinator link; every call blocks until the broker answered."""
 
-    def __init__(self, port: int, host: str = "localhost", timeout: float = 10.0, scope: str = "") -> None:
-        """``scope``: the entity the connection's token covers (all of the namespace by default)."""
+    def __init__(
+        self, port: int, host: str = "localhost", timeout: float = 10.0, scope: str = "", *, cross_entity: bool = False
+    ) -> None:
+        """``scope``: the entity the connection's token covers (all of the namespace by default). Every link is on
+        the connection's one session; ``cross_entity``: the coordinator is that session's first link, then $cbs, as
+        the Java SDK's ``enableCrossEntityTransactions`` lays them out (the .NET SDK's ``EnableCrossEntityTransactions``
+        also opens its controller first on its single session)."""
         self.host = host
         self.scope = scope
         self.conn = BlockingConnection(
@@ -74,8 +79,12 @@ class TxnClient:
             allowed_mechs="ANONYMOUS",
             virtual_host=host,
         )
-        self._put_token()
-        self.coordinator = self.conn.create_sender(None, options=Coordinator())
+        if cross_entity:
+            self.coordinator = self.conn.create_sender(None, options=Coordinator())
+            self._put_token()
+        else:
+            self._put_token()
+            self.coordinator = self.conn.create_sender(None, options=Coordinator())
         self.senders: dict[tuple[str, str | None], BlockingSender] = {}
         self.receivers: dict[str, BlockingReceiver] = {}
 

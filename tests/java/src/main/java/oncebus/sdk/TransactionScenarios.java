@@ -91,17 +91,23 @@ final class TransactionScenarios {
         return result;
     }
 
-    /** enableCrossEntityTransactions: receive from one queue, send to another, complete, commit (send-via). */
+    /**
+     * enableCrossEntityTransactions: every link of the client on one AMQP session opened after a coordinator; the
+     * first entity used (java-txn-a) becomes the send-via entity. Receive from it, send to java-txn-b, complete, commit;
+     * then the same rolled back. A receiver on java-txn-b from that client is refused, as Service Bus refuses it ("a
+     * receive cannot be routed through another entity"); java-txn-b is read with a client of its own.
+     */
     private static Map<String, Object> crossEntity(Env env) {
         String source = "java-txn-a";
         String destination = "java-txn-b";
         Map<String, Object> result = new LinkedHashMap<>();
         ServiceBusClientBuilder builder = env.client().enableCrossEntityTransactions();
+        ServiceBusClientBuilder plain = env.client();
         try (ServiceBusSenderClient toSource = builder.sender().queueName(source).buildClient();
              ServiceBusReceiverClient fromSource = builder.receiver().queueName(source).buildClient();
              ServiceBusSenderClient toDestination = builder.sender().queueName(destination).buildClient();
-             ServiceBusReceiverClient fromDestination = builder.receiver().queueName(destination).buildClient()) {
-            toSource.sendMessage(text("order"));
+             ServiceBusReceiverClient fromDestination = plain.receiver().queueName(destination).buildClient()) {
+            toSource.sendMessage(text("order").setMessageId("order"));
             ServiceBusReceivedMessage order = receive(fromSource, 1).get(0);
             ServiceBusTransactionContext transaction = fromSource.createTransaction();
             fromSource.complete(order, new CompleteOptions().setTransactionContext(transaction));
@@ -112,6 +118,27 @@ final class TransactionScenarios {
             List<ServiceBusReceivedMessage> shipped = receive(fromDestination, 1);
             result.put("destinationAfterCommit", bodies(shipped));
             shipped.forEach(fromDestination::complete);
+
+            toSource.sendMessage(text("second order").setMessageId("second order"));
+            ServiceBusReceivedMessage second = receive(fromSource, 1).get(0);
+            ServiceBusTransactionContext rolledBack = toSource.createTransaction();
+            fromSource.complete(second, new CompleteOptions().setTransactionContext(rolledBack));
+            result.put("rolledBackSend", send(toDestination, "never shipped", rolledBack));
+            toSource.rollbackTransaction(rolledBack);
+            result.put("destinationAfterRollback", peekBodies(fromDestination));
+            result.put("sourceAfterRollback", peekBodies(fromSource));
+            fromSource.abandon(second);
+
+            toDestination.sendMessage(text("plain").setMessageId("plain"));  // outside a transaction: at once
+            List<ServiceBusReceivedMessage> plainSent = receive(fromDestination, 1);
+            result.put("plainSend", bodies(plainSent));
+            plainSent.forEach(fromDestination::complete);
+        }
+        try (ServiceBusReceiverClient crossEntityReceiver = builder.receiver().queueName(destination).buildClient()) {
+            crossEntityReceiver.receiveMessages(1, java.time.Duration.ofSeconds(5)).forEach(m -> { });
+            result.put("receiverOnDestination", "accepted");
+        } catch (RuntimeException e) {
+            result.put("receiverOnDestination", Main.describe(e));
         }
         return result;
     }

@@ -45,29 +45,38 @@ def ids(process: ServerProcess, queue: str) -> list[str]:
     return sorted(got)
 
 
-def prepare(process: ServerProcess) -> tuple[TxnClient, bytes]:
-    """One message in ``work``; a transaction that completes it and sends three on to ``done`` through it."""
-    client = TxnClient(process.port)
+def prepare(process: ServerProcess, cross_entity: bool = False) -> tuple[TxnClient, bytes]:
+    """One message in ``work``; a transaction that completes it and sends three on to ``done`` through it (with
+    send-via; ``cross_entity``: to ``done`` itself on the Java SDK's cross-entity session, ``work`` its first entity)."""
+    client = TxnClient(process.port, cross_entity=cross_entity)
     client.send("work", proton.Message(body="input", id="input"))
     _, delivery = client.receive("work")
     txn = client.declare()
     assert client.settle(delivery, txn).state == TRANSACTIONAL_STATE
     for n in range(3):
-        answer = client.send("work", proton.Message(body=f"out{n}", id=f"out{n}"), txn, via="done")
+        message = proton.Message(body=f"out{n}", id=f"out{n}")
+        if cross_entity:
+            answer = client.send("done", message, txn)
+        else:
+            answer = client.send("work", message, txn, via="done")
         assert answer.state == TRANSACTIONAL_STATE, answer
     return client, txn
 
 
-def test_a_crash_before_the_discharge_leaves_nothing_of_the_transaction(serve: ServerProcess) -> None:
-    client, _ = prepare(serve)
+@pytest.mark.parametrize("cross_entity", [False, True], ids=["send-via", "cross-entity"])
+def test_a_crash_before_the_discharge_leaves_nothing_of_the_transaction(
+    serve: ServerProcess, cross_entity: bool
+) -> None:
+    client, _ = prepare(serve, cross_entity)
     kill_and_restart(serve)
     client.close(timeout=0.1)  # the broker it spoke to is gone
     assert ids(serve, "done") == []
     assert ids(serve, "work") == ["input"]  # not completed: available again after the restart
 
 
-def test_a_crash_after_the_commit_keeps_all_of_the_transaction(serve: ServerProcess) -> None:
-    client, txn = prepare(serve)
+@pytest.mark.parametrize("cross_entity", [False, True], ids=["send-via", "cross-entity"])
+def test_a_crash_after_the_commit_keeps_all_of_the_transaction(serve: ServerProcess, cross_entity: bool) -> None:
+    client, txn = prepare(serve, cross_entity)
     assert client.discharge(txn).state == proton.Delivery.ACCEPTED  # durable before it is answered
     kill_and_restart(serve)
     client.close(timeout=0.1)  # the broker it spoke to is gone

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from tests.amqp.conftest import ServerProcess, TestClock, topology
+from tests.amqp.test_transactions_crash import kill_and_restart
 from tests.scenarios import SCENARIO_FILE, expected_delivered, load_scenarios
 
 HERE = Path(__file__).resolve().parent
@@ -64,6 +65,8 @@ QUEUES: dict[str, dict[str, Any]] = {
     "java-wss": {"RequiresDuplicateDetection": True},
     "java-wss-sessions": {"RequiresSession": True},
 }
+
+CLOCKED_QUEUES: dict[str, dict[str, Any]] = {"java-crash-a": {}, "java-crash-b": {}}  # killed and restarted
 
 pytestmark = pytest.mark.timeout(BUILD_TIMEOUT + RUN_TIMEOUT + 60)  # the first test waits for the whole run
 
@@ -163,8 +166,11 @@ def run_java(
                     stderr.write(text)  # the SDK's own prints (proton-j's PN_TRACE_FRM=1 frame trace)
                     continue
                 line = json.loads(text)
-                if line.get("request") == "restart":
-                    clocked.restart()
+                if line.get("request") in ("restart", "crash"):
+                    if line["request"] == "crash":
+                        kill_and_restart(clocked)
+                    else:
+                        clocked.restart()
                     process.stdin.write(clocked.connection_string + "\n")
                     process.stdin.flush()
                 else:
@@ -213,7 +219,9 @@ def java(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JavaRun]:
     dedup_queues = {
         s["name"].replace("_", "-"): {_PROPERTY_NAMES[k]: v for k, v in s["entity"].items()} for s in SCENARIOS
     }
-    clocked = ServerProcess(base / "clocked", topology(dedup_queues, {}), clock_file=clock.path).start()
+    clocked = ServerProcess(
+        base / "clocked", topology(dedup_queues | CLOCKED_QUEUES, {}), clock_file=clock.path
+    ).start()
     server = ServerProcess(base / "data", topology(QUEUES, {})).start()
     try:
         env = dict(
@@ -333,6 +341,14 @@ def test_cross_entity_transaction(java: JavaRun) -> None:
     assert got["sourceAfterRollback"] == ["second order"]  # still locked by the receiver, not completed
     assert got["plainSend"] == ["plain"]
     assert got["receiverOnDestination"] != "accepted", got["receiverOnDestination"]
+
+
+def test_cross_entity_transaction_and_a_crash_before_the_commit(java: JavaRun) -> None:
+    """The clocked server killed (SIGKILL) between the cross-entity transaction's operations and its commit: after
+    the restart nothing of it is there, and the completed message is back."""
+    got = java.result("transaction-cross-entity-crash")
+    assert got["transactionalSend"] == "returned"
+    assert got["destinationAfterCrash"] == [] and got["sourceAfterCrash"] == ["order"]
 
 
 def test_a_refused_transactional_send_looks_sent_to_the_java_sdk(java: JavaRun) -> None:

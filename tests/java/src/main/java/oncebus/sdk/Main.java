@@ -23,7 +23,8 @@ import java.util.concurrent.TimeoutException;
  *
  * <p>Arguments name the scenarios to run (all when none). The servers come from the environment (see {@link Env}).
  * A scenario that needs the driver (tests/java/test_java_sdk.py) to restart the clocked server prints
- * {@code {"request": "restart"}} and reads the server's new connection string from standard input.
+ * {@code {"request": "restart"}} (or {@code "crash"}: killed, then started again) and reads the server's new
+ * connection string from standard input.
  */
 public final class Main {
     static final ObjectMapper JSON = new ObjectMapper();
@@ -90,11 +91,20 @@ public final class Main {
     }
 
     /** Asks the driver to restart the clocked server; returns its new connection string. */
-    static synchronized String requestRestart() throws IOException {
-        emit(Map.of("request", "restart"));
+    static String requestRestart() throws IOException {
+        return request("restart");
+    }
+
+    /** Asks the driver to kill the clocked server (SIGKILL) and start it again; returns its new connection string. */
+    static String requestCrash() throws IOException {
+        return request("crash");
+    }
+
+    private static synchronized String request(String what) throws IOException {
+        emit(Map.of("request", what));
         String answer = DRIVER.readLine();
         if (answer == null || answer.isBlank()) {
-            throw new IllegalStateException("the driver did not answer the restart request");
+            throw new IllegalStateException("the driver did not answer the " + what + " request");
         }
         return answer.trim();
     }

@@ -47,7 +47,8 @@ def ids(process: ServerProcess, queue: str) -> list[str]:
 
 def prepare(process: ServerProcess, cross_entity: bool = False) -> tuple[TxnClient, bytes]:
     """One message in ``work``; a transaction that completes it and sends three on to ``done`` through it (with
-    send-via; ``cross_entity``: to ``done`` itself on the Java SDK's cross-entity session, ``work`` its first entity)."""
+    send-via; ``cross_entity``: to ``done`` itself on the Java SDK's cross-entity session, ``work`` its first
+    entity)."""
     client = TxnClient(process.port, cross_entity=cross_entity)
     client.send("work", proton.Message(body="input", id="input"))
     _, delivery = client.receive("work")

@@ -23,12 +23,15 @@ class CrossEntityScope:
     def __init__(self) -> None:
         self.via: str | None = None
 
-    def sender(self, entity: str) -> str | None:
-        """The entity a sender link to the queue or topic ``entity`` sends through: ``None`` when it is the send-via
-        entity itself (or becomes it, as the session's first entity)."""
+    def through(self, entity: str) -> str | None:
+        """The entity a sender link to the queue or topic ``entity`` sends through: ``None`` when the send-via entity
+        is unset (the link will set it with :meth:`claim`) or is ``entity`` itself."""
+        return None if self.via is None or self.via == entity else self.via
+
+    def claim(self, entity: str) -> None:
+        """A sender link to ``entity`` opened: the session's first entity becomes its send-via entity."""
         if self.via is None:
             self.via = entity
-        return None if self.via == entity else self.via
 
     def receiver(self, address: str) -> bool:
         """Admit a receiver link on ``address`` (a queue, a subscription, a dead-letter queue): its top-level entity

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ import proton
 
 from oncebus.amqp import cbs, engine, management
 from oncebus.amqp.coordinator import CoordinatorLink
+from oncebus.amqp.crossentity import CrossEntityScope
 from oncebus.amqp.errors import condition_of
 from oncebus.amqp.links import (
     DEFAULT_SESSION_WAIT_SECONDS,
@@ -50,9 +52,14 @@ class Router:
 
     def __init__(self, host: AmqpHost) -> None:
         self.host = host
+        # each session's cross-entity scope, set by its first link: a coordinator makes it a cross-entity session
+        # (the send-via entity inferred, docs/amqp.md), any other link a plain one (None)
+        self._scopes: weakref.WeakKeyDictionary[engine.Session, CrossEntityScope | None] = weakref.WeakKeyDictionary()
 
     def attach(self, conn: AmqpConnection, link: engine.Link) -> None:
-        if link.is_receiver and link.remote_target.type == engine.COORDINATOR:
+        coordinator = link.is_receiver and link.remote_target.type == engine.COORDINATOR
+        scope = self._scopes.setdefault(link.session, CrossEntityScope() if coordinator else None)
+        if coordinator:
             CoordinatorLink(conn, link).open()  # transactions
             return
         if link.is_receiver:
@@ -64,9 +71,16 @@ class Router:
         elif address.lower().endswith(management.MANAGEMENT_SUFFIX):
             self._node(conn, link, address, _management)
         elif link.is_receiver:
-            self._sender(conn, link, address)
+            self._sender(conn, link, address, scope)
         else:
-            conn.spawn(self._receiver(conn, link, address))
+            claimed = None  # the cross-entity scope whose send-via entity this receiver set
+            if scope is not None:
+                try:
+                    claimed = scope if scope.receiver(address) else None
+                except Exception as exc:
+                    refuse(link, condition_of(exc))
+                    return
+            conn.spawn(self._receiver(conn, link, address, claimed))
 
     def _node(self, conn: AmqpConnection, link: engine.Link, node: str, handler: RequestHandler) -> None:
         if not link.is_receiver:
@@ -133,7 +147,7 @@ class Router:
             raise UnauthorizedError(denied)
         link.token_covered = True  # a token covered it: a forced detach later says that token expired
 
-    def _sender(self, conn: AmqpConnection, link: engine.Link, address: str) -> None:
+    def _sender(self, conn: AmqpConnection, link: engine.Link, address: str, scope: CrossEntityScope | None) -> None:
         try:
             self._check_access(conn, link, address, SEND)
             where = parse_path(address)
@@ -141,15 +155,22 @@ class Router:
                 raise InvalidArgumentError(
                     f"cannot send to {address!r}: send to a queue or a topic, not a subscription or dead-letter queue"
                 )
-            destination = where.entity
+            entity = destination = where.entity
             transfer_to = (link.remote_properties or {}).get(TRANSFER_DESTINATION)
             if transfer_to is not None:  # send-via: to ``transfer_to`` through this entity (both must be covered)
                 destination = self._send_via(conn, link, text(transfer_to, errors="strict") or "")
+            elif scope is not None and (via := scope.through(entity)) is not None:
+                # a cross-entity session: to this entity through the session's first one, as with send-via
+                self._check_access(conn, link, via, SEND)
+                self._properties(via, conn.namespace)  # it still exists
+                entity = via
             size = self._max_message_size(destination, conn.namespace)
         except Exception as exc:
             refuse(link, condition_of(exc))
             return
-        sending = SendLink(conn, link, conn.namespace, where.entity, size)
+        if scope is not None:
+            scope.claim(entity)
+        sending = SendLink(conn, link, conn.namespace, entity, size)
         sending.destination = destination
         # the SDK sizes a batch by com.microsoft:max-message-batch-size: the tier's (256 KB Standard, 1 MB Premium)
         sending.max_batch_size = self._batch_size(destination, conn.namespace)
@@ -168,7 +189,10 @@ class Router:
         self._properties(where.entity, conn.namespace)  # it exists
         return where.entity
 
-    async def _receiver(self, conn: AmqpConnection, link: engine.Link, address: str) -> None:
+    async def _receiver(
+        self, conn: AmqpConnection, link: engine.Link, address: str, claimed: CrossEntityScope | None
+    ) -> None:
+        """``claimed``: the cross-entity scope whose send-via entity this link set (unset again if it is refused)."""
         namespace = conn.namespace
         release: Callable[[], None] | None = None
         try:
@@ -194,6 +218,8 @@ class Router:
         except Exception as exc:
             if release is not None:
                 release()
+            if claimed is not None:
+                claimed.release()
             if not conn.closed and link.state & engine.REMOTE_ACTIVE:
                 refuse(link, condition_of(exc))
             return

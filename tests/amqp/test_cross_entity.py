@@ -115,3 +115,24 @@ def test_without_a_coordinator_first_a_transaction_stays_on_one_entity(server: I
         assert (count(server, first), count(server, second)) == (1, 0)
     finally:
         plain.close()
+
+
+def test_the_token_must_cover_the_destination_as_for_send_via(server: InProcessServer) -> None:
+    source, destination = queue(server), queue(server)
+    scoped = TxnClient(server.port, scope=source, cross_entity=True)  # a token for the send-via entity only
+    try:
+        assert scoped.send(source, msg("mine")).state == proton.Delivery.ACCEPTED
+        with pytest.raises(Exception, match="unauthorized"):
+            scoped.send(destination, msg("theirs"))
+    finally:
+        scoped.close()
+    assert (count(server, source), count(server, destination)) == (1, 0)
+
+
+def test_a_refused_first_link_sets_no_send_via_entity(server: InProcessServer, client: TxnClient) -> None:
+    source = queue(server)
+    with pytest.raises(Exception, match="not-found"):
+        client.receive("no-such-queue", timeout=2)
+    assert client.send(source, msg("first")).state == proton.Delivery.ACCEPTED  # the send-via entity now
+    message, _ = client.receive(source)
+    assert message.body == "first"

@@ -1,0 +1,130 @@
+"""The build: the per-message modules compiled with mypyc where a C compiler is, pure Python otherwise.
+
+Everything else about the package is in pyproject.toml. ``oncebus._compiled.COMPILED`` lists the modules; with
+``ONCEBUS_NO_COMPILE=1`` at install, or without a C compiler and Python's headers, they are installed as the
+Python sources they are. Either way the build writes ``oncebus/_compiled.json`` (whether it compiled, why not, a
+digest of each source compiled), which ``import oncebus`` reads to notice an edited source in an editable install.
+docs/performance-log.md has the measurement; CONTRIBUTING.md how to build either form.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE / "src"
+
+
+def _load_compiled() -> Any:
+    """src/oncebus/_compiled.py, read by path (importing ``oncebus`` here would import the installed one)."""
+    spec = importlib.util.spec_from_file_location("_oncebus_compiled", SRC / "oncebus" / "_compiled.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+COMPILED_INFO = _load_compiled()
+
+
+def _c_compiler_problem() -> str | None:
+    """None when a C extension can be built here (a compiler that compiles and links against Python.h), else why."""
+    try:
+        from setuptools._distutils.ccompiler import new_compiler
+        from setuptools._distutils.sysconfig import customize_compiler
+    except ImportError as exc:  # pragma: no cover - setuptools always vendors distutils
+        return f"no distutils: {exc}"
+    include = sysconfig.get_paths()["include"]
+    if not (Path(include) / "Python.h").is_file():
+        return f"no Python.h in {include} (install Python's development headers)"
+    compiler = new_compiler()
+    customize_compiler(compiler)
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "probe.c"
+        probe.write_text("#include <Python.h>\nint oncebus_probe(void) { return Py_IsInitialized(); }\n")
+        try:
+            objects = compiler.compile([str(probe)], output_dir=tmp, include_dirs=[include])
+            compiler.link_shared_object(objects, str(Path(tmp) / "probe.so"))
+        except Exception as exc:  # CompileError, LinkError, a missing executable (OSError)
+            return f"no working C compiler ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _sources() -> list[str]:
+    return [str(COMPILED_INFO.source_path(m, Path("src"))) for m in COMPILED_INFO.COMPILED]
+
+
+def _remove_old_extensions() -> None:
+    """A pure build in a tree an earlier build compiled in place (an editable install): its extensions would shadow
+    the sources, so they go."""
+    for module in COMPILED_INFO.COMPILED:
+        source = COMPILED_INFO.source_path(module, SRC)
+        for built in source.parent.glob(f"{source.stem}.*{sysconfig.get_config_var('SHLIB_SUFFIX') or '.so'}"):
+            built.unlink()
+    for shared in SRC.glob("oncebus__mypyc*"):
+        shared.unlink()
+
+
+_BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "install", "develop", "bdist_egg"}
+
+
+def _decide() -> tuple[list[Any], dict[str, object]]:
+    """(the extension modules, the manifest); nothing for a command that builds nothing (pip asks for metadata first,
+    and mypycify translates to C as it is called)."""
+    if not _BUILDS & set(sys.argv[1:]):
+        return [], {}
+    if os.environ.get(COMPILED_INFO.NO_COMPILE, "") not in ("", "0"):
+        why = f"{COMPILED_INFO.NO_COMPILE} is set"
+    else:
+        why = _c_compiler_problem()
+    if why is not None:
+        print(f"oncebus: installing pure Python ({why})", file=sys.stderr)
+        _remove_old_extensions()
+        manifest: dict[str, object] = {"compiled": False, "reason": why}
+        (SRC / "oncebus" / COMPILED_INFO.MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+        return [], manifest
+    from mypyc.build import mypycify
+
+    extensions = mypycify(_sources(), opt_level="3", group_name="oncebus")
+    sources = {m: COMPILED_INFO.digest(COMPILED_INFO.source_path(m, SRC)) for m in COMPILED_INFO.COMPILED}
+    return extensions, {"compiled": True, "reason": "", "sources": sources}
+
+
+EXTENSIONS, MANIFEST = _decide()
+
+
+def _write_manifest(directory: Path) -> None:
+    target = directory / "oncebus" / COMPILED_INFO.MANIFEST
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(MANIFEST, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+class BuildPy(build_py):
+    """The sources, and the manifest beside them in the wheel's tree."""
+
+    def run(self) -> None:
+        super().run()
+        _write_manifest(Path(self.build_lib))
+
+
+class BuildExt(build_ext):
+    """The extensions; built in place (an editable install), the manifest beside them in ``src`` too."""
+
+    def run(self) -> None:
+        super().run()
+        if self.inplace:
+            _write_manifest(SRC)
+
+
+setup(ext_modules=EXTENSIONS, cmdclass={"build_py": BuildPy, "build_ext": BuildExt})

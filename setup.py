@@ -14,7 +14,6 @@ import json
 import os
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,29 +35,6 @@ def _load_compiled() -> Any:
 
 
 COMPILED_INFO = _load_compiled()
-
-
-def _c_compiler_problem() -> str | None:
-    """None when a C extension can be built here (a compiler that compiles and links against Python.h), else why."""
-    try:
-        from setuptools._distutils.ccompiler import new_compiler
-        from setuptools._distutils.sysconfig import customize_compiler
-    except ImportError as exc:  # pragma: no cover - setuptools always vendors distutils
-        return f"no distutils: {exc}"
-    include = sysconfig.get_paths()["include"]
-    if not (Path(include) / "Python.h").is_file():
-        return f"no Python.h in {include} (install Python's development headers)"
-    compiler = new_compiler()
-    customize_compiler(compiler)
-    with tempfile.TemporaryDirectory() as tmp:
-        probe = Path(tmp) / "probe.c"
-        probe.write_text("#include <Python.h>\nint oncebus_probe(void) { return Py_IsInitialized(); }\n")
-        try:
-            objects = compiler.compile([str(probe)], output_dir=tmp, include_dirs=[include])
-            compiler.link_shared_object(objects, str(Path(tmp) / "probe.so"))
-        except Exception as exc:  # CompileError, LinkError, a missing executable (OSError)
-            return f"no working C compiler ({type(exc).__name__}: {exc})"
-    return None
 
 
 def _sources() -> list[str]:
@@ -87,7 +63,7 @@ def _decide() -> tuple[list[Any], dict[str, object]]:
     if os.environ.get(COMPILED_INFO.NO_COMPILE, "") not in ("", "0"):
         why = f"{COMPILED_INFO.NO_COMPILE} is set"
     else:
-        why = _c_compiler_problem()
+        why = COMPILED_INFO.c_compiler_problem()
     if why is not None:
         print(f"oncebus: installing pure Python ({why})", file=sys.stderr)
         _remove_old_extensions()

@@ -14,16 +14,20 @@ This module is never compiled itself and imports nothing from oncebus (``setup.p
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
 import os
 import sys
+import sysconfig
+import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 # the per-message modules, chosen by profile (docs/performance-log.md): decode, encode, duplicate detection, the
 # send's checks; each is mypy --strict clean and compiles unchanged but for what mypyc needs (docs/contributing)
@@ -36,7 +40,6 @@ COMPILED: tuple[str, ...] = (
     "oncebus.core.dedup",
     "oncebus.core.sending",
     "oncebus.core.properties",
-    "oncebus.core.messages",
     "oncebus.core.tiers",
     "oncebus.core.timeutil",
 )
@@ -55,6 +58,30 @@ def source_path(module: str, root: Path) -> Path:
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def c_compiler_problem() -> str | None:
+    """None when a C extension can be built here (a compiler that compiles and links against Python.h), else why
+    not (``setup.py`` decides with it; the tests, whether a compiled install was to be expected)."""
+    try:  # (by name: setuptools is typed in some versions only)
+        ccompiler: Any = importlib.import_module("setuptools._distutils.ccompiler")
+        distutils_config: Any = importlib.import_module("setuptools._distutils.sysconfig")
+    except ImportError as exc:
+        return f"no setuptools to build with: {exc}"
+    include = sysconfig.get_paths()["include"]
+    if not (Path(include) / "Python.h").is_file():
+        return f"no Python.h in {include} (install Python's development headers)"
+    compiler = ccompiler.new_compiler()
+    distutils_config.customize_compiler(compiler)
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "probe.c"
+        probe.write_text("#include <Python.h>\nint oncebus_probe(void) { return Py_IsInitialized(); }\n")
+        try:
+            objects = compiler.compile([str(probe)], output_dir=tmp, include_dirs=[include])
+            compiler.link_shared_object(objects, str(Path(tmp) / "probe.so"))
+        except Exception as exc:  # CompileError, LinkError, a missing executable (OSError)
+            return f"no working C compiler ({type(exc).__name__}: {exc})"
+    return None
 
 
 def manifest() -> dict[str, object] | None:

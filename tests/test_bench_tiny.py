@@ -19,6 +19,7 @@ TINY: dict[str, list[str]] = {
     "amqp_transactions": ["--rounds", "1"],
     "backlog": ["--messages", "2000", "--senders", "1", "--receive", "500", "--receivers", "1"],
     "cluster_failover": ["--messages", "500"],
+    "compiled": ["--messages", "200", "--senders", "1", "--receivers", "1", "--rounds", "1", "--number", "20"],
     "dedup_window": ["--keys", "20000", "--checks", "5000", "--sends", "200", "--senders", "2", "--rounds", "1"],
     "idle_links": ["--connections", "1", "--links", "50", "--sends", "20", "--idle-seconds", "1"],
     "metrics_overhead": ["--seconds", "0.5", "--repeat", "1", "--queues", "2", "--topics", "1", "--senders", "2"],

@@ -24,7 +24,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from oncebus import _compiled
+
 __version__ = "0.1.0"
+
+_compiled.choose()  # the compiled per-message modules, or their Python sources (ONCEBUS_PURE_PYTHON, stale ones)
 
 _ERRORS = "oncebus.core.errors"
 _WHERE: dict[str, str] = {

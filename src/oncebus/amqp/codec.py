@@ -86,7 +86,11 @@ class Section:
         described = data.get_object()
         if described is None:
             raise DecodeError("the section holds no value")
-        return copy_value(described.value)
+        # proton's binary values are memoryviews into this Data's buffer that do not keep the Data alive, and compiled
+        # code (mypyc) drops a local after its last use: the copy is made while ``data`` is still used below
+        value = copy_value(described.value)
+        data.clear()
+        return value
 
     def checked_value(self, what: str) -> Any:
         """:meth:`value` for a section a client sent: anything proton cannot take is refused, naming ``what``."""
@@ -210,7 +214,8 @@ def _partition_key(value: Any) -> str | None:
 def _ttl(value: Any) -> datetime.timedelta | None:
     if value is None:
         return None
-    integer = isinstance(value, int) and not isinstance(value, bool | proton.timestamp)
+    # proton's type first: compiled code (mypyc) keeps a small int narrowed to ``int`` as a plain int
+    integer = not isinstance(value, bool | proton.timestamp) and isinstance(value, int)
     if not integer or not 0 <= value <= 0xFFFFFFFF:
         raise InvalidArgumentError(
             f"the header's ttl must be a uint (milliseconds, 0 to 4294967295), not {_amqp_type(value)} {value!r}"
@@ -250,14 +255,16 @@ def property_value(value: Any) -> Any:
     return value
 
 
+_PLAIN_TYPES: tuple[type[Any], ...] = (bool, int, float, str)
+
+
 def _json_safe(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float | str):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return int(value)
-        if isinstance(value, float):
-            return float(value)
-        if isinstance(value, str):
-            return str(value)
+        # proton's subclasses (ulong, float32, symbol...) made plain by a call on the type, not on a value narrowed
+        # to ``int`` (compiled code, mypyc, takes ``int(value)`` of one as the value, keeping a large ulong a ulong)
+        for plain in _PLAIN_TYPES:
+            if isinstance(value, plain):
+                return plain(value)
         return value
     if isinstance(value, bytes | memoryview):
         return bytes(value).hex()
@@ -601,7 +608,9 @@ def _message_annotations(data: bytes, pos: int) -> tuple[Any, Any, int]:
     if count % 2:
         raise Unusual
     what = "message annotations"
-    partition_key = scheduled = None
+    # Any: what ``_typed`` reads has proton's types, which compiled code (mypyc) would check against ``str | None``
+    partition_key: Any = None
+    scheduled: Any = None
     for _ in range(count >> 1):
         if item >= stop:
             raise Unusual

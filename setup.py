@@ -1,0 +1,111 @@
+"""The build: the per-message modules compiled with mypyc where a C compiler is, pure Python otherwise.
+
+Everything else about the package is in pyproject.toml. ``oncebus._compiled.COMPILED`` lists the modules; with
+``ONCEBUS_NO_COMPILE=1`` at install, or without a C compiler and Python's headers, they are installed as the
+Python sources they are. Either way the build writes ``oncebus/_compiled.json`` (whether it compiled, why not, a
+digest of each source compiled), which ``import oncebus`` reads to notice an edited source in an editable install.
+docs/performance-log.md has the measurement; CONTRIBUTING.md how to build either form.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE / "src"
+
+
+def _load_compiled() -> Any:
+    """src/oncebus/_compiled.py, read by path (importing ``oncebus`` here would import the installed one)."""
+    spec = importlib.util.spec_from_file_location("_oncebus_compiled", SRC / "oncebus" / "_compiled.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+COMPILED_INFO = _load_compiled()
+
+
+def _sources() -> list[str]:
+    return [str(COMPILED_INFO.source_path(m, Path("src"))) for m in COMPILED_INFO.COMPILED]
+
+
+def _remove_old_extensions() -> None:
+    """A pure editable install in a tree an earlier one compiled in place: its extensions would shadow the sources,
+    so they go."""
+    for module in COMPILED_INFO.COMPILED:
+        source = COMPILED_INFO.source_path(module, SRC)
+        for built in source.parent.glob(f"{source.stem}.*{sysconfig.get_config_var('SHLIB_SUFFIX') or '.so'}"):
+            built.unlink()
+    for shared in SRC.glob("oncebus__mypyc*"):
+        shared.unlink()
+
+
+_BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "install", "develop", "bdist_egg"}
+
+
+def _write_manifest(directory: Path, manifest: dict[str, object]) -> None:
+    target = directory / "oncebus" / COMPILED_INFO.MANIFEST
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _decide() -> tuple[list[Any], dict[str, object]]:
+    """(the extension modules, the manifest); nothing for a command that builds nothing (pip asks for metadata first,
+    and mypycify translates to C as it is called)."""
+    if not _BUILDS & set(sys.argv[1:]):
+        return [], {}
+    if os.environ.get(COMPILED_INFO.NO_COMPILE, "") not in ("", "0"):
+        why = f"{COMPILED_INFO.NO_COMPILE} is set"
+    else:
+        why = COMPILED_INFO.c_compiler_problem()
+    if why is not None:
+        print(f"oncebus: installing pure Python ({why})", file=sys.stderr)
+        manifest: dict[str, object] = {"compiled": False, "reason": why}
+        if {"editable_wheel", "develop"} & set(sys.argv[1:]):  # the install runs from src: what it holds is in use
+            _remove_old_extensions()
+            _write_manifest(SRC, manifest)
+        return [], manifest
+    from mypyc.build import mypycify
+
+    # the modules compiled are mypy --strict clean (CI checks them with every dependency installed); the build's own
+    # environment holds only the build requirements, so the modules it follows beyond them (the server's, the
+    # HTTP front end's...) are read without their third-party types and without reporting their errors
+    options = ["--ignore-missing-imports", "--follow-imports=silent"]
+    extensions = mypycify([*options, *_sources()], opt_level="3", group_name="oncebus")
+    sources = {m: COMPILED_INFO.digest(COMPILED_INFO.source_path(m, SRC)) for m in COMPILED_INFO.COMPILED}
+    return extensions, {"compiled": True, "reason": "", "sources": sources}
+
+
+EXTENSIONS, MANIFEST = _decide()
+
+
+class BuildPy(build_py):
+    """The sources, and the manifest beside them in the wheel's tree."""
+
+    def run(self) -> None:
+        super().run()
+        _write_manifest(Path(self.build_lib), MANIFEST)
+
+
+class BuildExt(build_ext):
+    """The extensions; built in place (an editable install), the manifest beside them in ``src`` too."""
+
+    def run(self) -> None:
+        super().run()
+        if self.inplace:
+            _write_manifest(SRC, MANIFEST)
+
+
+setup(ext_modules=EXTENSIONS, cmdclass={"build_py": BuildPy, "build_ext": BuildExt})

@@ -26,6 +26,7 @@ DEFINING_MODULES = (
     "oncebus.broker.transactions",
     "oncebus.broker.faults",
     "oncebus.server.process",
+    "oncebus.server.settings",
     "oncebus.spark._options",
     "oncebus.testing._client",
     "oncebus.testing._launch",

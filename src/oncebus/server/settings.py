@@ -32,7 +32,12 @@ __all__ = ["VARIABLES", "Settings", "SettingsError", "Variable", "markdown_table
 
 
 class SettingsError(InvalidArgumentError):
-    """An ``ONCEBUS_*`` variable holds a value that is not allowed; the message names it and what is allowed."""
+    """An ``ONCEBUS_*`` variable holds a value that is not allowed; the message names it and what is allowed.
+
+    Raised before anything is served (the CLI exits 2); declared like the bad input it is should a door meet it."""
+
+    condition = "com.microsoft:argument-error"
+    status = 400
 
 
 @dataclass(frozen=True)

@@ -29,15 +29,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-# the per-message modules, chosen by profile (docs/performance-log.md): decode, encode, duplicate detection, the
-# send's checks; each is mypy --strict clean and compiles unchanged but for what mypyc needs (docs/contributing)
+# the per-message modules, chosen by profile (docs/performance-log.md): decode, encode, keys, the send's checks
+# (not core.dedup: the Spark pipeline applies its rule to numpy arrays, which a compiled int signature refuses); each is mypy --strict clean and compiles unchanged but for what mypyc needs (docs/contributing)
 COMPILED: tuple[str, ...] = (
     "oncebus.amqp.encoding",
     "oncebus.amqp.codec",
     "oncebus.amqp.outgoing",
     "oncebus.amqp.performatives",
     "oncebus.core.keys",
-    "oncebus.core.dedup",
     "oncebus.core.sending",
     "oncebus.core.properties",
     "oncebus.core.tiers",

@@ -30,7 +30,8 @@ from types import ModuleType
 from typing import Any
 
 # the per-message modules, chosen by profile (docs/performance-log.md): decode, encode, keys, the send's checks
-# (not core.dedup: the Spark pipeline applies its rule to numpy arrays, which a compiled int signature refuses); each is mypy --strict clean and compiles unchanged but for what mypyc needs (docs/contributing)
+# (not core.dedup: the Spark pipeline applies its rule to numpy arrays, which a compiled int signature refuses);
+# each is mypy --strict clean and compiles unchanged but for what mypyc needs (docs/contributing)
 COMPILED: tuple[str, ...] = (
     "oncebus.amqp.encoding",
     "oncebus.amqp.codec",

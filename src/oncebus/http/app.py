@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast
 
 from oncebus import __version__
-from oncebus.auth import MANAGE, KeyRing, authorize_request, header_namespace, refusal_text
+from oncebus.auth import KeyRing, header_namespace, refusal_text
 from oncebus.broker import Broker
 from oncebus.core.errors import OncebusError, UnauthorizedError, status_of
 from oncebus.http.admin import AdminApi
-from oncebus.http.faults import FaultsApi, is_faults_path
+from oncebus.http.faults import FaultsApi, authorize_root_manage, is_faults_path
 from oncebus.http.messages import RestMessaging, match_route
 from oncebus.http.rules import RuleBook
 from oncebus.http.server import ASGIApp, Receive, Scope, Send
@@ -128,19 +128,8 @@ class HttpApp:
     def _root_refused(self, scope: Scope, missing: str) -> str | None:
         """None when the request carries a key of this namespace with the Manage right on its root (a SAS token
         for the namespace, or HTTP Basic); otherwise why not (``missing``: what to do without a key)."""
-        headers = {bytes(k).lower(): bytes(v).decode("latin-1") for k, v in scope["headers"]}
         try:
-            authorize_request(
-                headers.get(b"authorization"),
-                self.keys,
-                "",
-                MANAGE,
-                host=headers.get(b"host"),
-                now=self.wall_time(),
-                shown=str(scope["path"]),
-                missing=missing,
-                basic=True,
-            )
+            authorize_root_manage(scope, self.keys, self.wall_time(), shown=str(scope["path"]), missing=missing)
         except UnauthorizedError as exc:
             return refusal_text(exc)
         return None

@@ -84,18 +84,13 @@ class FaultsApi:
 
     def _authorize(self, scope: Scope) -> None:
         """A key with the Manage right for the whole namespace: a SAS token for its root, or HTTP Basic."""
-        headers = {bytes(k).lower(): bytes(v).decode("latin-1") for k, v in scope["headers"]}
-        authorize_request(
-            headers.get(b"authorization"),
+        authorize_root_manage(
+            scope,
             self.keys,
-            "",
-            MANAGE,
-            host=headers.get(b"host"),
-            now=self.wall_time(),
+            self.wall_time(),
             shown=PREFIX,
             missing="arming faults needs a key with the Manage right: Authorization: SharedAccessSignature ... (for "
             "the namespace) or HTTP Basic (user: the key name, password: the key)",
-            basic=True,
         )
 
 
@@ -104,3 +99,20 @@ async def _json(send: Send, status: int, answer: Any) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def authorize_root_manage(scope: Scope, keys: KeyRing, now: float, *, shown: str, missing: str) -> None:
+    """Raise ``UnauthorizedError`` unless the request carries a key of ``keys`` with the Manage right on the
+    namespace's root (a SAS token for the namespace, or HTTP Basic): what ``/$faults`` and ``/$namespaces`` ask."""
+    headers = {bytes(k).lower(): bytes(v).decode("latin-1") for k, v in scope["headers"]}
+    authorize_request(
+        headers.get(b"authorization"),
+        keys,
+        "",
+        MANAGE,
+        host=headers.get(b"host"),
+        now=now,
+        shown=shown,
+        missing=missing,
+        basic=True,
+    )

@@ -33,7 +33,11 @@ Schema versions (``PRAGMA user_version``):
   where: ``StoredMessage.sections``) does not write them again in ``meta``, which says where they are in the wire
   (``"ap": [start, end]``, offsets into ``data[:wire_length]``); they are read from there when asked
   (``core.messages.WireProperties``), and the body's offset is the door's, not searched for. Schema 8's rows are
-  read as they are (their ``meta`` holds the properties): the migration only sets the version.
+  read as they are (their ``meta`` holds the properties): the migration only sets the version;
+- 10: nor the properties section's text fields (subject, content type, correlation id, to, reply to, reply-to
+  session id): ``meta`` says where the section's list is in the wire (``"pr": [start, end]``) and they are read
+  from there (``core.messages.read_wire_texts``) when the message is read. Schema 9's rows are read as they are
+  (their ``meta`` holds them): the migration only sets the version.
 
 An older file is migrated in place in one transaction (all or nothing); a newer one is refused.
 """
@@ -50,7 +54,7 @@ from oncebus.core.keys import migrate_key_text_v0
 from oncebus.core.messages import StoredMessage, read_wire_properties
 from oncebus.core.rules import default_rule
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entity (
@@ -389,8 +393,9 @@ def migrate(db: sqlite3.Connection, version: int, images: str = "oncebus.db.dedu
         _session_times_v6_to_v7(db)
     if version < 8:
         _settlement_log_v7_to_v8(db)
-    # 8 -> 9: nothing to rewrite (a schema 8 row's meta holds its application properties, which schema 9 reads as
-    # it did); the version keeps an earlier release, which would not find them in the wire, from opening the file
+    # 8 -> 9 and 9 -> 10: nothing to rewrite (a schema 8 row's meta holds its application properties, a schema 9
+    # row's its text fields, which are read as they were); the version keeps an earlier release, which would not
+    # find them in the wire, from opening the file
 
 
 def _keys_v0_to_v1(db: sqlite3.Connection) -> None:

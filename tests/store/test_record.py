@@ -76,7 +76,9 @@ def test_a_record_does_not_write_the_properties_its_wire_holds_and_reads_them_ba
     assert sections is not None and sections.application_properties is not None
     assert "application_properties" not in meta and meta["ap"] == list(sections.application_properties)
     # schema 10: nor its text fields: where the properties section is
-    assert not {"subject", "content_type", "correlation_id"} & set(meta) and meta["pr"] == list(sections.properties)
+    assert not {"subject", "content_type", "correlation_id"} & set(meta) and meta["pr"] == list(
+        sections.properties or ()
+    )
     assert set(meta) == {"message_id", "ap", "pr"}
     assert "ap" not in _meta(store, 2) and "application_properties" not in _meta(store, 2)
     # the body is addressed where the codec found it
@@ -308,3 +310,26 @@ def test_a_file_of_a_later_schema_is_refused(tmp_path: Path) -> None:
         StoreError, match=f"store schema {SCHEMA_VERSION + 1}; this version reads up to {SCHEMA_VERSION}"
     ):
         SqliteStore(path)
+
+
+def test_new_and_other_messages_in_one_unit_are_written_in_order_whatever_statement_writes_them(
+    tmp_path: Path,
+) -> None:
+    """Most sends' messages go through the short insert (active, never delivered, no expiry, no session); the
+    others through the full one, in the order added: a message put twice in one unit keeps the last row."""
+    import dataclasses
+
+    store = SqliteStore(tmp_path / "oncebus.db")
+    store.load()
+    plain = _record(1)
+    sessioned = dataclasses.replace(_record(2), session_id="s", expires_at_us=T0 + 10**6, delivery_count=2)
+    first = dataclasses.replace(_record(3), delivery_count=5)  # then put again as new: the new row stays
+    store.submit([PutMessage(m) for m in (plain, sessioned, first, _record(3))]).result()
+    rows = store._db.execute(
+        "SELECT sequence_number, state, delivery_count, expires_at_us, session_id FROM message ORDER BY 1"
+    ).fetchall()
+    assert rows == [(1, 0, 0, None, None), (2, 0, 2, T0 + 10**6, "s"), (3, 0, 0, None, None)]
+    read = store.read_messages("q", [1, 2, 3])
+    assert read[1] == plain and read[2] == sessioned and read[3] == _record(3)
+    assert store._db.execute("SELECT COUNT(*), SUM(refs) FROM content").fetchone() == (3, 3)
+    store.close()

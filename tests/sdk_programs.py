@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.amqp.conftest import ServerProcess
+from tests.amqp.conftest import ServerProcess, TestClock, topology
 from tests.scenarios import load_scenarios
 
 TIMEOUT = 60  # seconds a program may run
@@ -30,6 +32,20 @@ def scenario_queues() -> dict[str, dict[str, Any]]:
     return {
         s["name"].replace("_", "-"): {_PROPERTY_NAMES[k]: v for k, v in s["entity"].items()} for s in load_scenarios()
     }
+
+
+@contextmanager
+def clocked_server(base: Path, sas_keys: str) -> Iterator[tuple[ServerProcess, TestClock]]:
+    """A server whose time the program sets (ONCEBUS_CLOCK_FILE), one queue per shared scenario, with the keys
+    ``sas_keys`` (ONCEBUS_SAS_KEYS)."""
+    clock = TestClock(base / "clock")
+    process = ServerProcess(
+        base / "data", topology(scenario_queues(), {}), clock_file=clock.path, env={"ONCEBUS_SAS_KEYS": sas_keys}
+    ).start()
+    try:
+        yield process, clock
+    finally:
+        process.stop()
 
 
 def connection_string(server: ServerProcess, key_name: str, key: str) -> str:

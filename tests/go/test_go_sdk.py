@@ -22,7 +22,7 @@ import pytest
 from tests.amqp.conftest import ServerProcess, TestClock, topology
 from tests.docs.pages import blocks
 from tests.scenarios import SCENARIO_FILE, expected_delivered, load_scenarios
-from tests.sdk_programs import TIMEOUT, ca_file, connection_string, run_program, scenario_queues
+from tests.sdk_programs import TIMEOUT, ca_file, clocked_server, connection_string, run_program
 
 HERE = Path(__file__).resolve().parent
 GO_PAGE = HERE.parents[1] / "docs" / "go.md"
@@ -91,13 +91,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 @pytest.fixture(scope="module")
 def clocked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, TestClock]]:
     """A server whose time the Go program sets (ONCEBUS_CLOCK_FILE), one queue per shared scenario."""
-    base = tmp_path_factory.mktemp("go-clocked")
-    clock = TestClock(base / "clock")
-    process = ServerProcess(
-        base / "data", topology(scenario_queues(), {}), clock_file=clock.path, env={"ONCEBUS_SAS_KEYS": ENV_KEYS}
-    ).start()
-    yield process, clock
-    process.stop()
+    with clocked_server(tmp_path_factory.mktemp("go-clocked"), ENV_KEYS) as running:
+        yield running
 
 
 def _connection_string(server: ServerProcess, key_name: str) -> str:

@@ -24,7 +24,7 @@ import pytest
 
 from tests.amqp.conftest import ServerProcess, TestClock, topology
 from tests.scenarios import SCENARIO_FILE, expected_delivered, load_scenarios
-from tests.sdk_programs import ca_file, connection_string, run_program, scenario_queues
+from tests.sdk_programs import ca_file, clocked_server, connection_string, run_program
 
 HERE = Path(__file__).resolve().parent
 KEYS = {"root": "root-secret", "sender": "send-secret", "listener": "listen-secret"}
@@ -101,13 +101,8 @@ def run_scenario(node: str, server: ServerProcess, name: str, **extra: str) -> d
 @pytest.fixture(scope="module")
 def clocked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, TestClock]]:
     """A server whose time the JavaScript program sets (ONCEBUS_CLOCK_FILE), one queue per shared scenario."""
-    base = tmp_path_factory.mktemp("js-clocked")
-    clock = TestClock(base / "clock")
-    process = ServerProcess(
-        base / "data", topology(scenario_queues(), {}), clock_file=clock.path, env={"ONCEBUS_SAS_KEYS": ENV_KEYS}
-    ).start()
-    yield process, clock
-    process.stop()
+    with clocked_server(tmp_path_factory.mktemp("js-clocked"), ENV_KEYS) as running:
+        yield running
 
 
 def run_dedup_scenario(node: str, server: ServerProcess, clock: TestClock, name: str) -> dict[str, Any]:

@@ -69,3 +69,12 @@ def test_a_link_named_after_a_page_goes_to_that_page(page: Path) -> None:
     """``[store.md](durability.md)`` sends the reader elsewhere than it says (a page renamed, its links kept)."""
     named = re.findall(r"\[`?([\w.-]+\.md)`?\]\(([^)#]+)", page.read_text())
     assert [(text, target) for text, target in named if Path(target).name != text] == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_a_file_a_command_sends_is_made_before_it(page: Path) -> None:
+    """``oncebus send --file order.json`` in a block a reader pastes: the block makes ``order.json`` first."""
+    for block in blocks(page.read_text()):
+        for match in re.finditer(r"--file\s+(\S+)", block.code):
+            before = block.code[: match.start()]
+            assert f"> {match[1]}" in before, f"{page.name} line {block.line}: nothing makes {match[1]}"

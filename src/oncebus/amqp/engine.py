@@ -1,12 +1,15 @@
 """oncebus's own AMQP 1.0 connection engine: the connection's state machine, I/O-free.
 
 Bytes in (:meth:`Connection.receive_data`): the :class:`~oncebus.amqp.frames.FrameScanner` checks them and
-decodes each performative once; :meth:`Connection.receive` applies each to the connection, its sessions and
-links (:mod:`oncebus.amqp.endpoints`) and puts a typed event (:mod:`oncebus.amqp.events`) in its
-:class:`~oncebus.amqp.events.Collector` for every change the client made. The connection
-(:mod:`oncebus.amqp.connection`, the asyncio side) hands the events to the link handlers, which act on the
-endpoints; what they ask for is written here, and :meth:`Connection.take_output` gives the bytes to send.
-Nothing here touches a socket or a clock (the caller passes the time to :meth:`Connection.tick`).
+decodes each performative once; :meth:`Connection.receive` applies the connection's own (header, SASL, open,
+begin, close) and hands every other to the session of its channel (:mod:`oncebus.amqp.session_state`, which hands
+a link's to the link, :mod:`oncebus.amqp.link_state`). The typed event each returns goes in the connection's
+:class:`~oncebus.amqp.events.Collector`; a :class:`~oncebus.amqp.endpoints.ProtocolError` one raises closes the
+connection with its condition. The connection (:mod:`oncebus.amqp.connection`, the asyncio side) hands the
+events to the link handlers, which act on the links and deliveries; what that says is written here (sessions
+and links reach it as their :class:`~oncebus.amqp.link_state.Wire`), and :meth:`Connection.take_output` gives
+the bytes to send. Nothing here touches a socket or a clock (the caller passes the time to
+:meth:`Connection.tick`).
 
 Measured by ``bench/amqp_floor.py``: proton driven from asyncio cost 91 us of server CPU per received and
 completed message before oncebus did anything, an engine like this one 43 us (docs/performance-log.md, "why

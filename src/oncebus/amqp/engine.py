@@ -331,7 +331,9 @@ class Connection(Endpoint):
             return
         try:
             if code == TRANSFER:
-                self._event(session.on_transfer(frame))
+                changed = session.on_transfer(frame)
+                if self.collector is not None:
+                    self.collector.put(changed)
             elif code == DISPOSITION:
                 for changed in session.on_disposition(frame.fields):
                     self._event(changed)
@@ -418,11 +420,11 @@ class Connection(Endpoint):
         """The dispositions the deliveries have to say, a run of consecutive ids saying the same as one."""
         pending, self._dispositions = self._dispositions, []
         runs: list[list[Any]] = []  # [channel, role, first, last, settled, state bytes]
-        seen: set[int] = set()
+        previous = None
         for delivery in pending:
-            if id(delivery) in seen:
+            if delivery is previous:  # updated then settled: once (a later repeat has nothing new to say)
                 continue
-            seen.add(id(delivery))
+            previous = delivery
             state = delivery.to_say()
             if state is None:
                 continue

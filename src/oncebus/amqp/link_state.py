@@ -163,7 +163,7 @@ class Delivery:
     # --- the local side
     def update(self, state: int) -> None:
         self.local_state = state
-        self.link.session.connection._disposed(self)
+        self.link.connection._disposed(self)
 
     def settle(self) -> None:
         if self.local_settled:
@@ -172,7 +172,7 @@ class Delivery:
         link = self.link
         if link.is_receiver and link._reading and link._reading[0] is self:  # as proton: settling it advances
             link._reading.popleft()
-        self.link.session.connection._disposed(self)
+        self.link.connection._disposed(self)
 
     def to_say(self) -> bytes | None:
         """The state our disposition says now (encoded), or None when there is nothing to say; forgets the

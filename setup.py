@@ -99,10 +99,23 @@ class BuildPy(build_py):
         _write_manifest(Path(self.build_lib), MANIFEST)
 
 
+def _remove_stale_extensions() -> None:
+    """A compiled build in place, in a tree an earlier one compiled more modules in: the extension of a module no
+    longer compiled would shadow its source, and fail to import (its code is in no shared library any more)."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    kept = {COMPILED_INFO.source_path(m, SRC).with_suffix("") for m in COMPILED_INFO.COMPILED}
+    for built in (SRC / "oncebus").rglob(f"*{suffix}"):
+        module = built.parent / built.name[: -len(suffix)]
+        if module not in kept and module.with_suffix(".py").is_file():
+            built.unlink()
+
+
 class BuildExt(build_ext):
     """The extensions; built in place (an editable install), the manifest beside them in ``src`` too."""
 
     def run(self) -> None:
+        if self.inplace and MANIFEST.get("compiled"):
+            _remove_stale_extensions()
         super().run()
         if self.inplace:
             _write_manifest(SRC, MANIFEST)

@@ -617,7 +617,9 @@ def main() -> None:
             receive = functools.partial(run_workers, sdk_receiver, jobs, oncebus.pid)
             rows["receive"].append(profiler.run("receive-complete", oncebus.pid, receive) if first else receive())
             sdk_fill(connection_string, "receive", f"r{r}-realistic", count, "realistic")
-            rows["receive-realistic"].append(receive())
+            rows["receive-realistic"].append(
+                profiler.run("receive-realistic", oncebus.pid, receive) if first else receive()
+            )
             if "sync" in nats_servers:
                 process, port = nats_servers["sync"]
                 jetstream_fill(port, f"r{r}", count)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
+
+from tests.docs.pages import blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,3 +41,26 @@ def test_nothing_in_the_repository_points_outside_it() -> None:
     outside = [str(p.relative_to(ROOT)) for p in tracked if re.search(OUTSIDE, p.read_text(errors="replace"))]
     assert outside == []
     assert "## Scenarios every implementation must pass" in (ROOT / "docs" / "semantics.md").read_text()
+
+
+VENV_TOOLS = re.compile(r"^(pip|pip3|python|pytest|mkdocs|pyspark)\s+\S+\s+\S")  # a command with arguments
+
+
+def test_every_command_the_readme_gives_runs_from_the_venv() -> None:
+    """The set-up makes `.venv` and nothing activates it: a bare `pip install x` or `pytest ...` would run whatever
+    the reader's PATH has (or nothing), so every command for the venv's tools names `.venv/bin/`."""
+    readme = (ROOT / "README.md").read_text()
+    spans = re.findall(r"(?<!`)`([^`\n]+)`(?!`)", readme)
+    lines = [line for block in _commands(readme) for line in block.splitlines()]
+    commands = [part.strip() for text in spans + lines for part in re.split(r"&&|\|\||;|\|", text)]
+    bare = [command for command in commands if VENV_TOOLS.match(command)]
+    assert bare == []
+
+
+def test_what_the_quickstart_has_the_reader_create_is_ignored_by_git() -> None:
+    """A reader follows the quickstart in the clone: what it saves there leaves ``git status`` clean."""
+    saved = [block.save_as for block in blocks((ROOT / "README.md").read_text()) if block.save_as]
+    assert len(saved) >= 4, saved
+    for name in saved:
+        done = subprocess.run(["git", "check-ignore", "-q", "--no-index", name], cwd=ROOT, check=False)
+        assert done.returncode == 0, f"{name}, which the README has the reader save, is not in .gitignore"

@@ -17,10 +17,10 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.processes import Background, reader_environment, run_bash
 
 SAVE = re.compile(r"Save (?:this )?as `(?P<file>[^`]+)` and run `(?P<command>[^`]+)`")
 FENCE = re.compile(r"^```(?P<info>[^\n]*)\n(?P<code>.*?)^```\s*$", re.S | re.M)
@@ -68,10 +68,10 @@ class Reader:
     timeout: float = 600.0
     ports: dict[int, int] = field(default_factory=lambda: {p: free_port() for p in DEFAULT_PORTS})
     outputs: list[tuple[str, str]] = field(default_factory=list)  # (what ran, its output), in order
-    _serving: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _serving: list[Background] = field(default_factory=list)
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "ONCEBUS_DATA_DIR")}
+        env = reader_environment()
         path = [p for p in env.get("PATH", "").split(os.pathsep) if "/.venv" not in p]  # not the tests' own venv
         env["PATH"] = os.pathsep.join(path)
         return env
@@ -96,19 +96,8 @@ class Reader:
         return ""
 
     def _run(self, code: str, where: str) -> str:
-        done = subprocess.run(
-            ["bash", "-e", "-c", code],
-            cwd=self.folder,
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=self.timeout,
-            check=False,
-        )
-        output = done.stdout + done.stderr
+        output = run_bash(code, self.folder, self.env(), self.timeout, where)
         self.outputs.append((code, output))
-        if done.returncode != 0:
-            raise AssertionError(f"{where} failed (exit {done.returncode}):\n{code}\n--- output ---\n{output[-4000:]}")
         return output
 
     def _serve(self, code: str, where: str) -> str:
@@ -118,35 +107,16 @@ class Reader:
             f"oncebus serve --port {p[5672]} --tls-port {p[5671]} --http-port {p[5300]}",
             code.strip(),
         )
-        log = self.folder / f".serve-{len(self._serving)}.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                ["bash", "-e", "-c", code],
-                cwd=self.folder,
-                env=self.env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self._serving.append(process)
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            text = log.read_text(errors="replace")
-            if "ready" in text.splitlines():
-                self.outputs.append((code, text))
-                return text
-            if process.poll() is not None:
-                raise AssertionError(f"{where}: the server stopped (exit {process.returncode}):\n{text[-4000:]}")
-            time.sleep(0.2)
-        raise AssertionError(f"{where}: the server printed no 'ready' in {self.timeout} s")
+        serving = Background.start(code, self.folder, self.env(), self.folder / f".serve-{len(self._serving)}.log")
+        self._serving.append(serving)
+        try:
+            text = serving.wait_for(r"(?m)^ready$", self.timeout)
+        except AssertionError as failure:
+            raise AssertionError(f"{where}: the server printed no 'ready': {failure}") from None
+        self.outputs.append((code, text))
+        return text
 
     def stop(self) -> None:
-        for process in self._serving:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(30)
+        for serving in self._serving:
+            serving.stop(signal.SIGTERM, whole_group=True, grace=30.0)
         self._serving.clear()

@@ -62,3 +62,19 @@ def test_the_readme_links_only_to_files_that_exist() -> None:
     targets = [t.split("#", 1)[0] for t in re.findall(r"\]\(([^)]+)\)", text) if "://" not in t]
     assert targets and [t for t in targets if not (ROOT / t).exists()] == []
     assert len(text.splitlines()) <= 200
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_a_link_named_after_a_page_goes_to_that_page(page: Path) -> None:
+    """``[store.md](durability.md)`` sends the reader elsewhere than it says (a page renamed, its links kept)."""
+    named = re.findall(r"\[`?([\w.-]+\.md)`?\]\(([^)#]+)", page.read_text())
+    assert [(text, target) for text, target in named if Path(target).name != text] == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_a_file_a_command_sends_is_made_before_it(page: Path) -> None:
+    """``oncebus send --file order.json`` in a block a reader pastes: the block makes ``order.json`` first."""
+    for block in blocks(page.read_text()):
+        for match in re.finditer(r"--file\s+(\S+)", block.code):
+            before = block.code[: match.start()]
+            assert f"> {match[1]}" in before, f"{page.name} line {block.line}: nothing makes {match[1]}"

@@ -20,12 +20,9 @@ server's (``replace``), so that tests bind free ports. The reader's ``.venv`` is
 
 from __future__ import annotations
 
-import os
 import random
 import re
-import signal
 import socket
-import subprocess
 import sys
 import time
 import tomllib
@@ -34,6 +31,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from tests.docs.pages import FENCE, Block, blocks
+from tests.processes import Background, reader_environment, run_bash
 
 ROOT = Path(__file__).resolve().parents[2]
 SAVE_AS = re.compile(r"[Ss]ave\s+this\s+as\s+`(?P<file>[^`]+)`(?:\s+and\s+run\s+`(?P<command>[^`]+)`)?")
@@ -83,42 +81,6 @@ def check_install(block: Block) -> None:
 
 
 @dataclass
-class Background:
-    """A long-running block (a worker): its output so far, and waiting for a line of it."""
-
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_for(self, pattern: str, timeout: float = 30.0, count: int = 1) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            text = self.output()
-            if len(re.findall(pattern, text)) >= count:
-                return text
-            if self.process.poll() is not None:
-                raise AssertionError(f"stopped (exit {self.process.returncode}) before {pattern!r}:\n{text[-4000:]}")
-            time.sleep(0.2)
-        raise AssertionError(f"{pattern!r} ({count}) not printed in {timeout} s:\n{self.output()[-4000:]}")
-
-    def stop(self) -> None:
-        """As Ctrl-C stops it (a worker's warm shutdown stops its own children), then whatever is left of it."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(20)
-
-
-@dataclass
 class Walk:
     page: Path
     folder: Path
@@ -137,7 +99,7 @@ class Walk:
             self._prose.append(text[last : match.start()])
             self._blocks.append(block)
             last = match.end()
-        base = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "ONCEBUS_DATA_DIR")}
+        base = reader_environment()
         for name in ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "CURL_CA_BUNDLE"):
             base.pop(name, None)  # only what the page sets
         self.env = {**base, "PYTHONUNBUFFERED": "1", **self.env}  # a terminal shows output as it comes
@@ -177,16 +139,7 @@ class Walk:
     def start(self, block: Block, ready: str) -> Background:
         """Start a block that runs until stopped (a worker) in the background, once it printed ``ready``."""
         log = self.folder / f".background-{len(self._background)}.log"
-        with log.open("wb") as out:
-            process = subprocess.Popen(
-                ["bash", "-e", "-c", self.localize(block.code)],
-                cwd=self.folder,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        running = Background(process, log)
+        running = Background.start(self.localize(block.code), self.folder, self.env, log)
         self._background.append(running)
         running.wait_for(re.escape(ready), self.timeout)
         return running
@@ -210,18 +163,7 @@ class Walk:
 
     def shell(self, code: str, where: str = "a command") -> str:
         env_file = self.folder / ".env-after"
-        done = subprocess.run(
-            ["bash", "-e", "-c", f"{code}\nenv -0 > {env_file}"],
-            cwd=self.folder,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=self.timeout,
-            check=False,
-        )
-        output = done.stdout + done.stderr
-        if done.returncode != 0:
-            raise AssertionError(f"{where} failed (exit {done.returncode}):\n{code}\n--- output ---\n{output[-4000:]}")
+        output = run_bash(code, self.folder, self.env, self.timeout, where, then=f"env -0 > {env_file}")
         after = dict(item.split("=", 1) for item in env_file.read_text().split("\0") if "=" in item)
         after.pop("_", None)
         self.env = after  # what the block exported stays set, as in the reader's terminal

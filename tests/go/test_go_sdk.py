@@ -10,11 +10,9 @@ without it these tests fail (they do not skip), saying so.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,19 +22,14 @@ import pytest
 from tests.amqp.conftest import ServerProcess, TestClock, topology
 from tests.docs.pages import blocks
 from tests.scenarios import SCENARIO_FILE, expected_delivered, load_scenarios
+from tests.sdk_programs import TIMEOUT, ca_file, clocked_server, connection_string, run_program
 
 HERE = Path(__file__).resolve().parent
 GO_PAGE = HERE.parents[1] / "docs" / "go.md"
-SCENARIO_TIMEOUT = 60
 BUILD_TIMEOUT = 600
 KEYS = {"root": "root-secret", "listener": "listen-secret"}
 ENV_KEYS = "root=root-secret; listener:Listen=listen-secret"
 SCENARIOS = load_scenarios()
-_PROPERTY_NAMES = {
-    "requires_duplicate_detection": "RequiresDuplicateDetection",
-    "duplicate_detection_history_time_window": "DuplicateDetectionHistoryTimeWindow",
-    "enable_partitioning": "EnablePartitioning",
-}
 
 
 def go_environment() -> dict[str, str]:
@@ -98,67 +91,24 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 @pytest.fixture(scope="module")
 def clocked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, TestClock]]:
     """A server whose time the Go program sets (ONCEBUS_CLOCK_FILE), one queue per shared scenario."""
-    base = tmp_path_factory.mktemp("go-clocked")
-    clock = TestClock(base / "clock")
-    queues = {s["name"].replace("_", "-"): {_PROPERTY_NAMES[k]: v for k, v in s["entity"].items()} for s in SCENARIOS}
-    process = ServerProcess(
-        base / "data", topology(queues, {}), clock_file=clock.path, env={"ONCEBUS_SAS_KEYS": ENV_KEYS}
-    ).start()
-    yield process, clock
-    process.stop()
+    with clocked_server(tmp_path_factory.mktemp("go-clocked"), ENV_KEYS) as running:
+        yield running
 
 
 def _connection_string(server: ServerProcess, key_name: str) -> str:
-    return (
-        f"Endpoint=sb://127.0.0.1:{server.port};SharedAccessKeyName={key_name};"
-        f"SharedAccessKey={KEYS[key_name]};UseDevelopmentEmulator=true"
-    )
-
-
-def _ca_file(server: ServerProcess) -> str:
-    line = next(line for line in server.output if line.startswith("CA certificate: "))
-    return line.split(": ", 1)[1].split(" (", 1)[0]
+    return connection_string(server, key_name, KEYS[key_name])
 
 
 def run_scenario(program: Path, server: ServerProcess, name: str, *args: str, **extra: str) -> dict[str, Any]:
-    """Run one scenario; a ``{"restart": true}`` line restarts the server and answers its new connection string."""
+    """Run one scenario of the Go program (``tests.sdk_programs.run_program``: a restart line restarts the server)."""
     env = dict(
         go_environment(),
         **extra,
         ONCEBUS_CONNECTION_STRING=_connection_string(server, "root"),
         ONCEBUS_LISTEN_ONLY=_connection_string(server, "listener"),
-        SSL_CERT_FILE=_ca_file(server),
+        SSL_CERT_FILE=ca_file(server),
     )
-    process = subprocess.Popen(
-        [str(program), name, *args],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    watchdog = threading.Timer(SCENARIO_TIMEOUT, process.kill)
-    watchdog.start()
-    stderr: list[str] = []
-    reader = threading.Thread(target=lambda: stderr.append(process.stderr.read() if process.stderr else ""))
-    reader.start()
-    lines = []
-    try:
-        assert process.stdout is not None and process.stdin is not None
-        for line in process.stdout:
-            if line.startswith('{"restart"'):
-                server.restart()
-                process.stdin.write(_connection_string(server, "root") + "\n")
-                process.stdin.flush()
-            elif line.startswith("{"):
-                lines.append(line)
-        process.wait()
-    finally:
-        watchdog.cancel()
-        reader.join()
-    outcome = json.loads(lines[-1]) if lines else {"ok": False, "error": "no result line"}
-    assert process.returncode == 0 and outcome["ok"], f"{name}: {outcome}\nstderr:\n{''.join(stderr)[-3000:]}"
-    return dict(outcome["result"])
+    return run_program([str(program), name, *args], server, KEYS["root"], env)[0]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["name"] for s in SCENARIOS])
@@ -414,6 +364,6 @@ def test_the_go_page_example_runs(program: Path, server: ServerProcess, tmp_path
     code = code.replace("RootManageSharedAccessKey", "root").replace("SAS_KEY_VALUE", KEYS["root"])
     (source / "main.go").write_text(code)
     built = build_program(tmp_path, source)
-    ran = subprocess.run([str(built)], capture_output=True, text=True, timeout=SCENARIO_TIMEOUT, check=False)
+    ran = subprocess.run([str(built)], capture_output=True, text=True, timeout=TIMEOUT, check=False)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.splitlines() == ["greeting-4 from go"]

@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,17 +24,12 @@ import pytest
 
 from tests.amqp.conftest import ServerProcess, TestClock, topology
 from tests.scenarios import SCENARIO_FILE, expected_delivered, load_scenarios
+from tests.sdk_programs import ca_file, clocked_server, connection_string, run_program
 
 HERE = Path(__file__).resolve().parent
-SCENARIO_TIMEOUT = 60
 KEYS = {"root": "root-secret", "sender": "send-secret", "listener": "listen-secret"}
 ENV_KEYS = "root=root-secret; sender:Send=send-secret; listener:Listen=listen-secret"
 SCENARIOS = load_scenarios()
-_PROPERTY_NAMES = {
-    "requires_duplicate_detection": "RequiresDuplicateDetection",
-    "duplicate_detection_history_time_window": "DuplicateDetectionHistoryTimeWindow",
-    "enable_partitioning": "EnablePartitioning",
-}
 
 
 def _tool(name: str) -> str:
@@ -86,15 +80,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 def _connection_string(server: ServerProcess, key_name: str) -> str:
-    return (
-        f"Endpoint=sb://127.0.0.1:{server.port};SharedAccessKeyName={key_name};"
-        f"SharedAccessKey={KEYS[key_name]};UseDevelopmentEmulator=true"
-    )
-
-
-def _ca_file(server: ServerProcess) -> str:
-    line = next(line for line in server.output if line.startswith("CA certificate: "))
-    return line.split(": ", 1)[1].split(" (", 1)[0]
+    return connection_string(server, key_name, KEYS[key_name])
 
 
 def run_scenario(node: str, server: ServerProcess, name: str, **extra: str) -> dict[str, Any]:
@@ -104,78 +90,31 @@ def run_scenario(node: str, server: ServerProcess, name: str, **extra: str) -> d
         ONCEBUS_CONNECTION_STRING=_connection_string(server, "root"),
         ONCEBUS_SEND_ONLY=_connection_string(server, "sender"),
         ONCEBUS_LISTEN_ONLY=_connection_string(server, "listener"),
-        NODE_EXTRA_CA_CERTS=_ca_file(server),
+        NODE_EXTRA_CA_CERTS=ca_file(server),
     )
-    result = subprocess.run(
-        [node, str(HERE / "scenario.js"), name],
-        cwd=HERE,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=SCENARIO_TIMEOUT,
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    outcome = json.loads(lines[-1]) if lines else {"ok": False, "error": "no result line"}
-    assert result.returncode == 0 and outcome["ok"], f"{name}: {outcome}\nstderr:\n{result.stderr[-3000:]}"
+    result, stderr = run_program([node, str(HERE / "scenario.js"), name], server, KEYS["root"], env, cwd=HERE)
     # rhea reports a disposition it cannot read (such as a null state) on stderr
-    assert "unrecognised outcome" not in result.stderr, result.stderr[-3000:]
-    return dict(outcome["result"])
+    assert "unrecognised outcome" not in stderr, stderr[-3000:]
+    return result
 
 
 @pytest.fixture(scope="module")
 def clocked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, TestClock]]:
     """A server whose time the JavaScript program sets (ONCEBUS_CLOCK_FILE), one queue per shared scenario."""
-    base = tmp_path_factory.mktemp("js-clocked")
-    clock = TestClock(base / "clock")
-    queues = {s["name"].replace("_", "-"): {_PROPERTY_NAMES[k]: v for k, v in s["entity"].items()} for s in SCENARIOS}
-    process = ServerProcess(
-        base / "data", topology(queues, {}), clock_file=clock.path, env={"ONCEBUS_SAS_KEYS": ENV_KEYS}
-    ).start()
-    yield process, clock
-    process.stop()
+    with clocked_server(tmp_path_factory.mktemp("js-clocked"), ENV_KEYS) as running:
+        yield running
 
 
 def run_dedup_scenario(node: str, server: ServerProcess, clock: TestClock, name: str) -> dict[str, Any]:
-    """One shared scenario; a ``{"restart": true}`` line restarts the server and answers its new connection
-    string on the program's stdin."""
+    """One shared scenario; a ``{"restart": true}`` line restarts the server (``tests.sdk_programs.run_program``)."""
     env = dict(
         os.environ,
         ONCEBUS_CONNECTION_STRING=_connection_string(server, "root"),
-        NODE_EXTRA_CA_CERTS=_ca_file(server),
+        NODE_EXTRA_CA_CERTS=ca_file(server),
         ONCEBUS_SCENARIO_FILE=str(SCENARIO_FILE),
         ONCEBUS_CLOCK_FILE=str(clock.path),
     )
-    process = subprocess.Popen(
-        [node, str(HERE / "scenario.js"), "shared-dedup", name],
-        cwd=HERE,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    watchdog = threading.Timer(SCENARIO_TIMEOUT, process.kill)
-    watchdog.start()
-    stderr: list[str] = []
-    reader = threading.Thread(target=lambda: stderr.append(process.stderr.read() if process.stderr else ""))
-    reader.start()
-    lines = []
-    try:
-        assert process.stdout is not None and process.stdin is not None
-        for line in process.stdout:
-            if line.startswith('{"restart"'):
-                server.restart()
-                process.stdin.write(_connection_string(server, "root") + "\n")
-                process.stdin.flush()
-            elif line.startswith("{"):
-                lines.append(line)
-        process.wait()
-    finally:
-        watchdog.cancel()
-        reader.join()
-    outcome = json.loads(lines[-1]) if lines else {"ok": False, "error": "no result line"}
-    assert process.returncode == 0 and outcome["ok"], f"{name}: {outcome}\nstderr:\n{''.join(stderr)[-3000:]}"
-    return dict(outcome["result"])
+    return run_program([node, str(HERE / "scenario.js"), "shared-dedup", name], server, KEYS["root"], env, cwd=HERE)[0]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["name"] for s in SCENARIOS])

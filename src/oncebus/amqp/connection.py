@@ -235,6 +235,8 @@ class AmqpConnection(asyncio.Protocol):
         self.connection.close()
 
     def _push(self, frames: list[Frame]) -> None:
+        # one pump for what the frames changed, one more only after a refusal (the usual read, one disposition,
+        # pumped twice before: a second dispatch, output check and tick for nothing; docs/performance-log.md)
         if frames:
             self.connection.receive(frames)
             self.pump()
@@ -242,7 +244,7 @@ class AmqpConnection(asyncio.Protocol):
             oversized, self.scanner.oversized = self.scanner.oversized, []
             for name, size, limit in oversized:
                 self._refuse_oversized(name, size, limit)
-        self.pump()
+            self.pump()
 
     def eof_received(self) -> bool | None:
         self.connection.close_tail()
@@ -550,14 +552,24 @@ class AmqpConnection(asyncio.Protocol):
     def _schedule_tick(self) -> None:
         if self.closed:
             return
-        deadline = self.connection.tick(self.loop.time())
-        if self.connection.has_output():  # a heartbeat is due now
+        connection = self.connection
+        if connection.remote_idle_timeout <= 0 and self._tick_handle is None:
+            return  # no heartbeats to keep (the Python SDK asks for none): nothing to tick, on every pump
+        deadline = connection.tick(self.loop.time())
+        if connection.has_output():  # a heartbeat is due now
             self._write()
-        if self._tick_handle is not None:
-            self._tick_handle.cancel()
+        handle = self._tick_handle
+        if handle is not None and deadline > 0 and handle.when() <= deadline:
+            return  # the timer set fires first: it ticks then and sets the next (not one timer per pump)
+        if handle is not None:
+            handle.cancel()
             self._tick_handle = None
         if deadline > 0:
-            self._tick_handle = self.loop.call_at(deadline, self.pump)
+            self._tick_handle = self.loop.call_at(deadline, self._tick)
+
+    def _tick(self) -> None:
+        self._tick_handle = None
+        self.pump()
 
     def _dispatch(self) -> None:
         collector = self.collector

@@ -4,17 +4,32 @@
 :class:`Collector` for each change the client made (an open, a begin, an attach, credit, a delivery that
 arrived or that the client settled, a detach, an end, a close, the end of the byte stream);
 :class:`oncebus.amqp.connection.AmqpConnection` takes them in order and dispatches them. Nothing here does
-I/O. An event equal to the one just put (the same kind about the same objects) is not put twice.
+I/O. The connection's events are defined here; each state machine defines those it emits (the session's in
+:mod:`oncebus.amqp.session_state`, the link's in :mod:`oncebus.amqp.link_state`), gathered here. An event
+equal to the one just put (the same kind about the same objects) is not put twice.
 """
 
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from oncebus.amqp.endpoints import Delivery, Link, Session
+from oncebus.amqp.link_state import DeliveryChanged, LinkAttached, LinkDetached, LinkFlow
+from oncebus.amqp.session_state import SessionBegun, SessionEnded
+
+__all__ = [
+    "Collector",
+    "ConnectionClosed",
+    "ConnectionOpened",
+    "DeliveryChanged",
+    "Event",
+    "LinkAttached",
+    "LinkDetached",
+    "LinkFlow",
+    "SessionBegun",
+    "SessionEnded",
+    "TransportClosed",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,49 +40,6 @@ class ConnectionOpened:
 @dataclass(frozen=True, slots=True)
 class ConnectionClosed:
     """The client's ``close`` arrived."""
-
-
-@dataclass(frozen=True, slots=True)
-class SessionBegun:
-    """The client began ``session``."""
-
-    session: Session
-
-
-@dataclass(frozen=True, slots=True)
-class SessionEnded:
-    """The client ended ``session`` (its links ended with it: each had its :class:`LinkDetached`)."""
-
-    session: Session
-
-
-@dataclass(frozen=True, slots=True)
-class LinkAttached:
-    """The client attached ``link``."""
-
-    link: Link
-
-
-@dataclass(frozen=True, slots=True)
-class LinkDetached:
-    """The client detached ``link`` (``closed``: for good)."""
-
-    link: Link
-    closed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class LinkFlow:
-    """The client's ``flow`` for ``link`` (credit, drain) arrived."""
-
-    link: Link
-
-
-@dataclass(frozen=True, slots=True)
-class DeliveryChanged:
-    """A transfer of ``delivery`` arrived, or the client's disposition changed its state or settled it."""
-
-    delivery: Delivery
 
 
 @dataclass(frozen=True, slots=True)

@@ -301,7 +301,7 @@ class FrameScanner:
     def _frame(self, channel: int, frame_type: int, frame: memoryview, start: int) -> Performative:
         """Check and decode one frame's performative; let the AMQP ones that matter update what is known."""
         names = SASL_PERFORMATIVES if frame_type == FRAME_TYPE_SASL else AMQP_PERFORMATIVES
-        code = descriptor_code(frame, start)
+        code: int | None = descriptor_code(frame, start)
         if code is None or code not in names:
             raise FrameError(
                 f"the frame does not hold a known {'SASL' if frame_type else 'AMQP'} performative "

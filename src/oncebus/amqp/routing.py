@@ -54,7 +54,8 @@ class Router:
         self.host = host
         # each session's cross-entity scope, set by its first link: a coordinator makes it a cross-entity session
         # (the send-via entity inferred, docs/amqp.md), any other link a plain one (None)
-        self._scopes: weakref.WeakKeyDictionary[engine.Session, CrossEntityScope | None] = weakref.WeakKeyDictionary()
+        self._scopes: weakref.WeakKeyDictionary[engine.SessionView, CrossEntityScope | None]
+        self._scopes = weakref.WeakKeyDictionary()
 
     def attach(self, conn: AmqpConnection, link: engine.Link) -> None:
         coordinator = link.is_receiver and link.remote_target.type == engine.COORDINATOR

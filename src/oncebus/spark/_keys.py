@@ -38,9 +38,17 @@ def invalid_column(
     message_id: Column, partition_key: Column, session_id: Column, partitioned: Column, enabled: Column
 ) -> Column:
     too_long = _too_long(message_id) | _too_long(partition_key) | _too_long(session_id)
-    differs = partition_key.isNotNull() & session_id.isNotNull() & (partition_key != session_id)
+    differs = _differ(partition_key, session_id)
     unidentifiable = partitioned & enabled & message_id.isNull() & partition_key.isNull() & session_id.isNull()
     return F.coalesce(too_long | (message_id == "") | differs | unidentifiable, F.lit(False))
+
+
+def _differ(partition_key: Column, session_id: Column) -> Column:
+    """Both set and unequal. The same expression on both sides (a frame without either column gets the same null
+    literal for both) never differs, and comparing it would make Spark warn of a trivially true predicate."""
+    if str(partition_key) == str(session_id):
+        return F.lit(False)
+    return partition_key.isNotNull() & session_id.isNotNull() & (partition_key != session_id)
 
 
 def invalid_reason_column(message_id: Column, partition_key: Column, session_id: Column) -> Column:
@@ -49,7 +57,7 @@ def invalid_reason_column(message_id: Column, partition_key: Column, session_id:
         " ",
         F.lit("oncebus.spark: invalid row (the send would fail):"),
         F.when(
-            partition_key.isNotNull() & session_id.isNotNull() & (partition_key != session_id),
+            _differ(partition_key, session_id),
             F.lit("partition_key differs from session_id; when both are set they must be equal;"),
         ),
         F.when(

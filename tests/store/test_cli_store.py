@@ -74,12 +74,12 @@ def test_a_store_from_a_newer_release_is_refused_by_the_cli(tmp_path: Path, caps
     data = tmp_path / "data"
     assert main(["--data-dir", str(data), "queue", "create", "q"]) == 0
     db = sqlite3.connect(data / "oncebus.db")
-    db.execute("PRAGMA user_version = 10")
+    db.execute("PRAGMA user_version = 99")
     db.commit()
     db.close()
     capsys.readouterr()
     assert main(["--data-dir", str(data), "queue", "list"]) == 1
-    assert f"newer oncebus (store schema 10; this version reads up to {SCHEMA_VERSION})" in capsys.readouterr().err
+    assert f"newer oncebus (store schema 99; this version reads up to {SCHEMA_VERSION})" in capsys.readouterr().err
 
 
 def test_deleting_a_queue_from_the_cli_keeps_the_queue_named_under_it(

@@ -323,7 +323,7 @@ def test_a_schema_3_directory_opens_and_keeps_its_keys(tmp_path: Path) -> None:
 
     async def read() -> None:
         store, ns = await _open(path, clock)
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
         assert _checkpoints(store) == 0 and store.keys_read == KEYS
         assert ns.stats("q").keys_held == KEYS
         assert await _duplicates(ns, "q", ["k0", "k4999", "new"]) == [True, True, False]
@@ -360,7 +360,7 @@ def test_a_schema_4_directory_stopped_cleanly_starts_from_its_image(tmp_path: Pa
 
     async def read() -> None:
         store, ns = await _open(path, clock)
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == 9
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert store.keys_read == 500  # the last send's keys, all first accepted in the newest microsecond
         assert ns.stats("q").keys_held == KEYS
         assert await _duplicates(ns, "q", ["k0", "k4999", "new"]) == [True, True, False]

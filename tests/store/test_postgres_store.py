@@ -27,7 +27,7 @@ from oncebus.store.base import (
     PutSessionState,
     UpdateMessage,
 )
-from oncebus.store.postgres import PostgresStore, display_url
+from oncebus.store.postgres import SCHEMA_VERSION, PostgresStore, display_url
 from oncebus.store.postgres_url import open_store, store_spec
 from oncebus.store.sqlite import SqliteStore
 from tests.broker.test_session_state_quota import size_is_kept_across_a_restart
@@ -253,7 +253,7 @@ def test_a_version_1_database_gets_session_state_times_and_its_states_count_as_s
     finally:
         store.close()
     with psycopg.connect(url) as db:
-        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (4,)
+        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (SCHEMA_VERSION,)
 
 
 def test_a_version_2_database_gets_the_cluster_table_and_keeps_its_messages(
@@ -273,7 +273,7 @@ def test_a_version_2_database_gets_the_cluster_table_and_keeps_its_messages(
     finally:
         store.close()
     with psycopg.connect(url) as db:
-        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (4,)
+        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (SCHEMA_VERSION,)
         assert db.execute("SELECT node FROM oncebus_node").fetchall() == [("n1",)]
 
 
@@ -301,7 +301,7 @@ def test_a_version_3_database_is_migrated_and_reads_its_messages_as_written_and_
     finally:
         store.close()
     with psycopg.connect(url) as db:
-        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (4,)
+        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (SCHEMA_VERSION,)
         metas = dict(db.execute("SELECT sequence_number, meta FROM oncebus_message").fetchall())
         assert '"application_properties"' in metas[1] and '"application_properties"' not in metas[2]
 
@@ -405,3 +405,39 @@ def test_reading_messages_after_the_session_was_ended_reconnects(postgres_cluste
         assert store.read_messages("q", [1])[1].body == b"x1"  # opened again, once, on the caller's thread
     finally:
         store.close()
+
+
+def test_a_version_4_database_reads_its_text_fields_from_meta_and_new_records_from_the_wire(
+    postgres_cluster: PostgresCluster,
+) -> None:
+    """Version 5: a message the AMQP codec decoded keeps its text fields (subject, content type, correlation id...)
+    in its wire bytes only; a version 4 row (its text fields written again in ``meta``) reads as it was."""
+    import dataclasses
+
+    from tests.store.test_record import PROPERTIES, _record
+
+    url = postgres_cluster.fresh_url()
+    first = _record(1)
+    assert first.sections is not None
+    old = dataclasses.replace(first, sections=dataclasses.replace(first.sections, properties=None))  # as version 4
+    _written_as(url, 4, [PutEntity("q", "queue", {}), PutMessage(old)])
+    store = PostgresStore(url)
+    try:
+        store.load()
+        store.submit([PutMessage(_record(2))]).result()
+        store.submit([UpdateMessage("q", 1, 0, 1, {"kind": "retried"})]).result()
+        read = store.read_messages("q", [1, 2])
+        for n in (1, 2):
+            assert (read[n].subject, read[n].content_type, read[n].correlation_id) == (
+                "orders",
+                "application/json",
+                f"c-{n}",
+            )
+        assert read[1].application_properties == {**PROPERTIES, "n": 1, "kind": "retried"}
+        assert read[2].application_properties == dict(PROPERTIES, n=2)
+    finally:
+        store.close()
+    with psycopg.connect(url) as db:
+        assert db.execute("SELECT version FROM oncebus_schema").fetchone() == (SCHEMA_VERSION,) == (5,)
+        metas = dict(db.execute("SELECT sequence_number, meta FROM oncebus_message").fetchall())
+        assert '"subject"' in metas[1] and '"subject"' not in metas[2] and '"pr"' in metas[2]

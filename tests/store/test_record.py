@@ -27,6 +27,7 @@ from oncebus.store.sqlite import SCHEMA_VERSION, SqliteStore
 T0 = 1_700_000_000_000_000
 PROPERTIES = {"kind": "order", "count": 7, "urgent": True, "weight": 2.5}
 FIXTURE_8 = Path(__file__).parent / "fixtures" / "schema8.db"
+FIXTURE_9 = Path(__file__).parent / "fixtures" / "schema9.db"
 
 
 def _wire(n: int, properties: dict[str, object] | None = None, body: bytes | None = None) -> bytes:
@@ -74,7 +75,11 @@ def test_a_record_does_not_write_the_properties_its_wire_holds_and_reads_them_ba
     sections = records[0].sections
     assert sections is not None and sections.application_properties is not None
     assert "application_properties" not in meta and meta["ap"] == list(sections.application_properties)
-    assert (meta["subject"], meta["content_type"], meta["correlation_id"]) == ("orders", "application/json", "c-1")
+    # schema 10: nor its text fields: where the properties section is
+    assert not {"subject", "content_type", "correlation_id"} & set(meta) and meta["pr"] == list(
+        sections.properties or ()
+    )
+    assert set(meta) == {"message_id", "ap", "pr"}
     assert "ap" not in _meta(store, 2) and "application_properties" not in _meta(store, 2)
     # the body is addressed where the codec found it
     row = store._db.execute("SELECT body_offset, body_length FROM message WHERE sequence_number = 1").fetchone()
@@ -86,6 +91,36 @@ def test_a_record_does_not_write_the_properties_its_wire_holds_and_reads_them_ba
     assert dict(props) == dict(PROPERTIES, n=1) and props.read
     assert read[2].application_properties == {}
     assert read[1].subject == "orders" and read[1].correlation_id == "c-1"
+    assert (read[1].content_type, read[1].to, read[1].reply_to) == ("application/json", None, None)
+    assert read[1].sections is not None and read[1].sections.properties == sections.properties
+    store.close()
+
+
+def test_every_text_field_the_properties_section_holds_is_read_back_from_the_wire(tmp_path: Path) -> None:
+    message = proton.Message(
+        id="m-1",
+        subject="s",
+        content_type="text/plain",
+        correlation_id="c",
+        address="to-here",
+        reply_to="back",
+        reply_to_group_id="rs",
+        group_id="g",
+        body=b"b",
+    )
+    message.inferred = True
+    wire = bytes(message.encode())
+    decoded = decode_message(wire)
+    decoded.partition_key = "g"
+    record = stored_message(QueueProperties.create("q"), decoded, "m-1", 1, T0, None)
+    store = SqliteStore(tmp_path / "oncebus.db")
+    store.load()
+    store.submit([PutMessage(record)]).result()
+    assert set(_meta(store, 1)) == {"message_id", "partition_key", "pr"}
+    read = store.read_messages("q", [1])[1]
+    fields = ("subject", "content_type", "correlation_id", "to", "reply_to", "reply_to_session_id", "session_id")
+    assert [getattr(read, f) for f in fields] == ["s", "text/plain", "c", "to-here", "back", "rs", "g"]
+    assert read.partition_key == "g" and read == record
     store.close()
 
 
@@ -179,7 +214,7 @@ def test_a_schema_8_file_is_migrated_and_reads_every_message_as_written(tmp_path
     path = tmp_path / "oncebus.db"
     path.write_bytes(FIXTURE_8.read_bytes())
     store = SqliteStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
     snapshot = store.load()
     assert [(r[0], r[1]) for r in snapshot.messages] == [("q", 1), ("q", 2), ("q", 3)]
     read = store.read_messages("q", [1, 2, 3])
@@ -200,7 +235,69 @@ def test_a_schema_8_file_is_migrated_and_reads_every_message_as_written(tmp_path
     again.close()
 
 
-def test_a_schema_9_file_is_refused_by_the_schema_8_release_check(tmp_path: Path) -> None:
+def test_a_schema_9_file_is_migrated_in_place_and_reads_every_message_and_key_as_written(tmp_path: Path) -> None:
+    """schema9.db (tests/store/fixtures/make_schema9.py, written by the schema 9 store): its rows' meta holds the text
+    fields; they read as written, and so do the keys, the counters, a topic's shared content and an abandon's
+    modified properties; a message written after it keeps its text fields in the wire alone."""
+    path = tmp_path / "oncebus.db"
+    path.write_bytes(FIXTURE_9.read_bytes())
+    store = SqliteStore(path)
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    snapshot = store.load()
+    assert [(r[0], r[1]) for r in snapshot.messages] == [
+        ("q", 1),
+        ("q", 2),
+        ("q", 3),
+        ("q", 4),
+        ("t/subscriptions/a", 1),
+        ("t/subscriptions/b", 1),
+    ]
+    assert {e: dict(keys) for e, keys in _keys(store).items()} == {
+        "q": {"gone": T0, **{f"m-{n}": T0 + n for n in (1, 2, 3, 4)}},
+        "t": {"m-5": T0 + 5},
+    }
+    read = store.read_messages("q", [1, 2, 3, 4])
+    for n in (1, 2, 4):
+        assert (read[n].subject, read[n].content_type, read[n].correlation_id) == (
+            "orders",
+            "application/json",
+            f"c-{n}",
+        )
+    assert [dict(read[n].application_properties) for n in (1, 2)] == [dict(PROPERTIES, n=n) for n in (1, 2)]
+    assert read[4].application_properties == {**PROPERTIES, "n": 4, "kind": "retried"}
+    assert read[3].application_properties == {"k": "v"} and read[3].time_to_live_us == 3_600_000_000
+    assert [read[n].body for n in (1, 2, 3, 4)] == [b"body 1", b"body 2", b"no wire", b"body 4"]
+    copies = [store.read_messages(f"t/subscriptions/{name}", [1])[1] for name in "ab"]
+    for copy in copies:
+        assert (copy.session_id, copy.partition_key, copy.subject, copy.correlation_id) == (
+            "s-1",
+            "s-1",
+            "orders",
+            "c-5",
+        )
+        assert copy.time_to_live_us == 3_600_000_000 and dict(copy.application_properties) == dict(PROPERTIES, n=5)
+    assert copies[0].wire == copies[1].wire
+    # written after: the text fields in the wire only; a schema 9 row abandoned with modifications
+    store.submit([PutMessage(_record(5)), UpdateMessage("q", 1, 0, 1, {"kind": "again"})]).result()
+    assert "pr" in _meta(store, 5) and "subject" not in _meta(store, 5) and _meta(store, 1)["subject"] == "orders"
+    store.close()
+    again = SqliteStore(path)
+    again.load()
+    read = again.read_messages("q", [1, 5])
+    assert read[1].application_properties == {**PROPERTIES, "n": 1, "kind": "again"} and read[1].subject == "orders"
+    assert read[5].subject == "orders" and read[5].correlation_id == "c-5"
+    assert read[5].application_properties == dict(PROPERTIES, n=5)
+    again.close()
+
+
+def _keys(store: SqliteStore) -> dict[str, list[tuple[str, int]]]:
+    found: dict[str, list[tuple[str, int]]] = {}
+    for entity, key, t0 in store._db.execute("SELECT entity, key, first_accepted_us FROM dedup_key"):
+        found.setdefault(entity, []).append((key, t0))
+    return found
+
+
+def test_a_file_of_a_later_schema_is_refused(tmp_path: Path) -> None:
     """The version is what keeps an earlier release (which would not find the properties in the wire) away."""
     path = tmp_path / "oncebus.db"
     store = SqliteStore(path)
@@ -209,5 +306,30 @@ def test_a_schema_9_file_is_refused_by_the_schema_8_release_check(tmp_path: Path
     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     db.commit()
     db.close()
-    with pytest.raises(StoreError, match=f"store schema {SCHEMA_VERSION + 1}; this version reads up to 9"):
+    with pytest.raises(
+        StoreError, match=f"store schema {SCHEMA_VERSION + 1}; this version reads up to {SCHEMA_VERSION}"
+    ):
         SqliteStore(path)
+
+
+def test_new_and_other_messages_in_one_unit_are_written_in_order_whatever_statement_writes_them(
+    tmp_path: Path,
+) -> None:
+    """Most sends' messages go through the short insert (active, never delivered, no expiry, no session); the
+    others through the full one, in the order added: a message put twice in one unit keeps the last row."""
+    import dataclasses
+
+    store = SqliteStore(tmp_path / "oncebus.db")
+    store.load()
+    plain = _record(1)
+    sessioned = dataclasses.replace(_record(2), session_id="s", expires_at_us=T0 + 10**6, delivery_count=2)
+    first = dataclasses.replace(_record(3), delivery_count=5)  # then put again as new: the new row stays
+    store.submit([PutMessage(m) for m in (plain, sessioned, first, _record(3))]).result()
+    rows = store._db.execute(
+        "SELECT sequence_number, state, delivery_count, expires_at_us, session_id FROM message ORDER BY 1"
+    ).fetchall()
+    assert rows == [(1, 0, 0, None, None), (2, 0, 2, T0 + 10**6, "s"), (3, 0, 0, None, None)]
+    read = store.read_messages("q", [1, 2, 3])
+    assert read[1] == plain and read[2] == sessioned and read[3] == _record(3)
+    assert store._db.execute("SELECT COUNT(*), SUM(refs) FROM content").fetchone() == (3, 3)
+    store.close()

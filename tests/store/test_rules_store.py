@@ -83,7 +83,7 @@ def test_a_schema_1_file_is_migrated_and_its_subscriptions_get_the_default_rule(
     path = tmp_path / "oncebus.db"
     _write_schema_1(path)
     store = SqliteStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
     snapshot = store.load()
     assert sorted(e.path for e in snapshot.entities) == [
         "events",
@@ -120,7 +120,9 @@ def test_a_failed_migration_from_schema_1_leaves_the_file_as_it_was(
         raise ValueError("simulated failure")
 
     monkeypatch.setattr("oncebus.store.sqlite_layout.default_rule", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 1 to 9 .*the file is unchanged"):
+    with pytest.raises(
+        StoreError, match=rf"could not migrate .* from store schema 1 to {SCHEMA_VERSION} .*the file is unchanged"
+    ):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 1

@@ -68,7 +68,7 @@ def test_a_schema_0_file_is_migrated_and_keeps_every_key_and_message(tmp_path: P
     path = tmp_path / "oncebus.db"
     _write_schema_0(path)
     store = SqliteStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
     stored = {(k.entity, k.key) for k in store.load().dedup_keys}
     assert stored == {
         ("plain", "order-1"),
@@ -114,7 +114,9 @@ def test_a_failed_migration_leaves_the_file_as_it_was(tmp_path: Path, monkeypatc
         return keys.migrate_key_text_v0(text, partitioned=partitioned)
 
     monkeypatch.setattr("oncebus.store.sqlite_layout.migrate_key_text_v0", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 0 to 9 .*the file is unchanged"):
+    with pytest.raises(
+        StoreError, match=rf"could not migrate .* from store schema 0 to {SCHEMA_VERSION} .*the file is unchanged"
+    ):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 0
@@ -127,10 +129,10 @@ def test_a_file_from_a_newer_release_is_refused_naming_both_versions(tmp_path: P
     path = tmp_path / "oncebus.db"
     SqliteStore(path).close()
     db = sqlite3.connect(path)
-    db.execute("PRAGMA user_version = 10")
+    db.execute("PRAGMA user_version = 11")
     db.commit()
     db.close()
-    with pytest.raises(StoreError, match=r"newer oncebus \(store schema 10; this version reads up to 9\)"):
+    with pytest.raises(StoreError, match=r"newer oncebus \(store schema 11; this version reads up to 10\)"):
         SqliteStore(path)
 
 
@@ -245,7 +247,9 @@ def test_a_failed_schema_2_migration_leaves_the_file_as_it_was(tmp_path: Path, m
         raise OSError("simulated failure half way")
 
     monkeypatch.setattr("oncebus.store.sqlite_layout.message_rows", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 2 to 9 .*the file is unchanged"):
+    with pytest.raises(
+        StoreError, match=rf"could not migrate .* from store schema 2 to {SCHEMA_VERSION} .*the file is unchanged"
+    ):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 2
@@ -264,7 +268,7 @@ def test_a_schema_5_file_is_migrated_and_keeps_every_message_its_content_keys_an
     path = tmp_path / "oncebus.db"
     path.write_bytes(FIXTURE_5.read_bytes())
     store = SqliteStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
     tables = {name for (name,) in store._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"message", "content"} <= tables and not {"message_v5", "message_data"} & tables
     snapshot = store.load()
@@ -323,7 +327,9 @@ def test_a_failed_schema_5_migration_leaves_the_file_as_it_was(tmp_path: Path, m
         raise OSError("simulated failure at the end")
 
     monkeypatch.setattr(sqlite_layout, "_content_v5_to_v6", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 5 to 9 .*the file is unchanged"):
+    with pytest.raises(
+        StoreError, match=rf"could not migrate .* from store schema 5 to {SCHEMA_VERSION} .*the file is unchanged"
+    ):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 5
@@ -345,7 +351,7 @@ def test_a_schema_6_file_is_migrated_and_its_session_state_counts_as_set_at_the_
     path = tmp_path / "oncebus.db"
     path.write_bytes(FIXTURE_6.read_bytes())
     store = SqliteStore(path)
-    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+    assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
     snapshot = store.load()
     assert [(s.path, s.session_id, s.state, s.updated_us) for s in snapshot.session_states] == [
         ("sq", "s1", b"state of s1", None)  # when it was set is not known
@@ -391,7 +397,9 @@ def test_a_failed_schema_6_migration_leaves_the_file_as_it_was(tmp_path: Path, m
         raise OSError("simulated failure at the end")
 
     monkeypatch.setattr(sqlite_layout, "_session_times_v6_to_v7", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 6 to 9 .*the file is unchanged"):
+    with pytest.raises(
+        StoreError, match=rf"could not migrate .* from store schema 6 to {SCHEMA_VERSION} .*the file is unchanged"
+    ):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 6

@@ -248,7 +248,7 @@ def test_a_schema_7_file_is_migrated_and_its_settlements_go_through_the_log(tmp_
     path.write_bytes(FIXTURE_7.read_bytes())
     store = SqliteStore(path)
     try:
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 9
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 10
         assert store._db.execute("SELECT id, applied_through FROM settlement_log").fetchall() == [(0, 0)]
         assert len(store._store_id) == 32
         snapshot = store.load()
@@ -273,7 +273,9 @@ def test_a_failed_schema_7_migration_leaves_the_file_as_it_was(tmp_path: Path, m
         raise OSError("simulated failure at the end")
 
     monkeypatch.setattr(sqlite_layout, "_settlement_log_v7_to_v8", failing)
-    with pytest.raises(StoreError, match=r"could not migrate .* from store schema 7 to 9 .*the file is unchanged"):
+    with pytest.raises(
+        StoreError, match=rf"could not migrate .* from store schema 7 to {SCHEMA_VERSION} .*the file is unchanged"
+    ):
         SqliteStore(path)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 7

@@ -668,6 +668,42 @@ def _header(data: bytes, pos: int) -> tuple[timedelta | None, int]:
     return ttl, stop
 
 
+def _properties(data: bytes, pos: int) -> tuple[Any, Any, dict[str, str | None], int]:
+    """The properties section's list at ``pos``: its message id and group id as encoded, its text fields (by the
+    model's names: only those set), and where the list ends. Raises :class:`Unusual` for a shape it does not read."""
+    message_id: Any = None
+    session_id: Any = None
+    texts: dict[str, str | None] = {}
+    value: Any = None  # (any scalar: compiled, a first str assignment would fix its type)
+    item, count, list_end = _span(data, pos, _LIST_CODES)
+    if count > 13:
+        raise Unusual
+    for index in range(count):
+        field = data[item]
+        if field == 0x40:  # most of the thirteen fields are unset
+            item += 1
+            continue
+        if field == 0xA1:
+            after = item + 2 + data[item + 1]
+            value = data[item + 2 : after].decode("utf-8")
+            item = after
+        elif field == 0xA3 and _TEXT_NAMES[index] is not None:  # a symbol (content-type) read as text
+            after = item + 2 + data[item + 1]
+            value = _ascii(data, item + 2, after, "properties")
+            item = after
+        else:
+            value, item = scalar(data, item)
+        if index == _MESSAGE_ID_AT:
+            message_id = value
+        elif index == _SESSION_ID_AT:
+            session_id = value
+        elif (name := _TEXT_NAMES[index]) is not None:
+            texts[name] = value if type(value) is str else _text(value)
+    if item != list_end:
+        raise Unusual
+    return message_id, session_id, texts, list_end
+
+
 def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
     """:func:`decode_message` for the shapes applications send; raises :class:`Unusual` otherwise.
 
@@ -685,6 +721,7 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
     texts: dict[str, str | None] = {}
     application: dict[str, Any] = {}
     application_span: tuple[int, int] | None = None  # where the properties' map is: the record reads them there
+    properties_span: tuple[int, int] | None = None  # where the properties section's list is (its text fields)
     bodies: list[bytes] = []
     body_offset = 0
     try:
@@ -706,33 +743,9 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
                 raise Unusual
             seen |= bit
             if code == PROPERTIES:
-                item, count, list_end = _span(data, pos, _LIST_CODES)
-                if count > 13:
-                    raise Unusual
-                for index in range(count):
-                    field = data[item]
-                    if field == 0x40:  # most of the thirteen fields are unset
-                        item += 1
-                        continue
-                    if field == 0xA1:
-                        after = item + 2 + data[item + 1]
-                        value = data[item + 2 : after].decode("utf-8")
-                        item = after
-                    elif field == 0xA3 and _TEXT_NAMES[index] is not None:  # a symbol (content-type) read as text
-                        after = item + 2 + data[item + 1]
-                        value = _ascii(data, item + 2, after, "properties")
-                        item = after
-                    else:
-                        value, item = scalar(data, item)
-                    if index == _MESSAGE_ID_AT:
-                        message_id = value
-                    elif index == _SESSION_ID_AT:
-                        session_id = value
-                    elif (name := _TEXT_NAMES[index]) is not None:
-                        texts[name] = value if type(value) is str else _text(value)
-                if item != list_end:
-                    raise Unusual
-                pos = list_end
+                properties_start = pos
+                message_id, session_id, texts, pos = _properties(data, pos)
+                properties_span = (properties_start, pos)
             elif code == APPLICATION_PROPERTIES:
                 application_start = pos
                 application, pos = _application_properties(data, pos)
@@ -763,7 +776,7 @@ def _decode_fast(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:
         time_to_live=ttl,
         scheduled_enqueue_time_utc=None if scheduled is None else _scheduled_time(scheduled),
         wire=payload,
-        sections=WireSections(body_offset, application_span) if len(bodies) == 1 else None,
+        sections=WireSections(body_offset, application_span, properties_span) if len(bodies) == 1 else None,
         **texts,
     )
 
@@ -778,7 +791,20 @@ def read_application_properties(wire: bytes, start: int, end: int) -> dict[str, 
     return found
 
 
-set_wire_reader(read_application_properties)
+def read_text_fields(wire: bytes, start: int, end: int) -> dict[str, str | None]:
+    """The text fields of the properties section whose list :func:`_decode_fast` read at ``wire[start:end]``
+    (``WireSections.properties``), read again the same way, by the model's names (those set): what a stored
+    message's record gives for its subject, content type, correlation id... (its store kept the wire, not a copy)."""
+    try:
+        _, _, texts, stop = _properties(wire, start)
+    except (Unusual, IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise ValueError(f"the properties recorded at {start} cannot be read again: {exc!r}") from None
+    if stop != end:
+        raise ValueError(f"the properties end at {stop}, not at {end} as recorded")
+    return texts
+
+
+set_wire_reader(read_application_properties, read_text_fields)
 
 
 def decode_message(payload: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Message:

@@ -43,28 +43,42 @@ class WireSections:
     body_offset: int  # the body is wire[body_offset : body_offset + len(body)]
     # the application properties' encoded value (after the section's descriptor): wire[start:end]; None: none sent
     application_properties: tuple[int, int] | None = None
+    # the properties section's encoded list (after its descriptor): wire[start:end], where the text fields (subject,
+    # content type, correlation id, to, reply to...) are read back from; None: none sent
+    properties: tuple[int, int] | None = None
 
 
-# The door that owns the wire encoding reads a message's application properties from it (RabbitMQ's ``mc``
-# calls its protocol module the same way): ``reader(wire, start, end)`` -> the map, as the door decoded it at
-# arrival. core and the stores never read AMQP themselves; ``oncebus.amqp.codec`` registers its reader.
+# The door that owns the wire encoding reads a message's application properties and text fields from it
+# (RabbitMQ's ``mc`` calls its protocol module the same way): ``reader(wire, start, end)`` -> the map, or the text
+# fields by the model's names, as the door decoded them at arrival. core and the stores never read AMQP
+# themselves; ``oncebus.amqp.codec`` registers its readers.
 WireReader = Callable[[bytes, int, int], dict[str, Any]]
 _wire_reader: list[WireReader] = []
+_NO_READER = (
+    "a stored message keeps its properties in its AMQP encoding, and no reader of it is registered: import "
+    "oncebus.amqp (oncebus serve always does)"
+)
 
 
-def set_wire_reader(reader: WireReader) -> None:
-    """Register the reader of application properties held in ``wire`` bytes (the AMQP codec does, on import)."""
-    _wire_reader[:] = [reader]
+def set_wire_reader(reader: WireReader, texts: WireReader) -> None:
+    """Register the readers of application properties and of the text fields held in ``wire`` bytes (the AMQP
+    codec does, on import)."""
+    _wire_reader[:] = [reader, texts]
 
 
 def read_wire_properties(wire: bytes, start: int, end: int) -> dict[str, Any]:
     """The application properties encoded at ``wire[start:end]`` (read by the registered door's reader)."""
     if not _wire_reader:
-        raise RuntimeError(
-            "a stored message keeps its application properties in its AMQP encoding, and no reader of it is "
-            "registered: import oncebus.amqp (oncebus serve always does)"
-        )
+        raise RuntimeError(_NO_READER)
     return _wire_reader[0](wire, start, end)
+
+
+def read_wire_texts(wire: bytes, start: int, end: int) -> dict[str, Any]:
+    """The text fields (subject, content type, correlation id...: those set, by the model's names) of the
+    properties encoded at ``wire[start:end]`` (read by the registered door's reader)."""
+    if not _wire_reader:
+        raise RuntimeError(_NO_READER)
+    return _wire_reader[1](wire, start, end)
 
 
 _UNREAD: Any = object()
@@ -288,6 +302,9 @@ _STORED_META = (
 )
 _META_TEXTS = tuple(name for name in TEXT_FIELDS if name != "session_id")
 _META_TIMES = ("time_to_live_us", "scheduled_enqueue_time_us")
+# the text fields the properties section holds (the partition key is a message annotation, the session id a column)
+_WIRE_TEXTS = frozenset(name for name in _META_TEXTS if name != "partition_key")
+_META_NOT_IN_WIRE = tuple(name for name in _META_TEXTS if name not in _WIRE_TEXTS)
 _dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
 _quote = json.encoder.encode_basestring_ascii
 
@@ -335,16 +352,21 @@ class StoredMessage:
 
     def meta_json(self) -> str:
         """The fields a store keeps as one JSON text (not those it keeps in columns: the times, state,
-        delivery count, session id and dead-letter fields). Application properties the wire holds (``sections``,
-        not rewritten since) are not written again: their place in the wire is (``"ap": [start, end]``), and
-        ``from_row`` reads them back from there when asked (:class:`WireProperties`)."""
+        delivery count, session id and dead-letter fields). What the wire holds (``sections``, not rewritten since)
+        is not written again: the application properties' place in the wire is (``"ap": [start, end]``), and the
+        properties section's (``"pr": [start, end]``) instead of its text fields (subject, content type,
+        correlation id, to, reply to, reply-to session id); ``from_row`` reads them back from there
+        (:class:`WireProperties`, :func:`read_wire_texts`)."""
         sections = self.sections
         span = None
+        texts_span = None
         in_wire = sections is not None and self.wire is not None and "application_properties" not in self.rewritten
         if in_wire and sections is not None:
             span = sections.application_properties
             # properties given beside a wire that holds none (changed in place, not marked rewritten): kept as JSON
             in_wire = span is not None or not self.application_properties
+        if sections is not None and self.wire is not None and not self.rewritten.intersection(_WIRE_TEXTS):
+            texts_span = sections.properties
         message_id = self.message_id
         if (
             type(message_id) is str
@@ -354,7 +376,7 @@ class StoredMessage:
         ):
             # the usual message: text fields and times, its properties in the wire: without a JSON encoder
             parts = ['{"message_id":', _quote(message_id)]
-            for name in _META_TEXTS:
+            for name in _META_TEXTS if texts_span is None else _META_NOT_IN_WIRE:
                 value = getattr(self, name)
                 if value is None:
                     continue
@@ -368,6 +390,8 @@ class StoredMessage:
                         parts += (',"', name, '":', str(int(value)))
                 if span is not None:
                     parts.append(f',"ap":[{span[0]},{span[1]}]')
+                if texts_span is not None:
+                    parts.append(f',"pr":[{texts_span[0]},{texts_span[1]}]')
                 parts.append("}")
                 return "".join(parts)
         meta = {name: value for name in _STORED_META if (value := getattr(self, name)) is not None}
@@ -375,6 +399,10 @@ class StoredMessage:
             meta.pop("application_properties", None)
         if span is not None:
             meta["ap"] = list(span)
+        if texts_span is not None:
+            for name in _WIRE_TEXTS:
+                meta.pop(name, None)
+            meta["pr"] = list(texts_span)
         if self.rewritten:
             meta["rewritten"] = sorted(self.rewritten)
         if self.hops:
@@ -410,12 +438,18 @@ class StoredMessage:
         is in ``wire``, None if it is not a slice of it)."""
         values = json.loads(meta)
         span = values.pop("ap", None)
+        texts_at = values.pop("pr", None)
+        texts: tuple[int, int] | None = None
         if wire is not None:
             wire = bytes(wire)
             if span is not None:
                 values["application_properties"] = WireProperties(wire, (span[0], span[1]))
+            if texts_at is not None:
+                texts = (texts_at[0], texts_at[1])
+                for name, value in read_wire_texts(wire, *texts).items():
+                    values.setdefault(name, value)
             if body_offset is not None:
-                values["sections"] = WireSections(body_offset, None if span is None else (span[0], span[1]))
+                values["sections"] = WireSections(body_offset, None if span is None else (span[0], span[1]), texts)
         if "rewritten" in values:
             values["rewritten"] = frozenset(values["rewritten"])
         kind = values.pop("message_id_type", None)

@@ -24,6 +24,9 @@ Schema versions (table ``oncebus_schema``, one row):
   properties no longer writes them again in ``meta``; ``meta`` says where they are in ``wire`` (``"ap": [start,
   end]``) and they are read from there when asked. A version 3 database's rows are read as they are (their
   ``meta`` holds the properties); the version says an earlier release, which would not read them, must not open it.
+- 5: nor the properties section's text fields (subject, content type, correlation id, to, reply to, reply-to
+  session id): ``meta`` says where the section's list is in ``wire`` (``"pr": [start, end]``), read from there
+  when the message is read. A version 4 database's rows are read as they are (their ``meta`` holds them).
 
 ``MIGRATIONS[n]`` brings version ``n`` to ``n + 1``; a database at an older version is migrated in one
 transaction at start (PostgreSQL's DDL is transactional: all of it or none), a newer one is refused.
@@ -60,7 +63,7 @@ from oncebus.store.base import (
 )
 from oncebus.store.sqlite_layout import message_rows
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 VERSION_TABLE = "oncebus_schema"
 TABLES = (
     "oncebus_entity",
@@ -152,6 +155,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: ("ALTER TABLE oncebus_session_state ADD COLUMN updated_us bigint",),
     2: (NODE_TABLE,),
     3: (),  # the rows stay as they are: a version 3 message's meta holds its application properties
+    4: (),  # the rows stay as they are: a version 4 message's meta holds its text fields
 }
 # the leader of this schema's cluster: the node row of the session holding the node lock (none: no leader now)
 LEADER = (

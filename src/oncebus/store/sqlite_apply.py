@@ -24,6 +24,9 @@ from oncebus.store.base import (
     owned_ranges,
 )
 
+# what must be applied one by one, in order (keys and counters are written after the group's messages otherwise)
+_IN_ORDER = frozenset((PutEntity, DeleteEntity, PruneDedupKeys, PutSessionState, PutRules))
+
 
 class OpWriter:
     """Applies units' operations; numbers the content rows it writes (``next_data_id``)."""
@@ -44,7 +47,7 @@ class OpWriter:
         touches no entity definitions or history pruning they are written last,
         and runs of message writes (and of message deletions) go through ``executemany``.
         """
-        if any(isinstance(op, PutEntity | DeleteEntity | PruneDedupKeys | PutSessionState | PutRules) for op in ops):
+        if not _IN_ORDER.isdisjoint(map(type, ops)):  # (the op classes are final dataclasses: their type is exact)
             for op in ops:
                 self.apply(db, op)
             return
@@ -69,7 +72,7 @@ class OpWriter:
         counters: dict[str, AddCounters],
     ) -> None:
         for op in ops:
-            if isinstance(op, PutMessage):
+            if type(op) is PutMessage:
                 if deletes:
                     _flush(db, deletes, rows)
                 add(op.message)

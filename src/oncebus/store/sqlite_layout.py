@@ -33,7 +33,11 @@ Schema versions (``PRAGMA user_version``):
   where: ``StoredMessage.sections``) does not write them again in ``meta``, which says where they are in the wire
   (``"ap": [start, end]``, offsets into ``data[:wire_length]``); they are read from there when asked
   (``core.messages.WireProperties``), and the body's offset is the door's, not searched for. Schema 8's rows are
-  read as they are (their ``meta`` holds the properties): the migration only sets the version.
+  read as they are (their ``meta`` holds the properties): the migration only sets the version;
+- 10: nor the properties section's text fields (subject, content type, correlation id, to, reply to, reply-to
+  session id): ``meta`` says where the section's list is in the wire (``"pr": [start, end]``) and they are read
+  from there (``core.messages.read_wire_texts``) when the message is read. Schema 9's rows are read as they are
+  (their ``meta`` holds them): the migration only sets the version.
 
 An older file is migrated in place in one transaction (all or nothing); a newer one is refused.
 """
@@ -47,10 +51,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from oncebus.core.keys import migrate_key_text_v0
-from oncebus.core.messages import StoredMessage, read_wire_properties
+from oncebus.core.messages import MessageState, StoredMessage, read_wire_properties
 from oncebus.core.rules import default_rule
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entity (
@@ -176,6 +180,12 @@ INSERT_MESSAGE = (
     " size, session_id, content_id, dead_letter_reason, dead_letter_error_description, dead_letter_source, meta,"
     " wire_length, body_offset, body_length) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+# a new message as most sends store it: active (0), never delivered, no expiry, no session, not dead-lettered
+INSERT_NEW_MESSAGE = (
+    "INSERT OR REPLACE INTO message (path, sequence_number, state, delivery_count, enqueued_time_us, expires_at_us,"
+    " size, session_id, content_id, dead_letter_reason, dead_letter_error_description, dead_letter_source, meta,"
+    " wire_length, body_offset, body_length) VALUES (?, ?, 0, 0, ?, NULL, ?, NULL, ?, NULL, NULL, NULL, ?, ?, ?, ?)"
+)
 INSERT_CONTENT = "INSERT INTO content (id, data, refs) VALUES (?, ?, ?)"
 INSERT_KEY = "INSERT OR REPLACE INTO dedup_key (entity, first_accepted_us, key) VALUES (?, ?, ?)"
 # the primary key's order (no sort): a key accepted again has a later row, which replaces the earlier one
@@ -219,13 +229,19 @@ def content_of(m: StoredMessage) -> tuple[bytes, int | None, int, int]:
 
 class ContentRows:
     """Builds one unit's ``message`` and ``content`` rows: a content row per distinct encoding (the same wire and
-    body objects: a topic's subscription copies of one send), numbered from ``next_id``."""
+    body objects: a topic's subscription copies of one send), numbered from ``next_id``.
 
-    __slots__ = ("_seen", "contents", "messages", "next_id")
+    A message as most sends store it (active, never delivered, no expiry, no session, not dead-lettered) goes
+    through :data:`INSERT_NEW_MESSAGE`, which binds 9 values instead of 16 (binding is most of a row's cost:
+    ``docs/performance-log.md``); the others through :data:`INSERT_MESSAGE`. Rows are written in the order
+    added (runs of each statement), so a message put twice in one unit keeps its last row."""
+
+    __slots__ = ("_seen", "contents", "messages", "next_id", "runs")
 
     def __init__(self, next_id: int) -> None:
         self.next_id = next_id
-        self.messages: list[tuple[object, ...]] = []
+        self.messages = 0  # message rows added since the last flush
+        self.runs: list[tuple[str, list[tuple[object, ...]]]] = []  # (statement, its rows), in order
         self.contents: list[list[object]] = []  # [id, data, refs]
         self._seen: dict[tuple[int, int], tuple[list[object], int | None, int, int]] = {}
 
@@ -240,8 +256,31 @@ class ContentRows:
             place = self._seen[key] = (row, wire_length, offset, length)
         row, wire_length, offset, length = place
         row[2] = row[2] + 1  # type: ignore[operator]
-        self.messages.append(
-            (
+        self.messages += 1
+        runs = self.runs
+        if (
+            m.state is MessageState.ACTIVE
+            and m.delivery_count == 0
+            and m.expires_at_us is None
+            and m.session_id is None
+            and m.dead_letter_reason is None
+            and m.dead_letter_error_description is None
+            and m.dead_letter_source is None
+        ):
+            values: tuple[object, ...] = (
+                m.path,
+                m.sequence_number,
+                m.enqueued_time_us,
+                m.size,
+                row[0],
+                m.meta_json(),
+                wire_length,
+                offset,
+                length,
+            )
+            statement = INSERT_NEW_MESSAGE
+        else:
+            values = (
                 m.path,
                 m.sequence_number,
                 int(m.state),
@@ -259,15 +298,21 @@ class ContentRows:
                 offset,
                 length,
             )
-        )
+            statement = INSERT_MESSAGE
+        if runs and runs[-1][0] is statement:
+            runs[-1][1].append(values)
+        else:
+            runs.append((statement, [values]))
 
     def flush(self, db: sqlite3.Connection) -> None:
         """Write the rows built so far (contents first) and start over; the numbering goes on."""
         if self.contents:
             db.executemany(INSERT_CONTENT, self.contents)
-            db.executemany(INSERT_MESSAGE, self.messages)
+            for statement, rows in self.runs:
+                db.executemany(statement, rows)
             self.contents.clear()
-            self.messages.clear()
+            self.runs.clear()
+            self.messages = 0
             self._seen.clear()
 
 
@@ -389,8 +434,9 @@ def migrate(db: sqlite3.Connection, version: int, images: str = "oncebus.db.dedu
         _session_times_v6_to_v7(db)
     if version < 8:
         _settlement_log_v7_to_v8(db)
-    # 8 -> 9: nothing to rewrite (a schema 8 row's meta holds its application properties, which schema 9 reads as
-    # it did); the version keeps an earlier release, which would not find them in the wire, from opening the file
+    # 8 -> 9 and 9 -> 10: nothing to rewrite (a schema 8 row's meta holds its application properties, a schema 9
+    # row's its text fields, which are read as they were); the version keeps an earlier release, which would not
+    # find them in the wire, from opening the file
 
 
 def _keys_v0_to_v1(db: sqlite3.Connection) -> None:

@@ -5,7 +5,10 @@ tests/sdk_suite/test_sdk_suite.py, so it is loaded before theirs).
 - gives each test a namespace of its own, and the environment variables ``sb_env_loader.ServiceBusPreparer``
   reads for it (live, the tests' PowerShellPreparer reads ``SERVICEBUS_*``);
 - provides the ``test_proxy`` fixture their conftest.py asks for (nothing: there is no recording proxy);
-- writes each test's outcome to ``ONCEBUS_SUITE_OUTCOMES`` (JSON), for the runner to compare with its list.
+- writes each test's outcome to ``ONCEBUS_SUITE_OUTCOMES`` (JSON), for the runner to compare with its list;
+- puts back the SDK's transport classes after each test: ``test_queue_receive_handler_peek_check_uniq_corr_id``
+  sets ``receiver._amqp_transport.parse_received_message`` (the class itself) and never restores it, so
+  whichever tests its worker ran next met its hack (two of test_message.py's, when xdist handed them to it).
 """
 
 from __future__ import annotations
@@ -51,6 +54,21 @@ def oncebus_namespace(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         yield name
     finally:
         oncebus_live.close_namespace()
+
+
+@pytest.fixture(autouse=True)
+def transport_classes_restored() -> Iterator[None]:
+    from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
+
+    saved = dict(vars(PyamqpTransport))
+    try:
+        yield
+    finally:
+        for name in [n for n in vars(PyamqpTransport) if n not in saved]:
+            delattr(PyamqpTransport, name)
+        for name, value in saved.items():
+            if vars(PyamqpTransport).get(name) is not value:
+                setattr(PyamqpTransport, name, value)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -19,7 +19,8 @@
     python bench/backlog.py --messages 1000000 --keys 10000000    # the issue's sizes
 
 ``--workdir DIR`` keeps the data there (not deleted at the end); run again with the same ``DIR`` and the store
-already there, it skips steps 1 and 2 and times ``--restarts`` clean restarts of it.
+already there, it skips steps 1 and 2 and times ``--restarts`` clean restarts of it (with ``--kill``: each start
+sent ``--after`` messages and SIGKILLed, the next one a crash restart).
 """
 
 from __future__ import annotations
@@ -194,11 +195,28 @@ def held(db_path: Path) -> tuple[int, int]:
 
 
 def restarts_only(workdir: Path, args: argparse.Namespace) -> None:
-    """Clean restarts of the store kept in ``workdir`` (each stopped cleanly again: its image written anew)."""
+    """Clean restarts of the store kept in ``workdir`` (each stopped cleanly again: its image written anew); with
+    ``--kill``, each start is sent ``--after`` messages to 'dedup-on' and SIGKILLed, so every start after the
+    first is a crash restart (the last image, and the keys accepted since its mark)."""
     messages, keys = held(workdir / "data" / "oncebus.db")
+    crashed = 0
     for number in range(args.restarts):
-        process, _ = restart(workdir, f"clean restart {number + 1}", messages, keys)
-        stop(process)
+        label = (
+            f"start {number + 1} after SIGKILL ({crashed:,} keys sent since)"
+            if crashed
+            else f"clean restart {number + 1}"
+        )
+        process, connection_string = restart(workdir, label, messages, keys)
+        if not args.kill:
+            stop(process)
+            continue
+        jobs = [(connection_string, "dedup-on", "after", "bare", n) for n in _shares(args.after, args.senders)]
+        run_workers(sdk_sender, jobs, process.pid)
+        process.kill()  # SIGKILL: nothing written on the way out
+        process.wait()
+        crashed, messages, keys = args.after, messages + args.after, keys + args.after
+    if crashed:
+        stop(restart(workdir, "clean restart", messages, keys)[0])
     one, five, _ = os.getloadavg()
     print(f"load average {one:.2f} (1 min), {five:.2f} (5 min)")
 
@@ -213,6 +231,9 @@ def main() -> None:
     parser.add_argument("--after", type=int, default=20_000, help="messages sent after the checkpoint (--keys)")
     parser.add_argument("--workdir", help="keep the data here; a store already there is restarted, not filled")
     parser.add_argument("--restarts", type=int, default=1, help="clean restarts timed (default 1)")
+    parser.add_argument(
+        "--kill", action="store_true", help="with a kept --workdir: SIGKILL each start after --after sends"
+    )
     args = parser.parse_args()
     if args.workdir and (Path(args.workdir) / "data" / "oncebus.db").exists():
         restarts_only(Path(args.workdir), args)

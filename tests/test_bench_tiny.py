@@ -4,6 +4,8 @@ completes, prints what it measured, and leaves no process behind is held here.""
 
 from __future__ import annotations
 
+import itertools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,3 +62,17 @@ def test_the_bench_runs_at_a_tiny_size(name: str, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, f"bench/{name}.py failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert done.stdout.strip(), f"bench/{name}.py printed nothing"
+
+
+def test_the_backlog_bench_times_crash_restarts(tmp_path: Path) -> None:
+    """``bench/backlog.py --kill`` (a kept store, each start sent ``--after`` messages and SIGKILLed): the crash
+    restarts it times hold every acknowledged send's key, so the keys held grow by ``--after`` each start."""
+    bench = [sys.executable, str(ROOT / "bench" / "backlog.py"), "--workdir", str(tmp_path / "data")]
+    for args in (["--messages", "300", "--senders", "1"], ["--restarts", "2", "--kill", "--after", "100"]):
+        done = subprocess.run([*bench, *args], cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, f"bench/backlog.py {args} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    starts = [line for line in done.stdout.splitlines() if "keys held: ready after" in line]
+    assert any("after SIGKILL" in line for line in starts), done.stdout
+    held = [int(m.group(1).replace(",", "")) for line in starts if (m := re.search(r"([\d,]+) keys held", line))]
+    assert len(held) == len(starts) >= 2, done.stdout
+    assert [b - a for a, b in itertools.pairwise(held)] == [100] * (len(held) - 1), done.stdout

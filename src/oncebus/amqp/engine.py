@@ -63,7 +63,7 @@ from oncebus.amqp.endpoints import (
 from oncebus.amqp.events import Collector, ConnectionClosed, ConnectionOpened, Event, TransportClosed
 from oncebus.amqp.frames import Frame, FrameScanner, Performative, ProtocolHeader
 from oncebus.amqp.limits import DEFAULT_LIMITS, AmqpLimits
-from oncebus.amqp.link_state import Delivery, Link, SessionView
+from oncebus.amqp.link_state import Delivery, DeliveryChanged, Link, SessionView
 from oncebus.amqp.performatives import (
     AMQP_HEADER,
     ATTACH,
@@ -335,8 +335,9 @@ class Connection(Endpoint):
                 if self.collector is not None:
                     self.collector.put(changed)
             elif code == DISPOSITION:
-                for changed in session.on_disposition(frame.fields):
-                    self._event(changed)
+                found = session.dispose(frame.fields)
+                if found:
+                    self._disposition(found)
             elif code == FLOW:
                 flowed = session.on_flow(frame.fields)
                 if flowed is not None:
@@ -353,6 +354,22 @@ class Connection(Endpoint):
                     self._event(ended)
         except ProtocolError as error:
             self._fail(error.condition, error.description)
+
+    def _disposition(self, found: list[Delivery]) -> None:
+        """The deliveries a client's disposition changed: to their link's settler in one call when they are all
+        one link's and no event waits before them (the order is the same), else one event each."""
+        link = found[0].link
+        settler = link.settler
+        collector = self.collector
+        if (
+            settler is not None
+            and (collector is None or not collector.events)
+            and (len(found) == 1 or all(delivery.link is link for delivery in found))
+        ):
+            settler(found)
+            return
+        for delivery in found:
+            self._event(DeliveryChanged(delivery))
 
     def _on_open(self, fields: list[Any]) -> None:
         fields += [None] * (5 - len(fields))

@@ -75,6 +75,9 @@ UNATTACHED_HANDLE = "amqp:session:unattached-handle"
 # a disposition's fields as the SDKs send them, read without the general decoder (anything else goes to it)
 _FLAGS = {0x40: None, 0x41: True, 0x42: False}
 _ACCEPTED_ENCODINGS = (b"\x00\x53\x24\x45", b"\x00\x53\x24\xc0\x01\x00")  # its empty list as list0 or list8
+# the ``accepted`` state the fast read gives: one shared value (read, never changed: the engine keeps its code only)
+ACCEPTED_VALUE = proton.Described(proton.ulong(_ACCEPTED), [])
+_DISPOSITION_DESCRIPTOR = b"\x00\x53\x15"
 
 
 def disposition_fields(body: memoryview | bytes) -> list[Any] | None:
@@ -119,7 +122,7 @@ def _disposition_fields(body: memoryview | bytes) -> list[Any] | None:
             fields.append(int(_U32.unpack_from(body, pos + 1)[0]))
             pos += 5
         elif index == 4 and (size := _accepted_size(body, pos)):
-            fields.append(proton.Described(proton.ulong(_ACCEPTED), []))
+            fields.append(ACCEPTED_VALUE)
             pos += size
         else:
             return None
@@ -300,6 +303,11 @@ class FrameScanner:
 
     def _frame(self, channel: int, frame_type: int, frame: memoryview, start: int) -> Performative:
         """Check and decode one frame's performative; let the AMQP ones that matter update what is known."""
+        if frame_type == FRAME_TYPE_AMQP and frame[start : start + 3] == _DISPOSITION_DESCRIPTOR:
+            # the usual disposition (a completion): read at once, nothing else to note for it
+            usual = disposition_fields(frame[start:])
+            if usual is not None:
+                return Performative(channel, DISPOSITION, usual)
         names = SASL_PERFORMATIVES if frame_type == FRAME_TYPE_SASL else AMQP_PERFORMATIVES
         code: int | None = descriptor_code(frame, start)
         if code is None or code not in names:
@@ -314,14 +322,11 @@ class FrameScanner:
         if frame[list_at] not in (0x45, 0xC0, 0xD0):
             raise FrameError(f"the {names[code]} performative's fields are not a list", DECODE_ERROR)
         raw: list[bytes] | None = None
-        fields: list[Any] | None = None
+        fields: list[Any]
         try:
-            if code == DISPOSITION and frame_type == FRAME_TYPE_AMQP:
-                fields = disposition_fields(frame[start:])  # the usual completion, read without the decoder
-                list_end = len(frame)
-            if fields is None and code == ATTACH and frame_type == FRAME_TYPE_AMQP:
+            if code == ATTACH and frame_type == FRAME_TYPE_AMQP:
                 fields, raw, list_end = list_items(frame, list_at, self.limits.max_value_depth)
-            elif fields is None:
+            else:
                 fields, list_end = list_fields(frame, list_at, _DECODED.get(code, 16), self.limits.max_value_depth)
         except DecodeError as exc:
             raise FrameError(f"the {names[code]} performative cannot be decoded: {exc}", DECODE_ERROR) from None

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import collections
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from oncebus.amqp.encoding import NULL, encode_string, encode_uint
 from oncebus.amqp.endpoints import (
+    _ACCEPTED_STATE,
     ACCEPTED,
     FALSE,
     LOCAL_ACTIVE,
@@ -174,6 +176,16 @@ class Delivery:
             link._reading.popleft()
         self.link.connection._disposed(self)
 
+    def settle_as(self, state: int) -> None:
+        """:meth:`update` to ``state`` and :meth:`settle` in one (an outgoing delivery's outcome)."""
+        self.local_state = state
+        if not self.local_settled:
+            self.local_settled = True
+            link = self.link
+            if link.is_receiver and link._reading and link._reading[0] is self:
+                link._reading.popleft()
+        self.link.connection._disposed(self)
+
     def to_say(self) -> bytes | None:
         """The state our disposition says now (encoded), or None when there is nothing to say; forgets the
         delivery in its session's unsettled map once settled here."""
@@ -194,7 +206,7 @@ class Delivery:
         if self.said == said:
             return None
         self.said = said
-        return self.local.encode(self.local_state)
+        return _ACCEPTED_STATE if self.local_state == ACCEPTED else self.local.encode(self.local_state)
 
     # --- the client's side
     def on_disposition(self, state: Any, settled: bool) -> DeliveryChanged:
@@ -243,6 +255,9 @@ class Link(Endpoint):
         self.dirty = False  # on the connection's list of links with deliveries to write
         self.handle_raw = b""
         self.token_covered = False  # a CBS token covered its path once (a forced detach says it expired)
+        # the client's dispositions of our deliveries on this link, handed over straight from the frame (no events)
+        # while no other event waits; None: they go through the events (oncebus.amqp.links.ReceiveLink sets it)
+        self.settler: Callable[[list[Delivery]], None] | None = None
 
     # --- the client's performatives
     @classmethod
@@ -428,6 +443,19 @@ class Link(Endpoint):
     def delivery(self, tag: bytes) -> Delivery:
         delivery = Delivery(self, tag)
         self._writing = delivery
+        return delivery
+
+    def send_whole(self, tag: bytes, payload: bytes) -> Delivery:
+        """A delivery of ``payload`` under ``tag``, sent whole and advanced (:meth:`delivery`, :meth:`send` and
+        :meth:`advance` in one call: what a receive link does for each message)."""
+        delivery = Delivery(self, tag)
+        delivery.chunks.append(payload)
+        delivery.pending = len(payload)
+        self.credit -= 1
+        self.unsent.append(delivery)
+        if not self.dirty:
+            self.dirty = True
+            self.connection._dirty(self)
         return delivery
 
     def send(self, data: bytes) -> int:

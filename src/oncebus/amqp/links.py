@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -339,6 +340,7 @@ class ReceiveLink:
             link.properties = {LOCKED_UNTIL_UTC: int(dotnet_ticks(self.session.locked_until_us))}
             self.conn.sessions[(self.session.path, self.session.session_id)] = self.session
         self.conn.serve(link, self)
+        link.settler = self._client_settled  # its completions come straight from the frame (no events)
         link.open()
         self.task = self.conn.spawn(self._deliver_loop())
 
@@ -402,6 +404,10 @@ class ReceiveLink:
             if messages and self.closed:  # the link went away while they were fetched: let them go
                 await self._let_go(messages)
                 return
+            if messages and not namespace.faults.armed:
+                self._transfer_all(messages)  # (nothing on that path closes the link)
+                self.conn.pump()
+                continue
             if messages:
                 for index, message in enumerate(messages):
                     self._transfer(message)
@@ -419,6 +425,29 @@ class ReceiveLink:
         for message in messages:
             if message.lock_token is not None:
                 await self.namespace.abandon(self.path, message.lock_token, failed=False)  # never sent
+
+    def _transfer_all(self, messages: list[ReceivedMessage]) -> None:
+        """:meth:`_transfer` for a batch in one pass, no fault armed: each message encoded and queued on the link
+        as one whole delivery (framed when the connection writes)."""
+        link = self.link
+        locks = self.session is None
+        deleting = self.mode == ServiceBusReceiveMode.RECEIVE_AND_DELETE
+        encode = outgoing.encode_received
+        largest = self.largest
+        for message in messages:
+            token = None if deleting else message.lock_token
+            try:
+                payload = encode(message, lock_annotations=locks, lock_token=token, delivered_section=True)
+            except Exception as exc:  # a failure of ours: this message is not sent, the others are
+                self._not_encoded(message, token, exc)
+                continue
+            if len(payload) > largest:
+                largest = len(payload)
+            if token is None:  # settled at once, no lock: an empty tag (see _transfer)
+                link.send_whole(b"", payload).settle()
+            else:
+                link.send_whole(token.bytes_le, payload).notes.lock_token = token
+        self.largest = largest
 
     def _transfer(self, message: ReceivedMessage) -> None:
         token = message.lock_token if self.mode != ServiceBusReceiveMode.RECEIVE_AND_DELETE else None
@@ -466,6 +495,41 @@ class ReceiveLink:
             await self.namespace.dead_letter(self.path, token, NOT_ENCODED_REASON, description)
         except OncebusError as exc:  # in a dead-letter queue already, or the lock is gone: it stays where it is
             _LOG.warning("the message that could not be encoded stays in %s: %s", self.path, exc)
+
+    def _client_settled(self, deliveries: list[engine.Delivery]) -> None:
+        """The client's disposition of ``deliveries`` (one frame's range), straight from the frame: a completion
+        goes to the broker at once and its outcome is said when committed (:meth:`_completed`); anything else
+        as :meth:`on_delivery` handles it (the same checks, in the same order)."""
+        if self.closed:  # (the connection no longer serves it: its events would reach no handler)
+            return
+        namespace = self.namespace
+        path = self.path
+        for delivery in deliveries:
+            notes = delivery.notes
+            token = notes.lock_token
+            if (
+                delivery.remote_state != engine.ACCEPTED
+                or token is None
+                or notes.done
+                or notes.settling
+                or namespace.faults.armed
+            ):
+                self.on_delivery(delivery)
+                continue
+            notes.settling = True
+            try:
+                namespace.complete_soon(path, token, functools.partial(self._completed, delivery))
+            except Exception as exc:
+                self._settled(delivery, engine.ACCEPTED, exc)
+
+    def _completed(self, delivery: engine.Delivery, error: BaseException | None) -> None:
+        """A completion from :meth:`_client_settled` is committed (``error``: it failed): its outcome."""
+        if error is not None or delivery.settled or delivery.notes.done or self.closed:
+            self._settled(delivery, engine.ACCEPTED, error)
+            return
+        delivery.notes.done = True
+        delivery.settle_as(engine.ACCEPTED)
+        self.conn.pump()
 
     def on_delivery(self, delivery: engine.Delivery) -> None:
         """The client settled (or proposed an outcome for) a delivery (``settled`` is the client's flag)."""
@@ -585,6 +649,7 @@ class ReceiveLink:
 
     def on_closed(self) -> None:
         self.closed = True
+        self.link.settler = None
         self.release()
         self._poke()
         if self.session is not None:

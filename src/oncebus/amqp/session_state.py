@@ -23,6 +23,7 @@ from typing import Any
 
 from oncebus.amqp.encoding import NULL, encode_uint
 from oncebus.amqp.endpoints import (
+    ACCEPTED,
     FALSE,
     LOCAL_ACTIVE,
     LOCAL_CLOSED,
@@ -36,7 +37,7 @@ from oncebus.amqp.endpoints import (
     condition_of_error,
     error_encoding,
 )
-from oncebus.amqp.frames import Performative
+from oncebus.amqp.frames import ACCEPTED_VALUE, Performative
 from oncebus.amqp.link_state import Delivery, DeliveryChanged, Link, LinkAttached, LinkDetached, LinkFlow, Wire
 from oncebus.amqp.performatives import ATTACH, BEGIN, DETACH, END, FLOW, amqp_frame
 
@@ -165,22 +166,36 @@ class Session(Endpoint):
 
     def on_disposition(self, fields: list[Any]) -> list[DeliveryChanged]:
         """The client's ``disposition``: each delivery of the range it names, in our unsettled maps, changed."""
-        fields = fields + [None] * (6 - len(fields))
+        return [DeliveryChanged(delivery) for delivery in self.dispose(fields)]
+
+    def dispose(self, fields: list[Any]) -> list[Delivery]:
+        """:meth:`on_disposition` without its events: the deliveries the client's disposition changed."""
+        count = len(fields)
+        if count < 6:
+            fields = fields + [None] * (6 - count)
         role, first, last, settled, state = fields[0], fields[1], fields[2], bool(fields[3]), fields[4]
         if not isinstance(first, int):
             return []
         last = int(last) if isinstance(last, int) else first
         table = self.outgoing if role else self.incoming  # role true: the client received ours
-        if last - first + 1 <= len(table):
-            found = [(i, table[i]) for i in range(first, last + 1) if i in table]
+        if first == last:  # the usual: one delivery
+            one = table.get(first)
+            found = [] if one is None else [one]
+        elif last - first + 1 <= len(table):
+            found = [d for i in range(first, last + 1) if (d := table.get(i)) is not None]
         else:
-            found = [(i, d) for i, d in table.items() if first <= i <= last]
-        changed = []
-        for delivery_id, delivery in found:
-            changed.append(delivery.on_disposition(state, settled))
-            if settled and delivery.local_settled:
-                table.pop(delivery_id, None)
-        return changed
+            found = [d for i, d in table.items() if first <= i <= last]
+        accepted = state is ACCEPTED_VALUE  # the scanner's shared value: read without the general decoding
+        for delivery in found:
+            if accepted:
+                delivery.remote.type = delivery.remote_state = ACCEPTED
+            elif state is not None:
+                delivery.remote_state = delivery.remote.decode(state)
+            if settled:
+                delivery.settled = True
+                if delivery.local_settled and table.get(delivery.delivery_id or 0) is delivery:
+                    del table[delivery.delivery_id or 0]
+        return found
 
     # --- the local side
     def open(self) -> None:

@@ -526,16 +526,19 @@ class AmqpConnection(asyncio.Protocol):
             self._pump_again = True
             return
         self._pumping = True
+        events = self.collector.events
         try:
             while True:
                 self._pump_again = False
-                self._dispatch()
+                if events:  # (nothing to dispatch: the usual pump after an outcome, one call less)
+                    self._dispatch()
                 self._write()
                 if not self._pump_again:
                     break
         finally:
             self._pumping = False
-        self._schedule_tick()
+        if self._tick_handle is not None or self.connection.remote_idle_timeout > 0:
+            self._schedule_tick()  # (no heartbeats to keep: nothing to tick)
 
     def _write(self) -> None:
         # the engine writes every performative whole and keeps the client's delivery ids: nothing to scan or map

@@ -12,7 +12,6 @@ deliveries), :mod:`oncebus.amqp.session_state` (sessions, which own their links)
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import proton
@@ -127,17 +126,16 @@ class Terminus:
 
 
 class Disposition:
-    """One side's delivery state (proton's ``Disposition``: condition, data, failed, undeliverable)."""
+    """One side's delivery state (proton's ``Disposition``: condition, data, failed, undeliverable).
 
-    __slots__ = ("annotations", "condition", "data", "failed", "type", "undeliverable")
+    Its defaults are the class's (no ``__init__``: two are made for every delivery, and Python runs none)."""
 
-    def __init__(self) -> None:
-        self.type = 0
-        self.condition: Condition | None = None
-        self.data: list[Any] | None = None
-        self.failed = False
-        self.undeliverable = False
-        self.annotations: Any = None
+    type = 0
+    condition: Condition | None = None
+    data: list[Any] | None = None
+    failed = False
+    undeliverable = False
+    annotations: Any = None
 
     def encode(self, state: int) -> bytes:
         if state == ACCEPTED:
@@ -174,13 +172,13 @@ class Disposition:
 
 
 # ------------------------------------------------------------------------------------- endpoints
-@dataclass(slots=True)
 class DeliveryNotes:
-    """What oncebus's link handlers keep about one delivery while they work on it."""
+    """What oncebus's link handlers keep about one delivery while they work on it (defaults are the class's: no
+    ``__init__`` runs for the one every delivery has)."""
 
-    done: bool = False  # its outcome was given (nothing more is said about it)
-    refused: bool = False  # refused while still arriving (its bytes were dropped)
-    settling: bool = False  # the client's settlement is being applied
+    done = False  # its outcome was given (nothing more is said about it)
+    refused = False  # refused while still arriving (its bytes were dropped)
+    settling = False  # the client's settlement is being applied
     txn_id: bytes | None = None  # the transaction that holds it (a transactional-state on its transfer)
     lock_token: uuid.UUID | None = None  # the lock of the message it carries (oncebus sends it)
 

@@ -28,6 +28,9 @@ import proton
 
 from oncebus.amqp.encoding import NULL, DecodeError, encode_list, encode_string, encode_uint
 from oncebus.amqp.endpoints import (
+    _ACCEPTED_STATE as ACCEPTED_STATE,
+)
+from oncebus.amqp.endpoints import (
     ACCEPTED,
     COORDINATOR,
     FALSE,
@@ -271,9 +274,17 @@ class Connection(Endpoint):
 
     def take_output(self) -> bytes:
         """Everything there is to write (``pending``, ``peek`` and ``pop`` at once)."""
-        if self._dirty_links or self._dispositions:
+        if self._dirty_links:
             self._flush()
-        data = b"".join(self._out)
+        elif self._dispositions:  # (the usual outcome: one call less)
+            if self.head_closed:
+                self._dispositions = []
+            else:
+                self._flush_dispositions()
+        out = self._out
+        if not out:
+            return b""
+        data = out[0] if len(out) == 1 else b"".join(out)
         self._out = []
         self._out_size = 0
         return data
@@ -442,24 +453,39 @@ class Connection(Endpoint):
             if delivery is previous:  # updated then settled: once (a later repeat has nothing new to say)
                 continue
             previous = delivery
-            state = delivery.to_say()
-            if state is None:
-                continue
+            # (Delivery.to_say, inline: one call less for each outcome)
+            link = delivery.link
+            session = link.session
             delivery_id = delivery.delivery_id
-            channel = delivery.link.session.channel
-            role = delivery.link.is_receiver
+            if delivery_id is None:
+                continue  # not sent yet (it goes out settled with its transfer), or nothing to name it by
+            local_settled = delivery.local_settled
+            if local_settled:
+                table = session.outgoing if link.is_sender else session.incoming
+                if table.get(delivery_id) is delivery:
+                    del table[delivery_id]
+            if delivery.settled or session.channel is None or session.local != LOCAL_ACTIVE:
+                continue  # the client settled it first, or the session is gone: nothing to say
+            local_state = delivery.local_state
+            said = (local_state, local_settled)
+            if delivery.said == said:
+                continue
+            delivery.said = said
+            state = ACCEPTED_STATE if local_state == ACCEPTED else delivery.local.encode(local_state)
+            channel = session.channel
+            role = link.is_receiver
             last = runs[-1] if runs else None
             if (
                 last is not None
                 and last[0] == channel
                 and last[1] == role
                 and last[3] + 1 == delivery_id
-                and last[4] == delivery.local_settled
+                and last[4] == local_settled
                 and last[5] == state
             ):
                 last[3] = delivery_id
             else:
-                runs.append([channel, role, delivery_id, delivery_id, delivery.local_settled, state])
+                runs.append([channel, role, delivery_id, delivery_id, local_settled, state])
         for channel, role, first, last_id, settled, state in runs:
             fields = [
                 TRUE if role else FALSE,

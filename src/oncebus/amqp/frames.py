@@ -74,7 +74,7 @@ UNATTACHED_HANDLE = "amqp:session:unattached-handle"
 
 # a disposition's fields as the SDKs send them, read without the general decoder (anything else goes to it)
 _FLAGS = {0x40: None, 0x41: True, 0x42: False}
-_ACCEPTED_ENCODINGS = (b"\x00\x53\x24\x45", b"\x00\x53\x24\xc0\x01\x00")  # its empty list as list0 or list8
+_ACCEPTED_LIST0, _ACCEPTED_LIST8 = b"\x00\x53\x24\x45", b"\x00\x53\x24\xc0\x01\x00"  # its empty list, either way
 # the ``accepted`` state the fast read gives: one shared value (read, never changed: the engine keeps its code only)
 ACCEPTED_VALUE = proton.Described(proton.ulong(_ACCEPTED), [])
 _DISPOSITION_DESCRIPTOR = b"\x00\x53\x15"
@@ -121,20 +121,15 @@ def _disposition_fields(body: memoryview | bytes) -> list[Any] | None:
         elif byte == 0x70:
             fields.append(int(_U32.unpack_from(body, pos + 1)[0]))
             pos += 5
-        elif index == 4 and (size := _accepted_size(body, pos)):
+        elif index == 4 and body[pos : pos + 4] == _ACCEPTED_LIST0:
             fields.append(ACCEPTED_VALUE)
-            pos += size
+            pos += 4
+        elif index == 4 and body[pos : pos + 6] == _ACCEPTED_LIST8:
+            fields.append(ACCEPTED_VALUE)
+            pos += 6
         else:
             return None
     return fields if pos == end else None
-
-
-def _accepted_size(body: memoryview | bytes, pos: int) -> int:
-    """The length of an ``accepted`` state at ``pos`` (0: not one)."""
-    for raw in _ACCEPTED_ENCODINGS:
-        if body[pos : pos + len(raw)] == raw:
-            return len(raw)
-    return 0
 
 
 class FrameError(ValueError):
@@ -272,7 +267,17 @@ class FrameScanner:
                 need = size
                 break
             if size > doff * 4:
-                out.append(self._frame(channel, frame_type, view[offset : offset + size], doff * 4))
+                start = offset + doff * 4
+                usual = None
+                if frame_type == FRAME_TYPE_AMQP and data[start : start + 3] == _DISPOSITION_DESCRIPTOR:
+                    try:  # the usual disposition (a completion): read at once, nothing else to note for it
+                        usual = _disposition_fields(view[start : offset + size])
+                    except (IndexError, struct.error):
+                        usual = None
+                if usual is not None:
+                    out.append(Performative(channel, DISPOSITION, usual))
+                else:
+                    out.append(self._frame(channel, frame_type, view[offset : offset + size], doff * 4))
             elif self._phase == _SASL:
                 raise FrameError("an empty SASL frame")
             offset += size
@@ -303,11 +308,6 @@ class FrameScanner:
 
     def _frame(self, channel: int, frame_type: int, frame: memoryview, start: int) -> Performative:
         """Check and decode one frame's performative; let the AMQP ones that matter update what is known."""
-        if frame_type == FRAME_TYPE_AMQP and frame[start : start + 3] == _DISPOSITION_DESCRIPTOR:
-            # the usual disposition (a completion): read at once, nothing else to note for it
-            usual = disposition_fields(frame[start:])
-            if usual is not None:
-                return Performative(channel, DISPOSITION, usual)
         names = SASL_PERFORMATIVES if frame_type == FRAME_TYPE_SASL else AMQP_PERFORMATIVES
         code: int | None = descriptor_code(frame, start)
         if code is None or code not in names:
@@ -321,6 +321,10 @@ class FrameScanner:
         list_at = start + descriptor_length(frame, start)
         if frame[list_at] not in (0x45, 0xC0, 0xD0):
             raise FrameError(f"the {names[code]} performative's fields are not a list", DECODE_ERROR)
+        if frame_type == FRAME_TYPE_AMQP and code == DISPOSITION:  # (its descriptor as a ulong: the usual read)
+            usual = disposition_fields(frame[start:])
+            if usual is not None:
+                return Performative(channel, DISPOSITION, usual)
         raw: list[bytes] | None = None
         fields: list[Any]
         try:

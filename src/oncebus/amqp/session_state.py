@@ -65,6 +65,9 @@ class SessionEnded:
     session: Session
 
 
+_LAST_FRAME_FIELDS = FALSE + b"\x40\x40\x40\x40\x40"  # more=false, then rcv-settle-mode .. batchable: none
+
+
 def _transfer_performative(head: bytes, more: bool) -> bytes:
     """A transfer's 11 fields: ``head`` holds the first five (handle .. settled)."""
     body = head + (TRUE if more else FALSE) + b"\x40\x40\x40\x40\x40"
@@ -283,7 +286,8 @@ class Session(Endpoint):
         delivery_id = self.next_outgoing_id
         self.next_outgoing_id = (delivery_id + 1) & _MASK
         delivery.delivery_id = delivery_id
-        payload = b"".join(delivery.chunks)
+        chunks = delivery.chunks
+        payload = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         delivery.chunks = []
         delivery.pending = 0
         settled = delivery.local_settled or link.snd_settle_mode == SND_SETTLED
@@ -297,8 +301,12 @@ class Session(Endpoint):
         head = link.handle_raw + b"\x70" + _U32.pack(delivery_id) + tag_raw + b"\x43" + (TRUE if settled else FALSE)
         channel = self.channel or 0
         room = max(self.connection.remote_max_frame_size - 8 - 12 - len(head) - 6, 1)
-        if len(payload) <= room:
-            performative = _transfer_performative(head, False)
+        if len(payload) <= room:  # (the usual: one frame, its performative built here)
+            body = head + _LAST_FRAME_FIELDS
+            if len(body) + 1 <= 255:
+                performative = b"\x00\x53\x14\xc0" + bytes((len(body) + 1, 11)) + body
+            else:
+                performative = _transfer_performative(head, False)
             frame = _FRAME.pack(8 + len(performative) + len(payload), 2, 0, channel) + performative + payload
             out.append(frame)
             return len(frame)

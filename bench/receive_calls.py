@@ -106,7 +106,7 @@ def main() -> None:
     table = pstats.Stats(str(stats))
     entries: dict[Any, Any] = table.stats  # type: ignore[attr-defined]
     total = sum(nc for (_cc, nc, _tt, _ct, _callers) in entries.values())
-    print(f"{messages:,} {args.shape} messages, {args.receivers} receivers ({measured.rate:,.0f} msg/s profiled)")
+    print(f"{messages:,} {args.shape} messages, {args.receivers} receivers")
     print(f"calls a message on the loop thread: {total / messages:.1f}")
     rows = collections.Counter({key: value[1] for key, value in entries.items()})
     print("most calls a message:")

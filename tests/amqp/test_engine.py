@@ -379,3 +379,49 @@ def test_links_are_listed_by_state_as_proton_lists_them() -> None:
         active.append(link.name)
         link = link.next(engine.LOCAL_ACTIVE)
     assert active == ["l0", "l2"]
+
+
+def _sent_unsettled(h: Harness, count: int) -> tuple[engine.Link, list[engine.Delivery]]:
+    """A link the client receives on, and ``count`` unsettled deliveries of ours written on it."""
+    h.feed(attach_frame("r", 0, "q", sender=False))
+    h.feed(flow_frame(0, count))
+    link = h.conn.links[0]
+    link.snd_settle_mode = engine.SND_UNSETTLED
+    sent = [link.send_whole(bytes([i]), b"\x00\x53\x75\xa0\x01x") for i in range(count)]
+    assert len([f for f in frames(h.conn.take_output()) if f[1] == TRANSFER]) == count
+    return link, sent
+
+
+def test_a_disposition_goes_to_its_links_settler_in_one_call_without_events() -> None:
+    """The client's disposition of a range of ours reaches the link's settler straight from the frame: one call
+    for the range, no event; the outcome said for all of them goes out as one disposition."""
+    h = Harness()
+    h.start()
+    link, sent = _sent_unsettled(h, 4)
+    calls: list[list[engine.Delivery]] = []
+    link.settler = calls.append
+    before = len(h.events)
+    h.feed(frame(DispositionFrame(True, 0, 2, False, Accepted(), None)))
+    assert calls == [sent[:3]]
+    assert h.events[before:] == []
+    assert all(d.remote_state == engine.ACCEPTED and not d.settled for d in sent[:3])
+    for delivery in sent[:3]:
+        delivery.settle_as(engine.ACCEPTED)
+    (out,) = [f for f in frames(h.conn.take_output()) if f[1] == DISPOSITION]
+    assert out[2][:5] == [False, 0, 2, True, {"accepted": []}]
+    assert set(link.session.outgoing) == {3}
+
+
+def test_a_disposition_after_another_event_in_the_same_read_goes_as_an_event() -> None:
+    """An event waiting (a flow read first) keeps the order: the disposition after it is an event too."""
+    h = Harness()
+    h.start()
+    link, sent = _sent_unsettled(h, 2)
+    calls: list[list[engine.Delivery]] = []
+    link.settler = calls.append
+    before = len(h.events)
+    h.feed(flow_frame(0, 5) + frame(DispositionFrame(True, 1, None, False, Accepted(), None)))
+    assert calls == []
+    assert [type(e) for e in h.events[before:]] == [events.LinkFlow, events.DeliveryChanged]
+    assert h.events[-1] == events.DeliveryChanged(sent[1])
+    assert sent[1].remote_state == engine.ACCEPTED

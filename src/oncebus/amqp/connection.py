@@ -32,7 +32,7 @@ from oncebus.amqp.events import (
     SessionEnded,
     TransportClosed,
 )
-from oncebus.amqp.frames import RESOURCE_LIMIT, Frame, FrameError, NotAmqpError
+from oncebus.amqp.frames import RESOURCE_LIMIT, FrameError, NotAmqpError
 from oncebus.amqp.performatives import AMQP_HEADER, close_frame, open_frame
 from oncebus.amqp.sas import Grant
 from oncebus.auth import access_denied, ancestors, normalize_path
@@ -217,7 +217,13 @@ class AmqpConnection(asyncio.Protocol):
         # the engine writes as it is asked, so it reads the client's header and open first (the answer must start
         # with our header)
         try:
-            self._push(frames)
+            # one pump for what the frames changed, one more only after a refusal (the usual read, one disposition,
+            # pumped twice before: a second dispatch, output check and tick for nothing; docs/performance-log.md)
+            if frames:
+                self.connection.receive(frames)
+                self.pump()
+            if self.scanner.oversized:
+                self._refuse_all_oversized()
             if refuse:
                 self._refuse()
                 self.pump()
@@ -234,17 +240,11 @@ class AmqpConnection(asyncio.Protocol):
         self.connection.open()
         self.connection.close()
 
-    def _push(self, frames: list[Frame]) -> None:
-        # one pump for what the frames changed, one more only after a refusal (the usual read, one disposition,
-        # pumped twice before: a second dispatch, output check and tick for nothing; docs/performance-log.md)
-        if frames:
-            self.connection.receive(frames)
-            self.pump()
-        if self.scanner.oversized:
-            oversized, self.scanner.oversized = self.scanner.oversized, []
-            for name, size, limit in oversized:
-                self._refuse_oversized(name, size, limit)
-            self.pump()
+    def _refuse_all_oversized(self) -> None:
+        oversized, self.scanner.oversized = self.scanner.oversized, []
+        for name, size, limit in oversized:
+            self._refuse_oversized(name, size, limit)
+        self.pump()
 
     def eof_received(self) -> bool | None:
         self.connection.close_tail()

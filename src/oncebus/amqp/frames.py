@@ -232,6 +232,7 @@ class FrameScanner:
         out: list[Frame] = []
         view = memoryview(data)
         need = 0
+        limit = self.frame_limit
         while offset < end:
             if self._phase == _HEADER or (self._phase == _SASL and data[offset] == PROTOCOL_HEADER_PREFIX[0]):
                 if not self._header(view[offset : offset + 8]):
@@ -244,7 +245,7 @@ class FrameScanner:
                 need = 8
                 break
             (size,) = _U32.unpack_from(data, offset)
-            if size > self.frame_limit:
+            if size > limit:
                 raise FrameError(
                     f"a frame of {size} bytes exceeds the largest allowed now, {self.frame_limit} bytes "
                     f"({self.limits.handshake_frame_size} until the open exchange, then the max-frame-size "
@@ -278,6 +279,7 @@ class FrameScanner:
                     out.append(Performative(channel, DISPOSITION, usual))
                 else:
                     out.append(self._frame(channel, frame_type, view[offset : offset + size], doff * 4))
+                    limit = self.frame_limit  # (the open raises it)
             elif self._phase == _SASL:
                 raise FrameError("an empty SASL frame")
             offset += size

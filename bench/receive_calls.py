@@ -92,7 +92,7 @@ def main() -> None:
         per_receiver = (args.messages + args.receivers - 1) // args.receivers
         jobs: list[tuple[Any, ...]] = [(connection_string, "receive", per_receiver)] * args.receivers
         process.send_signal(signal.SIGUSR1)
-        measured = run_workers(sdk_receiver, jobs, process.pid)
+        run_workers(sdk_receiver, jobs, process.pid)
         process.send_signal(signal.SIGUSR2)
         deadline = time.monotonic() + 30
         while "dumped\n" not in lines and time.monotonic() < deadline:

@@ -103,29 +103,29 @@ def _disposition_fields(body: memoryview | bytes) -> list[Any] | None:
         return None
     if count > 6 or end != len(body):
         return None
-    fields: list[Any] = []
+    fields: list[Any] = [None] * count  # (set by index: no append call for each field)
     for index in range(count):
         byte = body[pos]
         if byte in _FLAGS:
-            fields.append(_FLAGS[byte])
+            fields[index] = _FLAGS[byte]
             pos += 1
         elif byte == 0x52:
-            fields.append(body[pos + 1])
+            fields[index] = body[pos + 1]
             pos += 2
         elif byte == 0x56 and body[pos + 1] <= 1:  # a boolean in a byte: the Python SDK's flags
-            fields.append(body[pos + 1] == 1)
+            fields[index] = body[pos + 1] == 1
             pos += 2
         elif byte == 0x43:
-            fields.append(0)
+            fields[index] = 0
             pos += 1
         elif byte == 0x70:
-            fields.append(int(_U32.unpack_from(body, pos + 1)[0]))
+            fields[index] = int(_U32.unpack_from(body, pos + 1)[0])
             pos += 5
         elif index == 4 and body[pos : pos + 4] == _ACCEPTED_LIST0:
-            fields.append(ACCEPTED_VALUE)
+            fields[index] = ACCEPTED_VALUE
             pos += 4
         elif index == 4 and body[pos : pos + 6] == _ACCEPTED_LIST8:
-            fields.append(ACCEPTED_VALUE)
+            fields[index] = ACCEPTED_VALUE
             pos += 6
         else:
             return None
@@ -232,7 +232,8 @@ class FrameScanner:
         out: list[Frame] = []
         view = memoryview(data)
         need = 0
-        limit = self.frame_limit
+        limits = self.limits
+        limit = limits.max_frame_size if self.opened else limits.handshake_frame_size  # (frame_limit)
         while offset < end:
             if self._phase == _HEADER or (self._phase == _SASL and data[offset] == PROTOCOL_HEADER_PREFIX[0]):
                 if not self._header(view[offset : offset + 8]):

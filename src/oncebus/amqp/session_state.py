@@ -297,19 +297,23 @@ class Session(Endpoint):
         else:
             self.outgoing[delivery_id] = delivery
         tag = delivery.raw_tag
-        tag_raw = (b"\xa0" + bytes((len(tag),)) if len(tag) < 256 else b"\xb0" + _U32.pack(len(tag))) + tag
+        tag_size = len(tag)
+        tag_raw = (b"\xa0" + bytes((tag_size,)) if tag_size < 256 else b"\xb0" + _U32.pack(tag_size)) + tag
         head = link.handle_raw + b"\x70" + _U32.pack(delivery_id) + tag_raw + b"\x43" + (TRUE if settled else FALSE)
         channel = self.channel or 0
-        room = max(self.connection.remote_max_frame_size - 8 - 12 - len(head) - 6, 1)
-        if len(payload) <= room:  # (the usual: one frame, its performative built here)
-            body = head + _LAST_FRAME_FIELDS
-            if len(body) + 1 <= 255:
-                performative = b"\x00\x53\x14\xc0" + bytes((len(body) + 1, 11)) + body
+        head_size = len(head)
+        payload_size = len(payload)
+        room = self.connection.remote_max_frame_size - 26 - head_size  # (8 frame header, 12 list head, 6 fields)
+        if room < 1:
+            room = 1
+        if payload_size <= room:  # (the usual: one frame, its performative built here)
+            if head_size + 7 <= 255:  # the body (head, more, five nulls) and its count fit a list8
+                performative = b"\x00\x53\x14\xc0" + bytes((head_size + 7, 11)) + head + _LAST_FRAME_FIELDS
             else:
                 performative = _transfer_performative(head, False)
-            frame = _FRAME.pack(8 + len(performative) + len(payload), 2, 0, channel) + performative + payload
-            out.append(frame)
-            return len(frame)
+            size = 8 + len(performative) + payload_size
+            out.append(_FRAME.pack(size, 2, 0, channel) + performative + payload)
+            return size
         size = 0
         offset = 0
         while offset < len(payload):

@@ -27,6 +27,7 @@ TINY: dict[str, list[str]] = {
     "metrics_overhead": ["--seconds", "0.5", "--repeat", "1", "--queues", "2", "--topics", "1", "--senders", "2"],
     "namespaces": ["--quick"],
     "receive_bound": ["--round-trips", "500", "--clients", "1", "--repeat", "1"],
+    "receive_calls": ["--messages", "200", "--receivers", "1", "--top", "3"],
     "rules_eval": ["--quick"],
     "rules_fanout": ["--messages", "200", "--rounds", "1"],
     "spark_dedup": [

@@ -113,6 +113,9 @@ class Sender:
         resends: list[int] = []  # delays since each resent key's first acceptance (metrics)
         detector = entity.detector  # keys are None when duplicate detection is off
         reserved = iter(sequence_numbers) if sequence_numbers is not None else None
+        # a queue that does not forward: each accepted message is put there (what ``Router.route`` would plan,
+        # without its two calls a message); otherwise the router plans each
+        direct = entity.receivable if entity.kind == "queue" and not entity.properties.forwards else None
         for message, given_id, key in zip(batch, checked.ids, checked.keys, strict=True):
             reserved_seq = next(reserved) if reserved is not None else None
             message_id: MessageId = given_id if given_id is not None else uuid.uuid4().hex
@@ -149,8 +152,11 @@ class Sender:
             deltas["accepted"] += 1
             record = stored_message(entity.properties, message, message_id, seq, now, scheduled_us)
             plan.dedup_key = None if key is None else (entity.path, key, now)  # written with the first copy
-            self.router.route(entity, record, now, plan)
-            plan.flush_key()  # no copy (no subscription took it): the key is remembered all the same
+            if direct is not None:
+                plan.put(direct, record)
+            else:
+                self.router.route(entity, record, now, plan)
+                plan.flush_key()  # no copy (no subscription took it): the key is remembered all the same
             outcomes.append(SendOutcome(message_id, seq, False, late))
         if deltas["accepted"]:
             ops = plan.ops

@@ -22,7 +22,7 @@ from oncebus.broker.clock import Clock
 from oncebus.broker.contents import ContentCache
 from oncebus.broker.journal import Journal
 from oncebus.broker.paths import parse_path
-from oncebus.broker.receivable import Entry, Receivable, SessionLock
+from oncebus.broker.receivable import TOKENS, Entry, Receivable, SessionLock
 from oncebus.broker.registry import Entity, EntityKind, Registry
 from oncebus.broker.routing import Router
 from oncebus.broker.sending import check_quota
@@ -449,7 +449,7 @@ class Delivery:
 
     def _lock_session(self, receivable: Receivable, session_id: str, now: int) -> SessionLock:
         lock = SessionLock(
-            receivable.path, session_id, uuid.uuid4(), clamp_us(now + receivable.settings.lock_duration_us)
+            receivable.path, session_id, TOKENS.next(), clamp_us(now + receivable.settings.lock_duration_us)
         )
         receivable.sessions[session_id] = lock
         return lock

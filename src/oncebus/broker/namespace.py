@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import datetime
@@ -42,7 +43,7 @@ from oncebus.broker.recovery import (
     restore,
     restore_messages_in_steps,
 )
-from oncebus.broker.registry import Entity, EntityKind, Registry
+from oncebus.broker.registry import Entity, EntityKind, Registry, Subscription
 from oncebus.broker.routing import Router
 from oncebus.broker.rulebook import Rules
 from oncebus.broker.runtime_properties import (
@@ -86,7 +87,21 @@ PRUNE_EVERY_US = 60_000_000
 MAX_BATCH_DELETE = 500
 """The most messages one batch delete removes: Service Bus's Standard tier (its Premium tier: 4000)."""
 POLL_SECONDS = 0.25
+RESOLVED_KEPT = 1024
+"""The most path strings whose resolution ``Namespace.receivable`` keeps (past it, it starts again)."""
 _LOG = logging.getLogger("oncebus.broker")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Resolved:
+    """What a path string resolved to, valid while ``entity`` (and ``subscription``) is the one registered."""
+
+    receivable: Receivable
+    entity: Entity
+    entity_key: str
+    subscription: Subscription | None
+    subscription_key: str
+    touched: tuple[str, ...]  # the paths a use of it keeps from idling (the topic's and the subscription's)
 
 
 class Namespace(Delivery):
@@ -107,6 +122,7 @@ class Namespace(Delivery):
         self.quotas = quotas  # the tier (Standard or Premium) and Azure's quotas on it
         self._registry = Registry(quotas)
         self._entities = self._registry.entities  # the same dict, for readers of the namespace's entities
+        self._resolved: dict[str, _Resolved] = {}  # see ``receivable``
         self._changes = ChangeSignal()
         self._journal = Journal(store, reload=self._load, reloaded=self._notify)
         self._contents = ContentCache(store)
@@ -257,7 +273,8 @@ class Namespace(Delivery):
             await self._journal.end_batch()
 
     def _write_later(self, ops: Sequence[Op]) -> None:
-        self._journal.write_later(ops, self._note_moves(ops))
+        if ops:
+            self._journal.write_later(ops, self._note_moves(ops))
 
     def _note_moves(self, ops: Sequence[Op]) -> Callable[[], None] | None:
         """Memory runs ahead of the store for messages dead-lettered (their move) and placed by the timers
@@ -368,15 +385,43 @@ class Namespace(Delivery):
         self._activity.touch(path, self._now())
 
     def receivable(self, path: str) -> Receivable:
-        """The queue, subscription or dead-letter sub-queue at ``path`` (advanced to now)."""
-        self._check_alive()
+        """The queue, subscription or dead-letter sub-queue at ``path`` (advanced to now).
+
+        Every receive and settlement asks this with the same few path strings: what a path resolved to is kept
+        (``_resolved``) and used while its entity (and subscription) is still the object registered under its
+        name, so a path of an entity deleted, or deleted and created again, or reloaded after a failed write,
+        resolves afresh. One clock read."""
+        if self._journal.failure is not None:
+            self._journal.check_alive()
+        now = self._now()
+        hit = self._resolved.get(path)
+        if hit is None or self._entities.get(hit.entity_key) is not hit.entity:
+            hit = self._resolve(path)
+        elif (sub := hit.subscription) is not None and hit.entity.subscriptions.get(hit.subscription_key) is not sub:
+            hit = self._resolve(path)
+        last = self._activity.last
+        for touched in hit.touched:
+            last[touched] = now
+        receivable = hit.receivable
+        ops = receivable.advance(now)
+        if ops:
+            self._write_later(ops)
+        return receivable
+
+    def _resolve(self, path: str) -> _Resolved:
         where = parse_path(path)
         receivable = self._registry.resolve(where)
-        self._touch(where.entity)
-        if where.subscription is not None:
-            self._touch(subscription_path(where.entity, where.subscription))
-        self._write_later(receivable.advance(self._now()))
-        return receivable
+        entity = self._entities[where.entity]
+        if where.subscription is None:
+            hit = _Resolved(receivable, entity, where.entity, None, "", (where.entity,))
+        else:
+            subscription = entity.subscriptions[where.subscription]
+            touched = (where.entity, subscription_path(where.entity, where.subscription))
+            hit = _Resolved(receivable, entity, where.entity, subscription, where.subscription, touched)
+        if len(self._resolved) >= RESOLVED_KEPT:  # paths are the clients': a bound on what they can make it hold
+            self._resolved.clear()
+        self._resolved[path] = hit
+        return hit
 
     def queue_runtime_properties(self, name: str) -> RuntimeProperties:
         """The queue's counts and sizes, as ``ServiceBusAdministrationClient`` names them."""

@@ -18,6 +18,7 @@ TINY: dict[str, list[str]] = {
     "amqp_frames": ["--transfers", "200", "--repeat", "1"],
     "amqp_floor": ["--messages", "400", "--senders", "1", "--receivers", "1", "--repeat", "1"],
     "amqp_send": ["--messages", "400", "--senders", "1", "--receivers", "1", "--repeat", "1"],
+    "amqp_syscalls": ["--messages", "400", "--senders", "1", "--receivers", "1"],
     "amqp_transactions": ["--rounds", "1"],
     "backlog": ["--messages", "2000", "--senders", "1", "--receive", "500", "--receivers", "1"],
     "cluster_failover": ["--messages", "500"],

@@ -14,7 +14,6 @@ import pytest
 from azure.servicebus._pyamqp.outcomes import Accepted
 from azure.servicebus._pyamqp.performatives import DispositionFrame
 
-from oncebus.amqp import engine
 from oncebus.amqp.connection import AmqpConnection
 from oncebus.amqp.limits import AmqpLimits
 from oncebus.core.messages import Message
@@ -74,9 +73,11 @@ def _connection(server: InProcessServer) -> AmqpConnection:
     return conn
 
 
-def _receiver_link(conn: AmqpConnection) -> engine.Link:
-    (link,) = [link for link in conn.connection.links if link.name == "receiver" and not link.is_receiver]
-    return link
+def _detach_all(conn: AmqpConnection) -> None:
+    """Detach every link in one go: the first detach is written at once, the next ones a moment later wait for
+    the turn's write."""
+    for link in list(conn.connection.links):
+        conn.close_link(link, proton.Condition("amqp:link:detach-forced", "going"))
 
 
 def test_outcomes_confirmed_together_leave_in_one_write_in_order(server: InProcessServer) -> None:
@@ -94,7 +95,9 @@ def test_outcomes_confirmed_together_leave_in_one_write_in_order(server: InProce
             said += range(first, (first if last is None else last) + 1)
         assert said == ids  # every outcome, each once, in the order of the deliveries
         server.run(_idle)  # (every write of the turn is recorded)
-        assert len(writes) == 1, [len(w) for w in writes]  # one send, not one a completion
+        # the first at once, the rest in one write at the end of the turn (a third if the server was preempted
+        # for more than COALESCE_SECONDS within the burst): not one a completion
+        assert len(writes) <= 3, [len(w) for w in writes]
 
 
 async def _idle() -> None:
@@ -108,13 +111,13 @@ def test_output_waiting_for_the_turns_write_goes_out_before_a_close(server: InPr
 
         async def detach_then_close() -> None:  # in one turn: the detach waits for the flush, the close comes
             conn = _connection(server)
-            conn.close_link(_receiver_link(conn), proton.Condition("amqp:link:detach-forced", "going"))
+            _detach_all(conn)
             assert conn.connection.has_output()  # (what this test is about: output waiting for its write)
             conn.close()
 
         server.run(detach_then_close)
         codes = [f.code for f in client.frames_until_closed()]
-        assert codes[-2:] == [DETACH, CLOSE], codes
+        assert codes[-2:] == [DETACH, CLOSE] and codes.count(DETACH) == 3, codes  # ($cbs's two links and ours)
 
 
 def test_output_waiting_for_the_turns_write_is_not_written_after_a_drop(server: InProcessServer) -> None:
@@ -122,13 +125,17 @@ def test_output_waiting_for_the_turns_write_is_not_written_after_a_drop(server: 
     with RawClient(server.port) as client:
         _, writes = _receiving(server, client, "dropped", 1)
 
+        written_before_drop: list[int] = []
+
         async def detach_then_drop() -> None:
             conn = _connection(server)
-            conn.close_link(_receiver_link(conn), proton.Condition("amqp:link:detach-forced", "going"))
+            _detach_all(conn)
             assert conn.connection.has_output()
+            written_before_drop.append(len(writes))
             conn.drop()
 
         server.run(detach_then_drop)
         server.run(_idle)
         codes = [f.code for f in client.frames_until_closed()]
-        assert DETACH not in codes and writes == [], (codes, writes)  # cut without a word, as a network failure
+        # cut without a word, as a network failure: what waited for the turn's write is never written
+        assert len(writes) == written_before_drop[0] and codes.count(DETACH) < 3, (codes, writes)

@@ -38,6 +38,7 @@ from oncebus.amqp.sas import Grant
 from oncebus.auth import access_denied, ancestors, normalize_path
 
 if TYPE_CHECKING:
+    from oncebus.amqp.crossentity import CrossEntityScope
     from oncebus.amqp.limits import AmqpLimits
     from oncebus.broker import Broker, SessionLock
 
@@ -47,10 +48,6 @@ CONNECTION_FORCED = "amqp:connection:forced"
 UNAUTHORIZED_ACCESS = "amqp:unauthorized-access"
 LINK_DETACH_FORCED = "amqp:link:detach-forced"
 TRANSFER_LIMIT_EXCEEDED = "amqp:link:transfer-limit-exceeded"
-# output this soon after the connection's last write waits for one write at the end of the loop turn (a burst:
-# outcomes the store confirmed together); later, it is written at once (scheduling a write adds a loop turn, which
-# the synchronous SDK's one outcome at a time pays for nothing: 1.05 -> 1.7 epoll waits a message)
-COALESCE_SECONDS = 0.0002
 # distinct token audiences one connection may hold at once (a new token for an audience replaces the old one)
 MAX_GRANTS_PER_CONNECTION = 1000
 
@@ -160,10 +157,6 @@ class AmqpConnection(asyncio.Protocol):
         self.closed = False
         self._pumping = False
         self._pump_again = False
-        # what the engine has to say goes out once a loop turn: a read's answers at the end of data_received,
-        # the rest (outcomes confirmed by the store, deliveries, heartbeats) in one write scheduled at the first
-        self._flush_handle: asyncio.Handle | None = None
-        self._reading = False  # in data_received: its end writes
         self._tick_handle: asyncio.TimerHandle | None = None
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
@@ -171,6 +164,9 @@ class AmqpConnection(asyncio.Protocol):
         self._writable_waiters: list[asyncio.Future[None]] = []
         self.handlers: dict[engine.Link, LinkHandler] = {}  # the handler serving each link oncebus opened
         self.response_links: dict[tuple[int, str], list[engine.Link]] = {}
+        # each session's cross-entity scope by its key (``Session.key``), set by the router at its first link and
+        # dropped when the session ends (a mypyc-compiled session cannot be weakly referenced)
+        self.scopes: dict[int, CrossEntityScope | None] = {}
         # session locks held by this connection's receive links, by (receivable path, session id)
         self.sessions: dict[tuple[str, str], SessionLock] = {}
         self.opened_at: float | None = None  # loop time of the client's open
@@ -224,7 +220,6 @@ class AmqpConnection(asyncio.Protocol):
             refuse = self.refused is not None
         # the engine writes as it is asked, so it reads the client's header and open first (the answer must start
         # with our header)
-        self._reading = True
         try:
             # one pump for what the frames changed, one more only after a refusal (the usual read, one disposition,
             # pumped twice before: a second dispatch, output check and tick for nothing; docs/performance-log.md)
@@ -237,13 +232,8 @@ class AmqpConnection(asyncio.Protocol):
                 self._refuse()
                 self.pump()
         except Exception:
-            self._reading = False
             _LOG.exception("failed to handle the client's frames")
             self.protocol_error(INTERNAL_ERROR, "oncebus failed to handle the frames; see its log")
-            return
-        self._reading = False
-        if not self.closed:
-            self._write()  # the answers to this read, in one write
 
     def _refuse(self) -> None:
         """Open and close at once: the client reads why, then closes too."""
@@ -290,11 +280,9 @@ class AmqpConnection(asyncio.Protocol):
                     waiter.set_result(None)
 
     def outgoing_bytes(self) -> int:
-        """Bytes waiting to reach this client: in the socket's buffer and in the engine until this turn's flush."""
-        buffered = self.socket.get_write_buffer_size() if self.socket is not None else 0
-        if self._flush_handle is None and not self._reading:
-            return buffered  # (the usual case: nothing waits in the engine)
-        return buffered + max(self.connection.pending(), 0)
+        """Bytes waiting to reach this client: in the socket's buffer and in proton's sessions."""
+        # the engine writes as it goes: nothing waits in it
+        return self.socket.get_write_buffer_size() if self.socket is not None else 0
 
     def has_room(self) -> bool:
         """True while the client reads what it is sent (the outgoing bytes are under their bound)."""
@@ -316,8 +304,6 @@ class AmqpConnection(asyncio.Protocol):
         if self.connection.state & engine.LOCAL_ACTIVE:
             self.connection.close()
         self.pump()
-        if not self.closed:
-            self._write()  # (what a scheduled flush would have written)
         self._shutdown()
 
     def drop(self) -> None:
@@ -375,9 +361,7 @@ class AmqpConnection(asyncio.Protocol):
             return
         self.closed = True
         self.host.connection_closed(self)
-        if self._flush_handle is not None:  # what it would write goes nowhere now: the socket is closing
-            self._flush_handle.cancel()
-            self._flush_handle = None
+        self.scopes.clear()  # its sessions are over
         if self._tick_handle is not None:
             self._tick_handle.cancel()
         if self._handshake_timer is not None:
@@ -553,37 +537,15 @@ class AmqpConnection(asyncio.Protocol):
                 self._pump_again = False
                 if events:  # (nothing to dispatch: the usual pump after an outcome, one call less)
                     self._dispatch()
+                self._write()
                 if not self._pump_again:
                     break
         finally:
             self._pumping = False
-        self._write_soon()
         if self._tick_handle is not None or self.connection.remote_idle_timeout > 0:
             self._schedule_tick()  # (no heartbeats to keep: nothing to tick)
 
-    def _write_soon(self) -> None:
-        """What the engine has to say goes out at the end of this loop turn, in one write with whatever else the
-        turn adds (N outcomes the store confirmed together: one send, not N); closing, it goes out now."""
-        connection = self.connection
-        if self.closed:
-            return
-        if connection.head_closed:
-            self._write()  # the close and linger paths, as they were
-        elif not self._reading and self._flush_handle is None and connection.has_output():
-            if self.loop.time() - connection.last_output >= COALESCE_SECONDS:
-                self._write()  # a lone output (the synchronous client's outcome): at once, no turn added for it
-            else:  # more a moment after the last write (outcomes confirmed together): the rest in one write
-                self._flush_handle = self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_handle = None
-        if not self.closed:
-            self._write()
-
     def _write(self) -> None:
-        if self._flush_handle is not None:  # written now, with everything before it: nothing left for the flush
-            self._flush_handle.cancel()
-            self._flush_handle = None
         # the engine writes every performative whole and keeps the client's delivery ids: nothing to scan or map
         data = self.connection.take_output()
         if data:
@@ -602,8 +564,8 @@ class AmqpConnection(asyncio.Protocol):
         if connection.remote_idle_timeout <= 0 and self._tick_handle is None:
             return  # no heartbeats to keep (the Python SDK asks for none): nothing to tick, on every pump
         deadline = connection.tick(self.loop.time())
-        if connection.has_output():  # a heartbeat is due now (or output waits for this turn's flush)
-            self._write_soon()
+        if connection.has_output():  # a heartbeat is due now
+            self._write()
         handle = self._tick_handle
         if handle is not None and deadline > 0 and handle.when() <= deadline:
             return  # the timer set fires first: it ticks then and sets the next (not one timer per pump)
@@ -672,6 +634,7 @@ class AmqpConnection(asyncio.Protocol):
             case SessionBegun(session):
                 session.open()
             case SessionEnded(session):
+                self.scopes.pop(session.key, None)
                 if session.state & engine.LOCAL_ACTIVE:
                     session.close()
             case ConnectionOpened():
@@ -689,9 +652,11 @@ class AmqpConnection(asyncio.Protocol):
             handler.on_closed()
         if link.is_receiver:
             self.scanner.forget(link.name)
-        for links in self.response_links.values():
+        for key, links in list(self.response_links.items()):
             if link in links:
                 links.remove(link)
+                if not links:  # (a session's key does not outlive it)
+                    del self.response_links[key]
 
     # --- helpers for the link handlers --------------------------------------------------------
     def serve(self, link: engine.Link, handler: LinkHandler) -> None:

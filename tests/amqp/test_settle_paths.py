@@ -25,7 +25,7 @@ SND_UNSETTLED, RCV_SECOND = 0, 1
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    queues = {name: {"MaxDeliveryCount": 10} for name in ("sdk", "wire", "ranges", "others")}
+    queues = {name: {"MaxDeliveryCount": 10} for name in ("sdk", "wire", "ranges", "others", "counts")}
     process = ServerProcess(tmp_path_factory.mktemp("settle") / "data", topology(queues, {})).start()
     yield process
     process.stop()
@@ -71,6 +71,27 @@ def test_an_sdk_receiver_completes_abandons_defers_and_dead_letters(server: Serv
             assert (str(letter.message_id), letter.dead_letter_reason) == ("6", "bad")
             assert letter.dead_letter_error_description == "cannot parse"
     assert _left(server, "sdk") == {"3": 1, "4": 1}  # abandoned: available again, one delivery counted
+
+
+def test_a_peek_shows_the_delivery_count_the_receive_shows_after_an_abandon(server: ServerProcess) -> None:
+    """As on Service Bus: the count is the attempts that failed (an abandon, a lock that expired), 0 on the first
+    receive in this SDK (it shows the AMQP header's count, as the service sends it); a peek of the message shows
+    the same count as the receive that comes next, and while it is locked the count its delivery showed."""
+    _fill(server, "counts", 1)
+    with ServiceBusClient.from_connection_string(server.connection_string) as client:
+        with client.get_queue_receiver("counts", max_wait_time=5) as receiver:
+            assert [m.delivery_count for m in receiver.peek_messages(5, sequence_number=1)] == [0]
+            (first,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            assert first.delivery_count == 0
+            assert [m.delivery_count for m in receiver.peek_messages(5, sequence_number=1)] == [0]  # locked
+            receiver.abandon_message(first)
+            assert [m.delivery_count for m in receiver.peek_messages(5, sequence_number=1)] == [1]
+            (second,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            assert (second.message_id, second.delivery_count) == (first.message_id, 1)
+            assert [m.delivery_count for m in receiver.peek_messages(5, sequence_number=1)] == [1]  # locked
+            receiver.abandon_message(second)
+            assert [m.delivery_count for m in receiver.peek_messages(5, sequence_number=1)] == [2]
+    assert _left(server, "counts") == {"0": 2}
 
 
 @contextmanager

@@ -38,6 +38,7 @@ from oncebus.amqp.sas import Grant
 from oncebus.auth import access_denied, ancestors, normalize_path
 
 if TYPE_CHECKING:
+    from oncebus.amqp.crossentity import CrossEntityScope
     from oncebus.amqp.limits import AmqpLimits
     from oncebus.broker import Broker, SessionLock
 
@@ -163,6 +164,9 @@ class AmqpConnection(asyncio.Protocol):
         self._writable_waiters: list[asyncio.Future[None]] = []
         self.handlers: dict[engine.Link, LinkHandler] = {}  # the handler serving each link oncebus opened
         self.response_links: dict[tuple[int, str], list[engine.Link]] = {}
+        # each session's cross-entity scope by its key (``Session.key``), set by the router at its first link and
+        # dropped when the session ends (a mypyc-compiled session cannot be weakly referenced)
+        self.scopes: dict[int, CrossEntityScope | None] = {}
         # session locks held by this connection's receive links, by (receivable path, session id)
         self.sessions: dict[tuple[str, str], SessionLock] = {}
         self.opened_at: float | None = None  # loop time of the client's open
@@ -357,6 +361,7 @@ class AmqpConnection(asyncio.Protocol):
             return
         self.closed = True
         self.host.connection_closed(self)
+        self.scopes.clear()  # its sessions are over
         if self._tick_handle is not None:
             self._tick_handle.cancel()
         if self._handshake_timer is not None:
@@ -629,6 +634,7 @@ class AmqpConnection(asyncio.Protocol):
             case SessionBegun(session):
                 session.open()
             case SessionEnded(session):
+                self.scopes.pop(session.key, None)
                 if session.state & engine.LOCAL_ACTIVE:
                     session.close()
             case ConnectionOpened():
@@ -646,9 +652,11 @@ class AmqpConnection(asyncio.Protocol):
             handler.on_closed()
         if link.is_receiver:
             self.scanner.forget(link.name)
-        for links in self.response_links.values():
+        for key, links in list(self.response_links.items()):
             if link in links:
                 links.remove(link)
+                if not links:  # (a session's key does not outlive it)
+                    del self.response_links[key]
 
     # --- helpers for the link handlers --------------------------------------------------------
     def serve(self, link: engine.Link, handler: LinkHandler) -> None:

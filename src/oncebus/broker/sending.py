@@ -116,12 +116,16 @@ class Sender:
         # a queue that does not forward: each accepted message is put there (what ``Router.route`` would plan,
         # without its two calls a message); otherwise the router plans each
         direct = entity.receivable if entity.kind == "queue" and not entity.properties.forwards else None
-        for message, given_id, key in zip(batch, checked.ids, checked.keys, strict=True):
+        keys = checked.keys
+        # every key judged in order, as one batch (the rule: core.dedup), before any record is built
+        verdicts = detector.judge_many(keys, now) if detector.enabled else [None] * len(batch)
+        props = entity.properties
+        send_log = self.send_log
+        for message, given_id, key, verdict in zip(batch, checked.ids, keys, verdicts, strict=True):
             reserved_seq = next(reserved) if reserved is not None else None
             message_id: MessageId = given_id if given_id is not None else uuid.uuid4().hex
-            verdict = detector.judge(key, now) if key is not None else None
-            if self.send_log is not None and key is not None:
-                self.send_log(
+            if send_log is not None and key is not None:
+                send_log(
                     {
                         "entity": entity.path,
                         "key": key,
@@ -150,7 +154,7 @@ class Sender:
                 seq = entity.next_sequence_number
                 entity.next_sequence_number += 1
             deltas["accepted"] += 1
-            record = stored_message(entity.properties, message, message_id, seq, now, scheduled_us)
+            record = stored_message(props, message, message_id, seq, now, scheduled_us)
             plan.dedup_key = None if key is None else (entity.path, key, now)  # written with the first copy
             if direct is not None:
                 plan.put(direct, record)

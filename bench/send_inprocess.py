@@ -2,7 +2,7 @@
 
 Each send is a batch of ``--batch`` messages decoded by the AMQP codec from proton-encoded bytes (as a transfer
 brings them), ``--senders`` concurrent senders, a SQLite store with fsync (``synchronous=FULL``). Prints the CPU
-microseconds a message of all threads (``process_time``) and of the store's writer thread (``thread_time``
+microseconds a message of all threads (the collector tuned as ``oncebus serve`` tunes it) (``process_time``) and of the store's writer thread (``thread_time``
 around ``SqliteStore._apply``), dedup off and on, rounds alternated; the best round of each is shown.
 ``--cprofile``: cProfile the loop thread in one more dedup-on round and print its top functions by own time.
 
@@ -28,6 +28,7 @@ import proton
 from oncebus.amqp import codec
 from oncebus.broker import Namespace
 from oncebus.core.messages import Message
+from oncebus.server.runtime import tune_gc
 from oncebus.store.sqlite import SqliteStore
 
 BODY = b"x" * 1024
@@ -114,6 +115,7 @@ def main() -> None:
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
+    tune_gc()  # the collector as ``oncebus serve`` sets it
     print(f"load {os.getloadavg()[0]:.2f}; {args.messages} {args.shape} messages, batches of {args.batch}")
     best: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="oncebus-send-") as tmp:

@@ -116,6 +116,8 @@ class Sender:
         # a queue that does not forward: each accepted message is put there (what ``Router.route`` would plan,
         # without its two calls a message); otherwise the router plans each
         direct = entity.receivable if entity.kind == "queue" and not entity.properties.forwards else None
+        records: list[StoredMessage] = []  # to ``direct``, with their keys
+        record_keys: list[tuple[str, str, int] | None] = []
         keys = checked.keys
         # every key judged in order, as one batch (the rule: core.dedup), before any record is built
         verdicts = detector.judge_many(keys, now) if detector.enabled else [None] * len(batch)
@@ -155,13 +157,16 @@ class Sender:
                 entity.next_sequence_number += 1
             deltas["accepted"] += 1
             record = stored_message(props, message, message_id, seq, now, scheduled_us)
-            plan.dedup_key = None if key is None else (entity.path, key, now)  # written with the first copy
-            if direct is not None:
-                plan.put(direct, record)
+            if direct is not None:  # put after the loop, each with its key
+                records.append(record)
+                record_keys.append(None if key is None else (entity.path, key, now))
             else:
+                plan.dedup_key = None if key is None else (entity.path, key, now)  # written with the first copy
                 self.router.route(entity, record, now, plan)
                 plan.flush_key()  # no copy (no subscription took it): the key is remembered all the same
             outcomes.append(SendOutcome(message_id, seq, False, late))
+        if records:
+            plan.put_all(direct, records, record_keys)
         if deltas["accepted"]:
             ops = plan.ops
             counters = entity.counters_op(deltas)

@@ -62,9 +62,7 @@ class Plan:
         self.ops.append(PutMessage(copy, self.dedup_key))
         self.dedup_key = None
 
-    def put_all(
-        self, receivable: Any, copies: list[StoredMessage], keys: list[tuple[str, str, int] | None]
-    ) -> None:
+    def put_all(self, receivable: Any, copies: list[StoredMessage], keys: list[tuple[str, str, int] | None]) -> None:
         """``put`` of each copy in order, each with its dedup key (one send's accepted messages to one queue)."""
         self.placements += [(receivable, copy) for copy in copies]
         self.ops += map(PutMessage, copies, keys)

@@ -1,10 +1,11 @@
 """The send path without the wire: ``Namespace.send`` of decoded AMQP batches on a SQLite store, in process.
 
 Each send is a batch of ``--batch`` messages decoded by the AMQP codec from proton-encoded bytes (as a transfer
-brings them), ``--senders`` concurrent senders, a SQLite store with fsync (``synchronous=FULL``). Prints the CPU
-microseconds a message of all threads (the collector tuned as ``oncebus serve`` tunes it) (``process_time``) and of the store's writer thread (``thread_time``
-around ``SqliteStore._apply``), dedup off and on, rounds alternated; the best round of each is shown.
-``--cprofile``: cProfile the loop thread in one more dedup-on round and print its top functions by own time.
+brings them), ``--senders`` concurrent senders, a SQLite store with fsync (``synchronous=FULL``), the collector
+tuned as ``oncebus serve`` tunes it. Prints the CPU microseconds a message of all threads (``process_time``) and
+of the store's writer thread (``thread_time`` around ``SqliteStore._apply``), dedup off and on, rounds
+alternated; the best round of each is shown. ``--cprofile``: cProfile the loop thread and the writer's
+``_apply`` in one more dedup-on round and print their top functions by own time.
 
 Usage: ``python bench/send_inprocess.py [--messages 10000] [--batch 100] [--senders 2] [--shape realistic]
 [--repeat 3] [--cprofile]``

@@ -225,7 +225,7 @@ def test_an_abandon_that_merges_properties_commits_instead(tmp_path: Path) -> No
 
 
 def test_records_read_back_as_written() -> None:
-    unit = [
+    unit: list[Op] = [
         DeleteMessage("q", 1),
         UpdateMessage("q", 2, 0, 3),
         MoveMessage("t/subscriptions/s", 4, "t/subscriptions/s/$deadletterqueue", 0, "reason", None, "t"),

@@ -127,8 +127,18 @@ def start_oncebus(
     }
     config_file = workdir / "config.json"
     config_file.write_text(json.dumps(config))
-    command = [sys.executable, "-c", "import sys; from oncebus.cli import main; sys.exit(main())"]
-    command += ["--data-dir", str(workdir / "data"), "serve", "--port", "0", "--config", str(config_file), *serve_args]
+    serve = ["--data-dir", str(workdir / "data"), "serve", "--port", "0", "--config", str(config_file), *serve_args]
+    return start_serve(SERVE_PROGRAM, serve)
+
+
+SERVE_PROGRAM = "import sys; from oncebus.cli import main; sys.exit(main())"
+
+
+def start_serve(program: str, args: list[str], output: list[str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    """``python -c program *args`` (a program that runs ``oncebus serve``, ``args`` its command line) started,
+    and its "ready" line waited for; returns the process and the connection string it printed. Its later output
+    is read on a thread (so that it never blocks on a full pipe) and appended to ``output`` if given."""
+    command = [sys.executable, "-c", program, *args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
     connection_string = ""
@@ -140,7 +150,8 @@ def start_oncebus(
     if not connection_string:
         process.kill()
         raise SystemExit("oncebus serve did not start")
-    threading.Thread(target=lambda: collections.deque(process.stdout or (), maxlen=0), daemon=True).start()
+    keep = output.extend if output is not None else lambda lines: collections.deque(lines, maxlen=0)
+    threading.Thread(target=lambda: keep(process.stdout or ()), daemon=True).start()
     return process, connection_string
 
 

@@ -21,14 +21,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from amqp_send import run_workers, sdk_fill, sdk_receiver
+from amqp_send import run_workers, sdk_fill, sdk_receiver, start_serve
 
 _SERVE = """
 import cProfile, signal, sys
@@ -58,21 +57,9 @@ def start(workdir: Path, stats: Path) -> tuple[subprocess.Popen[str], str, list[
     }
     config_file = workdir / "config.json"
     config_file.write_text(json.dumps(config))
-    command = [sys.executable, "-c", _SERVE, str(stats), "--data-dir", str(workdir / "data"), "serve"]
-    command += ["--port", "0", "--config", str(config_file)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert process.stdout is not None
-    connection_string = ""
-    for line in process.stdout:
-        if line.startswith("connection string: "):
-            connection_string = line.split(": ", 1)[1].strip()
-        if line.strip() == "ready":
-            break
-    if not connection_string:
-        process.kill()
-        raise SystemExit("oncebus serve did not start")
+    serve = [str(stats), "--data-dir", str(workdir / "data"), "serve", "--port", "0", "--config", str(config_file)]
     lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(process.stdout or ()), daemon=True).start()
+    process, connection_string = start_serve(_SERVE, serve, lines)
     return process, connection_string, lines
 
 

@@ -8,13 +8,21 @@ on one session, so it lays the links out as the Java SDK does (tests/java runs t
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
 
 import proton
 import pytest
+from azure.servicebus._pyamqp.performatives import BeginFrame
 
+from oncebus.amqp.connection import AmqpConnection
+from oncebus.amqp.encoding import NULL, encode_described, encode_list, encode_string, encode_uint
+from oncebus.amqp.endpoints import FALSE
 from oncebus.amqp.limits import AmqpLimits
+from oncebus.amqp.performatives import ATTACH, BEGIN, END, amqp_frame
 from tests.amqp.inprocess import InProcessServer
+from tests.amqp.raw import RawClient, attach_frame, frame
 from tests.amqp.test_transactions import bodies, count, msg, ns, queue
 from tests.amqp.txn_client import TRANSACTIONAL_STATE, TxnClient
 
@@ -136,3 +144,75 @@ def test_a_refused_first_link_sets_no_send_via_entity(server: InProcessServer, c
     assert client.send(source, msg("first")).state == proton.Delivery.ACCEPTED  # the send-via entity now
     message, _ = client.receive(source)
     assert message.body == "first"
+
+
+def _connection(server: InProcessServer) -> AmqpConnection:
+    async def only() -> AmqpConnection:
+        assert server.server is not None
+        (conn,) = server.server.connections
+        return conn
+
+    result: AmqpConnection = server.run(only)
+    return result
+
+
+def _scopes(server: InProcessServer, conn: AmqpConnection) -> dict[int, object]:
+    async def read() -> dict[int, object]:
+        return dict(conn.scopes)
+
+    result: dict[int, object] = server.run(read)
+    return result
+
+
+def _reply_keys(server: InProcessServer, conn: AmqpConnection) -> list[tuple[int, str]]:
+    async def read() -> list[tuple[int, str]]:
+        return list(conn.response_links)
+
+    result: list[tuple[int, str]] = server.run(read)
+    return result
+
+
+def test_a_session_scope_does_not_outlive_its_session(server: InProcessServer) -> None:
+    """Each session's cross-entity scope (set by its first link: a coordinator or an entity link) is kept under
+    the session's key while the session lasts: a client that opens and ends many sessions on one connection
+    leaves only its open sessions' scopes, and none once its connection is gone (nor the entries that find a
+    session's reply links)."""
+    name = queue(server)
+    coordinator = encode_described(0x30, encode_list([]))  # amqp:coordinator:list
+    source = encode_described(0x28, encode_list([]))  # amqp:source:list
+    with RawClient(server.port) as raw:
+        raw.handshake()
+        assert raw.put_token(name) == 202  # channel 0's session: its $cbs links set its scope
+        conn = _connection(server)
+        first = list(_scopes(server, conn))
+        assert len(first) == 1
+        replies = _reply_keys(server, conn)  # channel 0's $cbs receiver
+        for round_ in range(40):
+            raw.send(frame(BeginFrame(None, 0, 65536, 65536, 1023, None, None, None), channel=1))
+            raw.expect(BEGIN)
+            if round_ % 2:  # a cross-entity session: the coordinator first, then a sender through it
+                fields = [encode_string(f"coordinator-{round_}"), encode_uint(0), FALSE, NULL, NULL, source]
+                raw.send(amqp_frame(ATTACH, [*fields, coordinator, NULL, NULL, encode_uint(0)], channel=1))
+                raw.expect(ATTACH)
+            raw.send(attach_frame(f"sender-{round_}", 1, name, sender=True, channel=1))
+            raw.expect(ATTACH)
+            raw.send(attach_frame(f"replies-{round_}", 2, "$cbs", sender=False, channel=1))  # a reply link
+            raw.expect(ATTACH)
+            assert len(_scopes(server, conn)) == 2, round_
+            assert len(_reply_keys(server, conn)) == len(replies) + 1, round_
+            raw.send(amqp_frame(END, [], channel=1))
+            raw.expect(END)
+        assert list(_scopes(server, conn)) == first  # channel 0's session is still open
+        assert _reply_keys(server, conn) == replies
+    # the client drops the connection (no end, no close): the scopes go with it
+    deadline = time.monotonic() + 10
+    while not server.run(_closed(conn)) and time.monotonic() < deadline:  # (the server reads the end of stream)
+        time.sleep(0.01)
+    assert _scopes(server, conn) == {}
+
+
+def _closed(conn: AmqpConnection) -> Callable[[], Coroutine[Any, Any, bool]]:
+    async def closed() -> bool:
+        return conn.closed
+
+    return closed

@@ -381,25 +381,26 @@ def test_links_are_listed_by_state_as_proton_lists_them() -> None:
     assert active == ["l0", "l2"]
 
 
-def _sent_unsettled(h: Harness, count: int) -> tuple[engine.Link, list[engine.Delivery]]:
-    """A link the client receives on, and ``count`` unsettled deliveries of ours written on it."""
+def _sent_unsettled(count: int) -> tuple[Harness, engine.Link, list[engine.Delivery], list[list[engine.Delivery]]]:
+    """A started harness, a link the client receives on, ``count`` unsettled deliveries of ours written on it,
+    and the calls its settler gets (each the deliveries of one call) from now on."""
+    h = Harness()
+    h.start()
     h.feed(attach_frame("r", 0, "q", sender=False))
     h.feed(flow_frame(0, count))
     link = h.conn.links[0]
     link.snd_settle_mode = engine.SND_UNSETTLED
     sent = [link.send_whole(bytes([i]), b"\x00\x53\x75\xa0\x01x") for i in range(count)]
     assert len([f for f in frames(h.conn.take_output()) if f[1] == TRANSFER]) == count
-    return link, sent
+    calls: list[list[engine.Delivery]] = []
+    link.settler = calls.append
+    return h, link, sent, calls
 
 
 def test_a_disposition_goes_to_its_links_settler_in_one_call_without_events() -> None:
     """The client's disposition of a range of ours reaches the link's settler straight from the frame: one call
     for the range, no event; the outcome said for all of them goes out as one disposition."""
-    h = Harness()
-    h.start()
-    link, sent = _sent_unsettled(h, 4)
-    calls: list[list[engine.Delivery]] = []
-    link.settler = calls.append
+    h, link, sent, calls = _sent_unsettled(4)
     before = len(h.events)
     h.feed(frame(DispositionFrame(True, 0, 2, False, Accepted(), None)))
     assert calls == [sent[:3]]
@@ -414,11 +415,7 @@ def test_a_disposition_goes_to_its_links_settler_in_one_call_without_events() ->
 
 def test_a_disposition_after_another_event_in_the_same_read_goes_as_an_event() -> None:
     """An event waiting (a flow read first) keeps the order: the disposition after it is an event too."""
-    h = Harness()
-    h.start()
-    link, sent = _sent_unsettled(h, 2)
-    calls: list[list[engine.Delivery]] = []
-    link.settler = calls.append
+    h, _, sent, calls = _sent_unsettled(2)
     before = len(h.events)
     h.feed(flow_frame(0, 5) + frame(DispositionFrame(True, 1, None, False, Accepted(), None)))
     assert calls == []

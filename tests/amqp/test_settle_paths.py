@@ -10,6 +10,7 @@ second, and a range of deliveries in one disposition; the outcomes and what the 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusReceiveMode, ServiceBusSubQueue
@@ -17,14 +18,14 @@ from azure.servicebus._pyamqp.outcomes import Accepted, Modified, Released
 from azure.servicebus._pyamqp.performatives import DispositionFrame
 
 from tests.amqp.conftest import ServerProcess, topology
-from tests.amqp.raw import ATTACH, DISPOSITION, TRANSFER, Frame, RawClient, attach_frame, flow_frame, frame
+from tests.amqp.raw import ATTACH, DISPOSITION, TRANSFER, RawClient, attach_frame, flow_frame, frame
 
 SND_UNSETTLED, RCV_SECOND = 0, 1
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    queues = {name: {"MaxDeliveryCount": 10} for name in ("sdk", "wire", "ranges", "others")}
+    queues = {name: {"MaxDeliveryCount": 10} for name in ("sdk", "wire", "ranges", "others", "counts")}
     process = ServerProcess(tmp_path_factory.mktemp("settle") / "data", topology(queues, {})).start()
     yield process
     process.stop()
@@ -72,17 +73,43 @@ def test_an_sdk_receiver_completes_abandons_defers_and_dead_letters(server: Serv
     assert _left(server, "sdk") == {"3": 1, "4": 1}  # abandoned: available again, one delivery counted
 
 
-def _receiver(client: RawClient, queue: str, count: int) -> list[Frame]:
-    """A peek-lock receiver of ``queue`` on handle 1 given ``count`` credit, and the ``count`` transfers."""
-    assert client.put_token(queue) == 202
-    client.send(
-        attach_frame("receiver", 1, queue, sender=False, send_settle_mode=SND_UNSETTLED, rcv_settle_mode=RCV_SECOND)
-    )
-    client.expect(ATTACH)
-    client.send(flow_frame(1, count))
-    transfers = [client.expect(TRANSFER) for _ in range(count)]
-    assert all(t.fields[4] is not True for t in transfers)  # unsettled: peek-locked
-    return transfers
+def test_a_peek_shows_the_delivery_count_the_receive_shows_after_an_abandon(server: ServerProcess) -> None:
+    """As on Service Bus: the count is the attempts that failed (an abandon, a lock that expired), 0 on the first
+    receive in this SDK (it shows the AMQP header's count, as the service sends it); a peek of the message shows
+    the same count as the receive that comes next, and while it is locked the count its delivery showed."""
+    _fill(server, "counts", 1)
+    with ServiceBusClient.from_connection_string(server.connection_string) as client:
+        with client.get_queue_receiver("counts", max_wait_time=5) as receiver:
+            assert [m.delivery_count for m in receiver.peek_messages(5, sequence_number=1)] == [0]
+            (first,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            assert first.delivery_count == 0
+            assert [m.delivery_count for m in receiver.peek_messages(5, sequence_number=1)] == [0]  # locked
+            receiver.abandon_message(first)
+            assert [m.delivery_count for m in receiver.peek_messages(5, sequence_number=1)] == [1]
+            (second,) = receiver.receive_messages(max_message_count=1, max_wait_time=5)
+            assert (second.message_id, second.delivery_count) == (first.message_id, 1)
+            assert [m.delivery_count for m in receiver.peek_messages(5, sequence_number=1)] == [1]  # locked
+            receiver.abandon_message(second)
+            assert [m.delivery_count for m in receiver.peek_messages(5, sequence_number=1)] == [2]
+    assert _left(server, "counts") == {"0": 2}
+
+
+@contextmanager
+def _raw_receiver(server: ServerProcess, queue: str, count: int) -> Iterator[tuple[RawClient, list[int]]]:
+    """``count`` messages sent to ``queue``, then a raw client with a peek-lock receiver of it on handle 1 given
+    ``count`` credit: the client and the delivery ids of the ``count`` transfers."""
+    _fill(server, queue, count)
+    with RawClient(server.port) as client:
+        client.handshake()
+        assert client.put_token(queue) == 202
+        client.send(
+            attach_frame("receiver", 1, queue, sender=False, send_settle_mode=SND_UNSETTLED, rcv_settle_mode=RCV_SECOND)
+        )
+        client.expect(ATTACH)
+        client.send(flow_frame(1, count))
+        transfers = [client.expect(TRANSFER) for _ in range(count)]
+        assert all(t.fields[4] is not True for t in transfers)  # unsettled: peek-locked
+        yield client, [t.fields[1] for t in transfers]
 
 
 def _outcomes(client: RawClient, ids: set[int]) -> dict[int, tuple[bool, object]]:
@@ -98,11 +125,7 @@ def _outcomes(client: RawClient, ids: set[int]) -> dict[int, tuple[bool, object]
 
 
 def test_a_completion_alone_and_after_a_flow_in_the_same_write_say_the_same(server: ServerProcess) -> None:
-    _fill(server, "wire", 4)
-    with RawClient(server.port) as client:
-        client.handshake()
-        transfers = _receiver(client, "wire", 4)
-        ids = [t.fields[1] for t in transfers]
+    with _raw_receiver(server, "wire", 4) as (client, ids):
         # alone in its write: straight from the frame
         client.send(frame(DispositionFrame(True, ids[0], None, False, Accepted(), None)))
         alone = _outcomes(client, {ids[0]})
@@ -120,11 +143,7 @@ def test_a_completion_alone_and_after_a_flow_in_the_same_write_say_the_same(serv
 
 
 def test_a_range_of_completions_in_one_disposition(server: ServerProcess) -> None:
-    _fill(server, "ranges", 5)
-    with RawClient(server.port) as client:
-        client.handshake()
-        transfers = _receiver(client, "ranges", 5)
-        ids = [t.fields[1] for t in transfers]
+    with _raw_receiver(server, "ranges", 5) as (client, ids):
         client.send(frame(DispositionFrame(True, ids[0], ids[3], False, Accepted(), None)))
         said = _outcomes(client, set(ids[:4]))
         assert all(said[i] == (True, {"accepted": []}) for i in ids[:4])
@@ -135,11 +154,7 @@ def test_a_range_of_completions_in_one_disposition(server: ServerProcess) -> Non
 
 
 def test_a_completion_settled_by_the_client_gets_no_answer_and_completes(server: ServerProcess) -> None:
-    _fill(server, "others", 2)
-    with RawClient(server.port) as client:
-        client.handshake()
-        transfers = _receiver(client, "others", 2)
-        ids = [t.fields[1] for t in transfers]
+    with _raw_receiver(server, "others", 2) as (client, ids):
         client.send(frame(DispositionFrame(True, ids[0], None, True, Accepted(), None)))  # settled: no answer
         client.send(frame(DispositionFrame(True, ids[1], None, False, Accepted(), None)))
         said = _outcomes(client, {ids[1]})

@@ -49,6 +49,41 @@ def test_peek_lock_complete_abandon_and_delivery_count(stores: StoreFactory) -> 
     run(go())
 
 
+def test_a_peek_shows_the_delivery_count_of_the_next_receive_after_an_abandon_or_a_lock_expiry(
+    stores: StoreFactory,
+) -> None:
+    """Service Bus counts a delivery attempt when its lock is abandoned or expires; a peek (and the admin view of
+    it) shows the count the next receive shows, and while the message is locked the count its delivery showed."""
+
+    async def go() -> None:
+        clock = ManualClock()
+        ns = await _ns(stores, clock)
+        await ns.create_queue("q", lock_duration="PT30S")
+        await ns.send("q", Message(b"x", message_id="m"))
+
+        def peeked() -> tuple[int, int]:
+            (message,) = ns.peek_messages("q", 5)
+            return message.delivery_count, message.to_dict()["delivery_count"]
+
+        assert peeked() == (1, 1)  # what the first receive shows
+        first = (await ns.receive("q"))[0]
+        assert first.delivery_count == 1 and peeked() == (1, 1)
+        await ns.abandon("q", first.lock_token)  # type: ignore[arg-type]
+        assert peeked() == (2, 2)
+        second = (await ns.receive("q"))[0]
+        assert second.delivery_count == 2 and peeked() == (2, 2)
+        clock.advance(31)
+        ns.tick()  # the lock expires: one more attempt counted
+        assert peeked() == (3, 3)
+        third = (await ns.receive("q"))[0]
+        assert third.delivery_count == 3 and peeked() == (3, 3)
+        await ns.abandon("q", third.lock_token, failed=False)  # released: no attempt
+        assert peeked() == (3, 3)
+        assert (await ns.receive("q"))[0].delivery_count == 3
+
+    run(go())
+
+
 def test_lock_expiry_renew_and_max_delivery_count(stores: StoreFactory) -> None:
     async def go() -> None:
         clock = ManualClock()

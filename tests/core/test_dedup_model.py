@@ -161,3 +161,23 @@ def test_per_key_chain_equals_the_index(window: int, offsets: list[int], prior: 
     expected = [not index.judge("k", start + t).duplicate for t in times]
     kept, _ = judge_key_sends(prior, [start + t for t in times], window)
     assert kept == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(traces(), st.integers(1, 12))
+def test_judging_a_batch_answers_as_judging_each_key(
+    trace: tuple[int, list[tuple[str, int, int | None]]], batch_size: int
+) -> None:
+    """``judge_many`` (one send's keys at one time, the broker's path) gives the reference model's verdicts,
+    a second copy of a key inside one batch included (semantics.md rule 7)."""
+    window, ops = trace
+    index = DedupIndex(timedelta(microseconds=window))
+    model = ReferenceModel(window)
+    sends = [(key, now) for key, now, new_window in ops if new_window is None]
+    i = 0
+    while i < len(sends):
+        now = sends[i][1]
+        batch = [key for key, t in sends[i : i + batch_size] if t == now]
+        keys: list[str | None] = [*batch, None]  # a message with no key gets no verdict
+        assert index.judge_many(keys, now) == [*(model.judge(key, now) for key in batch), None]
+        i += len(batch)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from oncebus.core.errors import StoreError, StoreWriteError
 from oncebus.core.messages import MessageState, StoredMessage
 from oncebus.store import settlement_log
 from oncebus.store import writer as writer_module
-from oncebus.store.base import AddCounters, DeleteMessage, MoveMessage, PutMessage, UpdateMessage
+from oncebus.store.base import AddCounters, DeleteMessage, MoveMessage, Op, PutMessage, UpdateMessage
 from oncebus.store.sqlite import SqliteStore
 from oncebus.store.sqlite_layout import SCHEMA_VERSION
 
@@ -224,7 +225,7 @@ def test_an_abandon_that_merges_properties_commits_instead(tmp_path: Path) -> No
 
 
 def test_records_read_back_as_written() -> None:
-    unit = [
+    unit: list[Op] = [
         DeleteMessage("q", 1),
         UpdateMessage("q", 2, 0, 3),
         MoveMessage("t/subscriptions/s", 4, "t/subscriptions/s/$deadletterqueue", 0, "reason", None, "t"),
@@ -348,16 +349,84 @@ _ops = st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(_texts, st.integers(0, 2**40), st.lists(_ops, min_size=1, max_size=5))
-def test_a_record_is_the_json_it_always_was_and_reads_back(store_id: str, number: int, unit: list[object]) -> None:
-    """The record's text is built directly for deletes and counters (cheaper on the loop than json.dumps): it must be
-    byte for byte what json.dumps wrote, which earlier logs hold, and decode to the same ops."""
+def test_a_record_reads_back_in_either_format(store_id: str, number: int, unit: list[object]) -> None:
+    """The binary record decodes to the same ops. The JSON one (``encode_json``, the previous release's ``encode``,
+    whose text is built directly for deletes and counters) must be byte for byte what json.dumps wrote, which
+    earlier logs hold, and decode to the same ops too."""
     import json
-    import zlib
 
     record = settlement_log.encode(store_id, number, unit)  # type: ignore[arg-type]
+    assert record[8] == settlement_log.BINARY
+    assert settlement_log.decode(record, store_id) == ([(number, unit)], len(record))
+    old = settlement_log.encode_json(store_id, number, unit)  # type: ignore[arg-type]
     payload = json.dumps(
         [store_id, number, [settlement_log._op_fields(op) for op in unit]],  # type: ignore[arg-type]
         separators=(",", ":"),
     ).encode()
-    assert record == settlement_log.HEADER.pack(len(payload), zlib.crc32(payload)) + payload
-    assert settlement_log.decode(record, store_id) == ([(number, unit)], len(record))
+    assert old == settlement_log.HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+    assert settlement_log.decode(old, store_id) == ([(number, unit)], len(old))
+
+
+# records in the first (JSON) format, written by the release before the binary records
+# (tests/store/fixtures/make_settlement_log_v1.py, run on commit 00c8ac0), for the store id "fixture-store"
+FIXTURE_LOG_V1 = Path(__file__).parent / "fixtures" / "settlement_log_v1.bin"
+UNITS_V1: list[tuple[int, list[Op]]] = [
+    (1, [AddCounters("q", 0, {"completed": 1}), DeleteMessage("q", 1)]),
+    (2, [UpdateMessage("q", 2, 0, 3), AddCounters("q", 0, {"abandoned": 1})]),
+    (
+        3,
+        [
+            MoveMessage("t/subscriptions/s", 4, "t/subscriptions/s/$deadletterqueue", 0, "reason", None, "t"),
+            MoveMessage("q", 5, "q/$deadletterqueue", 0, None, 'd\u00e9j\u00e0 "vu"\n', None),
+            AddCounters("t/subscriptions/s", 7, {"dead_lettered": 1, "active": -1}),
+            DeleteMessage("caf\u00e9-\u30ad\u30e5\u30fc", 2**40),
+        ],
+    ),
+]
+
+
+def test_a_log_the_previous_release_wrote_reads_back_whole() -> None:
+    old = FIXTURE_LOG_V1.read_bytes()
+    assert settlement_log.decode(old, "fixture-store") == (UNITS_V1, len(old))
+    assert b"".join(settlement_log.encode_json("fixture-store", n, unit) for n, unit in UNITS_V1) == old
+    new = b"".join(settlement_log.encode("fixture-store", n, unit) for n, unit in UNITS_V1)
+    assert new[8] == settlement_log.BINARY
+    assert settlement_log.decode(new, "fixture-store") == (UNITS_V1, len(new))
+    mixed = old + settlement_log.encode("fixture-store", 4, [DeleteMessage("q", 9)])
+    assert settlement_log.decode(mixed, "fixture-store") == ([*UNITS_V1, (4, [DeleteMessage("q", 9)])], len(mixed))
+
+
+def test_an_upgrade_replays_the_settlements_the_previous_release_logged(tmp_path: Path) -> None:
+    """Killed with settlements in its log, the previous release (JSON records) is replaced: the new one's start
+    applies them, once, and then logs its own in the binary format."""
+    path = tmp_path / "oncebus.db"
+    store = SqliteStore(path)
+    store.submit([PutMessage(_message(n)) for n in (1, 2, 3)]).result()
+    store.close()
+    me = store._store_id
+    old = settlement_log.encode_json(me, 1, [AddCounters("q", 0, {"completed": 1}), DeleteMessage("q", 1)])
+    old += settlement_log.encode_json(me, 2, [AddCounters("q", 0, {"completed": 1}), DeleteMessage("q", 3)])
+    assert old[8:9] == b"["
+    path.with_name("oncebus.db-settled").write_bytes(old)
+    assert _held(path) == ([("q", 2)], {"q": {"completed": 2}})
+    store = SqliteStore(path)
+    try:
+        assert store.commit_now([AddCounters("q", 0, {"completed": 1}), DeleteMessage("q", 2)])
+        assert path.with_name("oncebus.db-settled").read_bytes()[8] == settlement_log.BINARY
+    finally:
+        store.close()
+    assert _held(path) == ([], {"q": {"completed": 3}})
+
+
+def test_a_binary_record_with_bytes_past_its_ops_stops_the_replay() -> None:
+    whole = settlement_log.encode("s", 1, [DeleteMessage("q", 1)])
+    payload = settlement_log.encode("s", 2, [DeleteMessage("q", 2)])[8:] + b"\x00"
+    bad = settlement_log.HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+    assert settlement_log.decode(whole + bad, "s") == ([(1, [DeleteMessage("q", 1)])], len(whole))
+
+
+def test_long_texts_and_many_ops_read_back() -> None:
+    unit: list[Op] = [DeleteMessage("q", n) for n in range(70_000)]
+    unit.append(MoveMessage("q", 1, "q/$deadletterqueue", 0, "r" * 70_000, "", "\u00e9" * 40_000))
+    record = settlement_log.encode("s", 1, unit)
+    assert settlement_log.decode(record, "s") == ([(1, unit)], len(record))

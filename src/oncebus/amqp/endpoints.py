@@ -184,9 +184,6 @@ class DeliveryNotes:
 
 
 class Endpoint:
-    LOCAL_UNINIT, LOCAL_ACTIVE, LOCAL_CLOSED = LOCAL_UNINIT, LOCAL_ACTIVE, LOCAL_CLOSED
-    REMOTE_UNINIT, REMOTE_ACTIVE, REMOTE_CLOSED = REMOTE_UNINIT, REMOTE_ACTIVE, REMOTE_CLOSED
-
     def __init__(self) -> None:
         self.local = LOCAL_UNINIT
         self.remote_bits = REMOTE_UNINIT

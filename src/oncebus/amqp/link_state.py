@@ -31,11 +31,7 @@ from oncebus.amqp.endpoints import (
     LOCAL_ACTIVE,
     LOCAL_CLOSED,
     LOCAL_UNINIT,
-    MODIFIED,
     RCV_FIRST,
-    RECEIVED,
-    REJECTED,
-    RELEASED,
     REMOTE_ACTIVE,
     REMOTE_CLOSED,
     SND_MIXED,
@@ -135,8 +131,6 @@ class DeliveryChanged:
 # ------------------------------------------------------------------------------------- deliveries
 class Delivery:
     """One delivery on one link, incoming (the client's transfer) or outgoing (ours)."""
-
-    RECEIVED, ACCEPTED, REJECTED, RELEASED, MODIFIED = RECEIVED, ACCEPTED, REJECTED, RELEASED, MODIFIED
 
     def __init__(self, link: Link, tag: bytes) -> None:
         self.link = link

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -52,14 +51,13 @@ class Router:
 
     def __init__(self, host: AmqpHost) -> None:
         self.host = host
-        # each session's cross-entity scope, set by its first link: a coordinator makes it a cross-entity session
-        # (the send-via entity inferred, docs/amqp.md), any other link a plain one (None)
-        self._scopes: weakref.WeakKeyDictionary[engine.SessionView, CrossEntityScope | None]
-        self._scopes = weakref.WeakKeyDictionary()
 
     def attach(self, conn: AmqpConnection, link: engine.Link) -> None:
         coordinator = link.is_receiver and link.remote_target.type == engine.COORDINATOR
-        scope = self._scopes.setdefault(link.session, CrossEntityScope() if coordinator else None)
+        # the session's cross-entity scope, set by its first link: a coordinator makes it a cross-entity session
+        # (the send-via entity inferred, docs/amqp.md), any other link a plain one (None); kept by the connection
+        # under the session's key until the session ends
+        scope = conn.scopes.setdefault(link.session.key, CrossEntityScope() if coordinator else None)
         if coordinator:
             CoordinatorLink(conn, link).open()  # transactions
             return

@@ -417,7 +417,7 @@ class Delivery:
         receivable = self.receivable(path)
         count = max(0, min(max_message_count, MAX_PEEK_MESSAGES))
         entries = receivable.messages.first_from(sequence_number, count, session_id)
-        return [ReceivedMessage.of(record, entry) for entry, record in self._contents_of(receivable, entries)]
+        return [ReceivedMessage.peeked(record, entry) for entry, record in self._contents_of(receivable, entries)]
 
     # ------------------------------------------------------------------------------ sessions
     async def accept_session(

@@ -317,14 +317,16 @@ class Namespace(Delivery):
         """Return when messages may have become available at ``path`` (a send committed, an abandon, a lock
         released, a scheduled message due) or something changed for every receiver (an entity deleted, a
         reset), when ``wake`` completes, or after ``timeout`` seconds. Without ``path``: any change at all
-        is not reported, only the namespace-wide ones. A path that no longer resolves returns at once
-        (the caller's next receive reports why)."""
+        is not reported, only the namespace-wide ones. A path that no longer resolves waits for the
+        namespace-wide ones only (the caller's next receive reports why): returning at once would never
+        suspend, and a caller with nothing to ask for (a link without credit whose queue was deleted) would
+        loop on it without giving the event loop back."""
         signals = [self._changes]
         if path is not None:
             try:
                 signals.append(self._registry.resolve(parse_path(path)).changes)
             except OncebusError:
-                return
+                pass
         await wait_any(signals, timeout, wake)
 
     def tick(self) -> None:

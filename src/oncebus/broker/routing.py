@@ -62,6 +62,13 @@ class Plan:
         self.ops.append(PutMessage(copy, self.dedup_key))
         self.dedup_key = None
 
+    def put_all(self, receivable: Any, copies: list[StoredMessage], keys: list[tuple[str, str, int] | None]) -> None:
+        """``put`` of each copy in order, each with its dedup key (one send's accepted messages to one queue)."""
+        self.placements += [(receivable, copy) for copy in copies]
+        self.ops += map(PutMessage, copies, keys)
+        added = sum([copy.size for copy in copies]) + len(copies) * QUOTA_BYTES_PER_MESSAGE
+        self.added_bytes[receivable.path] = self.added_bytes.get(receivable.path, 0) + added
+
     def count(self, entity: Any, name: str) -> None:
         self.touched[entity.path] = entity
         deltas = self.deltas.setdefault(entity.path, {})

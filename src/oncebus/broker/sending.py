@@ -116,12 +116,18 @@ class Sender:
         # a queue that does not forward: each accepted message is put there (what ``Router.route`` would plan,
         # without its two calls a message); otherwise the router plans each
         direct = entity.receivable if entity.kind == "queue" and not entity.properties.forwards else None
-        for message, given_id, key in zip(batch, checked.ids, checked.keys, strict=True):
+        records: list[StoredMessage] = []  # to ``direct``, with their keys
+        record_keys: list[tuple[str, str, int] | None] = []
+        keys = checked.keys
+        # every key judged in order, as one batch (the rule: core.dedup), before any record is built
+        verdicts = detector.judge_many(keys, now) if detector.enabled else [None] * len(batch)
+        props = entity.properties
+        send_log = self.send_log
+        for message, given_id, key, verdict in zip(batch, checked.ids, keys, verdicts, strict=True):
             reserved_seq = next(reserved) if reserved is not None else None
             message_id: MessageId = given_id if given_id is not None else uuid.uuid4().hex
-            verdict = detector.judge(key, now) if key is not None else None
-            if self.send_log is not None and key is not None:
-                self.send_log(
+            if send_log is not None and key is not None:
+                send_log(
                     {
                         "entity": entity.path,
                         "key": key,
@@ -150,14 +156,17 @@ class Sender:
                 seq = entity.next_sequence_number
                 entity.next_sequence_number += 1
             deltas["accepted"] += 1
-            record = stored_message(entity.properties, message, message_id, seq, now, scheduled_us)
-            plan.dedup_key = None if key is None else (entity.path, key, now)  # written with the first copy
-            if direct is not None:
-                plan.put(direct, record)
+            record = stored_message(props, message, message_id, seq, now, scheduled_us)
+            if direct is not None:  # put after the loop, each with its key
+                records.append(record)
+                record_keys.append(None if key is None else (entity.path, key, now))
             else:
+                plan.dedup_key = None if key is None else (entity.path, key, now)  # written with the first copy
                 self.router.route(entity, record, now, plan)
                 plan.flush_key()  # no copy (no subscription took it): the key is remembered all the same
             outcomes.append(SendOutcome(message_id, seq, False, late))
+        if records:
+            plan.put_all(direct, records, record_keys)
         if deltas["accepted"]:
             ops = plan.ops
             counters = entity.counters_op(deltas)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 import zlib
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from io import BufferedIOBase
 from typing import BinaryIO, NamedTuple, Protocol, cast
@@ -376,20 +376,37 @@ class DedupIndex:
         return moved
 
     def judge(self, key: str, now_us: int) -> Verdict:
-        """Apply the rule to one send: a new key is recorded with ``t0 = now``."""
+        """Apply the rule to one send: a new key is recorded with ``t0 = now`` (the rule is ``judge_many``'s)."""
+        verdict = self.judge_many((key,), now_us)[0]
+        assert verdict is not None
+        return verdict
+
+    def judge_many(self, keys: Sequence[str | None], now_us: int) -> list[Verdict | None]:
+        """``judge`` each key of one send in order at ``now_us`` (None: a message with no key, no verdict): the
+        same answers as one ``judge`` a key, with one clock tick and the lookups bound once for the batch."""
         self._tick(now_us)
-        hi, lo = self._digest(key)
-        slot, t0 = self._held.find(hi, lo)
-        if slot >= 0:
-            return Verdict(True, t0)
-        if self._expired._live:
-            slot, t0 = self._expired.find(hi, lo)
+        digest, held, expired = self._digest, self._held, self._expired
+        find, append = held.find, held.append
+        verdicts: list[Verdict | None] = []
+        for key in keys:
+            if key is None:
+                verdicts.append(None)
+                continue
+            hi, lo = digest(key)
+            slot, t0 = find(hi, lo)
             if slot >= 0:
-                self._expired.remove(slot)
-                self._held.append(hi, lo, now_us)
-                return Verdict(False, None, now_us - t0)
-        self._held.append(hi, lo, now_us)
-        return _NEW
+                verdicts.append(Verdict(True, t0))
+                continue
+            if expired._live:
+                slot, t0 = expired.find(hi, lo)
+                if slot >= 0:
+                    expired.remove(slot)
+                    append(hi, lo, now_us)
+                    verdicts.append(Verdict(False, None, now_us - t0))
+                    continue
+            append(hi, lo, now_us)
+            verdicts.append(_NEW)
+        return verdicts
 
     def dump(self, file: BinaryIO) -> None:
         """An image of the index (held and recently expired keys) for ``load_image``; the window is not in it."""
@@ -492,6 +509,12 @@ class DuplicateDetector:
         if not self.enabled:
             return _NEW
         return self.index.judge(key, now_us)
+
+    def judge_many(self, keys: Sequence[str | None], now_us: int) -> list[Verdict | None]:
+        """``judge`` for each key of one send, in order (None: no key, no verdict); off: every key is new."""
+        if not self.enabled:
+            return [None if key is None else _NEW for key in keys]
+        return self.index.judge_many(keys, now_us)
 
     def restore(self, key: str, first_accepted_us: int, now_us: int) -> bool:
         """Hold a key from durable history if it is still inside the window at ``now_us`` (call in

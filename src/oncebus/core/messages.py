@@ -572,10 +572,21 @@ class ReceivedMessage:
     def of(cls, stored: StoredMessage, envelope: Envelope | None = None) -> ReceivedMessage:
         return cls(stored, envelope)
 
+    @classmethod
+    def peeked(cls, stored: StoredMessage, envelope: Envelope) -> ReceivedMessage:
+        """A peek of ``stored`` in the broker's ``envelope``: as Service Bus shows it, with the delivery count
+        the next receive shows (the envelope counts a delivery when it is locked, so one more unless it is
+        locked now: then the count its delivery showed). An abandon or an expired lock has counted an attempt."""
+        message = cls(stored, envelope)
+        if envelope.lock_token is None:
+            message._delivery_count += 1
+        return message
+
     # the broker's state, as delivered
     @property
     def delivery_count(self) -> int:
-        """Deliveries so far, this one included (1 on the first receive)."""
+        """Deliveries so far, this one included (1 on the first receive; a peek: what the next receive shows).
+        The AMQP header carries one less (0 on the first receive, as Service Bus sends it)."""
         return self._delivery_count
 
     @property

@@ -258,6 +258,7 @@ class ContentRows:
         row[2] = row[2] + 1  # type: ignore[operator]
         self.messages += 1
         runs = self.runs
+        size = wire_length if wire_length is not None else m.size  # with a wire, its length (as ``m.size``)
         if (
             m.state is MessageState.ACTIVE
             and m.delivery_count == 0
@@ -271,7 +272,7 @@ class ContentRows:
                 m.path,
                 m.sequence_number,
                 m.enqueued_time_us,
-                m.size,
+                size,
                 row[0],
                 m.meta_json(),
                 wire_length,
@@ -287,7 +288,7 @@ class ContentRows:
                 m.delivery_count,
                 m.enqueued_time_us,
                 m.expires_at_us,
-                m.size,
+                size,
                 m.session_id,
                 row[0],
                 m.dead_letter_reason,

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -20,26 +21,31 @@ def unit(seq: int) -> list[Op]:
 
 
 def main() -> None:
-    """The two formats alternated, 40 rounds of 2,000 records each, the least time of each kept (others share the
-    machine: alternating gives both the same load)."""
+    """The two formats alternated, 40 rounds of 2,000 records each (``--rounds``, ``--records``), the least time of
+    each kept (others share the machine: alternating gives both the same load)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=40, help="rounds of each format (default 40)")
+    parser.add_argument("--records", type=int, default=ROUND, help=f"records a round (default {ROUND})")
+    args = parser.parse_args()
+    per_round = args.records
     with tempfile.TemporaryDirectory() as tmp:
         formats = {"json": encode_json, "binary": encode}
         logs = {name: SettlementLog(Path(tmp) / f"{name}-settled") for name in formats}
         best = {(name, what): float("inf") for name in formats for what in ("encode", "append")}
         count = 0
-        for _ in range(40):
+        for _ in range(args.rounds):
             for name, make in formats.items():
                 started = time.perf_counter()
-                for seq in range(count, count + ROUND):
+                for seq in range(count, count + per_round):
                     make(STORE_ID, seq, unit(seq))
                 middle = time.perf_counter()
                 log = logs[name]
-                for seq in range(count, count + ROUND):
+                for seq in range(count, count + per_round):
                     log.append(make(STORE_ID, seq, unit(seq)))
                 ended = time.perf_counter()
-                best[name, "encode"] = min(best[name, "encode"], (middle - started) / ROUND * 1e6)
-                best[name, "append"] = min(best[name, "append"], (ended - middle) / ROUND * 1e6)
-            count += ROUND
+                best[name, "encode"] = min(best[name, "encode"], (middle - started) / per_round * 1e6)
+                best[name, "append"] = min(best[name, "append"], (ended - middle) / per_round * 1e6)
+            count += per_round
         for name, make in formats.items():
             logs[name].close()
             size = len(make(STORE_ID, 5, unit(5)))

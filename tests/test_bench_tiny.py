@@ -43,6 +43,7 @@ TINY: dict[str, list[str]] = {
     ],
     "store_memory": ["--messages", "2000"],
     "store_records": ["--batches", "5", "--batch", "10"],
+    "settlement_record": ["--rounds", "2", "--records", "50"],
     "send_inprocess": ["--messages", "200", "--batch", "20", "--repeat", "1", "--cprofile", "--top", "3"],
     "store_send": ["--messages", "400", "--senders", "1", "--receivers", "1", "--repeat", "1", "--resends", "20"],
     "testing_startup": ["--quick"],

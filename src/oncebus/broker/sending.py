@@ -9,6 +9,7 @@ what they duplicate is durable.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from oncebus.core.keys import MessageId, service_bus_text
 from oncebus.core.messages import Message, MessageState, StoredMessage
 from oncebus.core.sending import stored_message, validate_send
 from oncebus.store.base import Op
+
+_LOG = logging.getLogger("oncebus.broker")
 
 SendLog = Callable[[dict[str, Any]], None]
 
@@ -78,6 +81,18 @@ class Sender:
         self.now = now
         self.send_log = send_log
         self.contents = contents
+        self.send_log_failures = 0  # records the send log could not take (it observes; a send never fails for it)
+
+    def _log_send(self, send_log: SendLog, record: dict[str, Any]) -> None:
+        """One record to the send log, which only observes: a failure to write it (a full disk, its directory gone)
+        is logged and counted, never raised into the send, whose keys are already judged (a send failed half-way
+        would leave keys held whose messages were never stored, and the client's resend dropped as a duplicate)."""
+        try:
+            send_log(record)
+        except Exception as exc:
+            self.send_log_failures += 1
+            if self.send_log_failures == 1 or self.send_log_failures % 10_000 == 0:
+                _LOG.warning("the send log could not take a record (%d so far): %s", self.send_log_failures, exc)
 
     async def send(
         self,
@@ -127,7 +142,8 @@ class Sender:
             reserved_seq = next(reserved) if reserved is not None else None
             message_id: MessageId = given_id if given_id is not None else uuid.uuid4().hex
             if send_log is not None and key is not None:
-                send_log(
+                self._log_send(
+                    send_log,
                     {
                         "entity": entity.path,
                         "key": key,
@@ -137,7 +153,7 @@ class Sender:
                         if verdict and verdict.duplicate
                         else ("late" if verdict and verdict.late_resend_delay_us is not None else "new"),
                         "window_us": to_micros(detector.window),
-                    }
+                    },
                 )
             if verdict is not None and verdict.duplicate:
                 deltas["duplicates"] += 1

@@ -10,11 +10,14 @@ once a second and when the broker stops.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
 from oncebus.core.timeutil import us_to_datetime
+
+_LOG = logging.getLogger("oncebus.store")
 
 
 class SendLogWriter:
@@ -50,6 +53,8 @@ class SendLogWriter:
 
     def close(self) -> None:
         if self._handle is not None:
-            self._handle.close()
-            self._handle = None
-            self._name = ""
+            handle, self._handle, self._name = self._handle, None, ""
+            try:
+                handle.close()  # (closed even when its last flush fails: a full disk loses only log lines)
+            except OSError as exc:
+                _LOG.warning("the send log %s lost its last lines: %s", handle.name, exc)

@@ -254,18 +254,34 @@ def _stat_times(path: Path) -> tuple[float, float] | None:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def run_workers(target: Callable[..., None], jobs: list[tuple[Any, ...]], server_pid: int) -> Measured:
-    """Run ``target(*job, barrier, results)`` in one process per job; messages per second overall.
-
-    Each worker connects and warms up, waits at the barrier, then works and reports
-    ``(started, finished, messages, cpu)``; the rate is all messages over first start to last finish.
-    """
+def spawn_workers(target: Callable[..., None], jobs: list[tuple[Any, ...]]) -> tuple[list[Any], Any, Any]:
+    """One spawned process a job, started, running ``target(*job, barrier, results)``: the processes, the barrier
+    (the workers' and the caller's) and the queue they report to."""
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(len(jobs) + 1)
     results = context.Queue()
     processes = [context.Process(target=target, args=(*job, barrier, results)) for job in jobs]
     for process in processes:
         process.start()
+    return processes, barrier, results
+
+
+def joined(processes: list[Any], reports: list[Any]) -> None:
+    """Wait for the workers to end; a worker's report that is a text is its failure."""
+    for process in processes:
+        process.join(60)
+    failed = [r for r in reports if isinstance(r, str)]
+    if failed:
+        raise SystemExit("a worker failed:\n" + "\n".join(failed))
+
+
+def run_workers(target: Callable[..., None], jobs: list[tuple[Any, ...]], server_pid: int) -> Measured:
+    """Run ``target(*job, barrier, results)`` in one process per job; messages per second overall.
+
+    Each worker connects and warms up, waits at the barrier, then works and reports
+    ``(started, finished, messages, cpu)``; the rate is all messages over first start to last finish.
+    """
+    processes, barrier, results = spawn_workers(target, jobs)
     try:
         barrier.wait(120)  # every worker connected and warmed up
     except threading.BrokenBarrierError:
@@ -280,11 +296,7 @@ def run_workers(target: Callable[..., None], jobs: list[tuple[Any, ...]], server
     reports = [results.get(timeout=600) for _ in processes]
     server_after = process_cpu(server_pid)
     loop_after = _stat_times(Path(f"/proc/{server_pid}/task/{server_pid}/stat"))
-    for process in processes:
-        process.join(60)
-    failed = [r for r in reports if isinstance(r, str)]
-    if failed:
-        raise SystemExit("a worker failed:\n" + "\n".join(failed))
+    joined(processes, reports)
     started = min(r[0] for r in reports)
     finished = max(r[1] for r in reports)
     messages = sum(r[2] for r in reports)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import multiprocessing
 import shutil
 import signal
 import subprocess
@@ -28,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from amqp_send import SHAPES, _shares, sdk_fill, sdk_receiver, sdk_sender, start_oncebus
+from amqp_send import SHAPES, _shares, joined, sdk_fill, sdk_receiver, sdk_sender, spawn_workers, start_oncebus
 
 LOOP_CALLS = ("sendto", "recvfrom", "epoll_wait", "epoll_ctl")
 OTHER_CALLS = ("write", "pwrite64", "fdatasync", "fsync", "futex")
@@ -75,12 +74,7 @@ class Counted:
 def counted_row(target: Callable[..., None], jobs: list[tuple[Any, ...]], server_pid: int) -> tuple[int, Counted]:
     """Run ``target(*job, barrier, results)`` in one process per job (as ``amqp_send.run_workers``), counting the
     server's syscalls from the barrier (all connected) to the last report; the messages handled and the counts."""
-    context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(len(jobs) + 1)
-    results = context.Queue()
-    processes = [context.Process(target=target, args=(*job, barrier, results)) for job in jobs]
-    for process in processes:
-        process.start()
+    processes, barrier, results = spawn_workers(target, jobs)
     counted: Counted | None = None
     try:
         while barrier.n_waiting < len(jobs):  # every worker connected: count from here
@@ -96,11 +90,7 @@ def counted_row(target: Callable[..., None], jobs: list[tuple[Any, ...]], server
         for process in processes:
             process.terminate()
         raise
-    for process in processes:
-        process.join(60)
-    failed = [r for r in reports if isinstance(r, str)]
-    if failed:
-        raise SystemExit("a worker failed:\n" + "\n".join(failed))
+    joined(processes, reports)
     return sum(r[2] for r in reports), counted
 
 

@@ -303,11 +303,15 @@ class Delivery:
             self._contents.discard(receivable.path, message.sequence_number)  # read again, modified
         self._drop_session_token(receivable, message)
         receivable.set_state(message, MessageState.DEFERRED)
-        receivable.counters.deferred += 1
-        receivable.unlock(message, self._now())
         seq = message.sequence_number
-        update = UpdateMessage(receivable.path, seq, int(message.state), message.delivery_count, properties_to_modify)
-        await self._settle([update])
+        # deferred first (with its count and modified properties): they go along if this was its last delivery
+        ops: list[Op] = [
+            UpdateMessage(receivable.path, seq, int(message.state), message.delivery_count, properties_to_modify)
+        ]
+        moved = receivable.unlock(message, self._now())  # its last delivery: dead-lettered (counted as such)
+        if not moved:
+            receivable.counters.deferred += 1
+        await self._settle(ops + moved)
 
     async def dead_letter(
         self,

@@ -414,7 +414,10 @@ class Receivable:
         heapq.heappush(self._lock_expiry, (entry.locked_until_us, entry.lock_token))
 
     def unlock(self, entry: Entry, now_us: int, *, lost: str | None = None) -> list[Op]:
-        """Release a lock (abandon, lock expiry, session closed); dead-letter past max_delivery_count."""
+        """Release a lock (abandon, deferral, lock expiry, session closed); dead-letter past max_delivery_count.
+
+        A deferred message stays deferred, unless this delivery was its last: Service Bus counts a deferral as a
+        delivery attempt (with MaxDeliveryCount 1, a deferral dead-letters: Azure/azure-service-bus#375)."""
         token = entry.lock_token
         if token is not None:
             self.locks.pop(token, None)
@@ -422,14 +425,14 @@ class Receivable:
                 self._remember_lost(token, lost)
         entry.lock_token = None
         entry.locked_until_us = None
-        if entry.state == MessageState.DEFERRED:
-            return []
         if not self.is_dead_letter and entry.delivery_count >= self.settings.max_delivery_count:
             return self.move_to_dead_letter(
                 entry,
                 "MaxDeliveryCountExceeded",
                 f"Message could not be consumed after {self.settings.max_delivery_count} delivery attempts.",
             )
+        if entry.state == MessageState.DEFERRED:
+            return []  # (an expired deferred message is dead-lettered or deleted when it is next received)
         if entry.expires_at_us is not None and entry.expires_at_us <= now_us and not self.is_dead_letter:
             return self._expire(entry)
         self._make_available(entry)

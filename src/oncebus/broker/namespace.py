@@ -79,6 +79,7 @@ from oncebus.store.base import (
     PruneDedupKeys,
     PutMessage,
     Store,
+    UpdateMessage,
 )
 
 __all__ = ["Namespace", "SendLog", "SendOutcome"]
@@ -226,12 +227,14 @@ class Namespace(Delivery):
             raise StoreError(f"the stored messages could not be loaded: {self._backlog_error}")
 
     async def close(self) -> None:
-        """Persist the counts not stored yet; the store stays open (its owner closes it)."""
+        """Persist the counts not stored yet, and the locks this stop ends; the store stays open (its owner
+        closes it)."""
         self._journal.cancel()
         if self._backlog is not None:
             self._backlog.cancel()
         if self._journal.failure is None:
-            ops: list[Op] = [op for e in self._entities.values() if (op := e.counters_op({})) is not None]
+            ops: list[Op] = self._locks_ended()
+            ops += [op for e in self._entities.values() if (op := e.counters_op({})) is not None]
             ops += self._activity.save(self._registry, self._now())
             if ops:
                 await self._write(ops)
@@ -240,6 +243,23 @@ class Namespace(Delivery):
             self.store.keep_dedup_images(
                 lambda: [(path, e.detector) for path, e in entities.items() if e.detector.enabled], self._now()
             )
+
+    def _locks_ended(self) -> list[Op]:
+        """Every message still locked, given back as a lock that expired is: its delivery, counted when it was
+        locked, is stored (a restart would otherwise forget it), and a message whose delivery was its last goes to
+        the dead letters (``Receivable.unlock``)."""
+        now = self._now()
+        ops: list[Op] = []
+        for entity in self._entities.values():
+            for receivable in entity.receivables():
+                for held in (receivable, receivable.dead_letter_queue):
+                    if held is None:
+                        continue
+                    for seq in list(held.locks.values()):
+                        entry = held.messages[seq]
+                        ops.append(UpdateMessage(held.path, seq, int(entry.state), entry.delivery_count, None))
+                        ops += held.unlock(entry, now)
+        return ops
 
     @property
     def send_log(self) -> SendLog | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 import sysconfig
 from pathlib import Path
@@ -41,13 +42,21 @@ def _sources() -> list[str]:
     return [str(COMPILED_INFO.source_path(m, Path("src"))) for m in COMPILED_INFO.COMPILED]
 
 
+# an extension module a build in place leaves beside its source: ``<module>.cpython-<tag>.so``
+_EXTENSION = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\.cpython-[A-Za-z0-9_-]+\.so")
+
+
 def _remove_old_extensions() -> None:
-    """A pure editable install in a tree an earlier one compiled in place: its extensions would shadow the sources,
-    so they go."""
-    for module in COMPILED_INFO.COMPILED:
-        source = COMPILED_INFO.source_path(module, SRC)
-        for built in source.parent.glob(f"{source.stem}.*{sysconfig.get_config_var('SHLIB_SUFFIX') or '.so'}"):
-            built.unlink()
+    """A pure editable install in a tree an earlier one compiled in place: the extensions it left would shadow the
+    sources (and one of a module no longer listed would fail to import, its code in no shared library any more), so
+    they go: in the directories of ``COMPILED``, each ``<module>.cpython-*.so`` beside a ``<module>.py``, and the
+    shared library of the modules; nothing else."""
+    directories = {COMPILED_INFO.source_path(m, SRC).parent for m in COMPILED_INFO.COMPILED}
+    for directory in sorted(directories):
+        for built in sorted(directory.glob("*.cpython-*.so")):
+            match = _EXTENSION.fullmatch(built.name)
+            if match is not None and (directory / f"{match.group(1)}.py").is_file():
+                built.unlink()
     for shared in SRC.glob("oncebus__mypyc*"):
         shared.unlink()
 

@@ -9,6 +9,7 @@ and core tests also run on the Python sources (a subprocess with ``ONCEBUS_PURE_
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -119,3 +120,67 @@ def test_an_edited_source_makes_every_compiled_module_load_from_source(tmp_path:
     out = run()
     assert out.startswith("[False] edited "), out
     assert "oncebus.core.keys changed since it was compiled" in out
+
+
+def test_a_pure_editable_build_removes_the_extensions_an_earlier_build_left_and_nothing_else(tmp_path: Path) -> None:
+    """``ONCEBUS_NO_COMPILE=1 pip install -e .`` in a tree an earlier install compiled in place (more modules then,
+    or another Python's): every ``<module>.cpython-*.so`` beside an oncebus module's source in the directories of
+    ``COMPILED`` goes, with the modules' shared library, or it would shadow the source (or fail to import). The
+    build is setup.py run as pip's editable hook runs it (``setup.py editable_wheel --dist-dir ...``, in a copy of the
+    tree) up to its call of setuptools' ``setup``, which is recorded, not run: what follows needs ``wheel``, which
+    a venv's setuptools lacks (pip's isolated build brings it). Nothing else is touched."""
+    tree = tmp_path / "tree"
+    shutil.copytree(
+        ROOT / "src",
+        tree / "src",
+        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.egg-info", _compiled.MANIFEST),
+    )
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, tree / name)
+    src = tree / "src"
+    sources = {_compiled.source_path(module, src) for module in _compiled.COMPILED}
+    listed = min(sources)  # a module compiled now (and before)
+    directory = listed.parent
+    # a module of the same directory that an earlier build compiled, and this one does not
+    unlisted = min(p for p in directory.glob("*.py") if p not in sources and p.stem != "__init__")
+    elsewhere = src / "oncebus" / "store" / "sqlite.py"  # a module in a directory with none of COMPILED
+    assert elsewhere.is_file() and all(p.parent != elsewhere.parent for p in sources)
+    tag = "cpython-311-x86_64-linux-gnu"
+    gone = [
+        listed.with_name(f"{listed.stem}.{tag}.so"),
+        listed.with_name(f"{listed.stem}.cpython-312-x86_64-linux-gnu.so"),
+        unlisted.with_name(f"{unlisted.stem}.{tag}.so"),
+        src / f"oncebus__mypyc.{tag}.so",
+    ]
+    kept = [
+        directory / f"no_such_module.{tag}.so",  # no source beside it: not one of ours
+        listed.with_name(f"{listed.stem}.abi3.so"),  # not the suffix a mypyc build writes
+        listed.with_name(f"{listed.stem}.{tag}.so.bak"),
+        listed.with_name(f"{listed.stem}.notes.{tag}.so"),
+        elsewhere.with_name(f"sqlite.{tag}.so"),
+    ]
+    for path in gone + kept:
+        path.write_bytes(b"\x7fELF (not really)")
+    hook = (
+        "import runpy, sys, setuptools\n"
+        "called = []\n"
+        "setuptools.setup = lambda **kwargs: called.append(kwargs)\n"
+        "sys.argv = ['setup.py', 'editable_wheel', '--dist-dir', sys.argv[1]]\n"
+        "runpy.run_path('setup.py', run_name='__main__')\n"
+        "print('ext_modules', called[0]['ext_modules'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", hook, str(tmp_path / "dist")],
+        cwd=tree,
+        env={**os.environ, _compiled.NO_COMPILE: "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "ext_modules []"  # pure: nothing compiled this time
+    assert [p.name for p in gone if p.exists()] == []
+    assert [p.name for p in kept if not p.exists()] == []
+    assert listed.is_file() and unlisted.is_file()  # the sources stay
+    assert json.loads((src / "oncebus" / _compiled.MANIFEST).read_text(encoding="utf-8"))["compiled"] is False

@@ -3,6 +3,8 @@ does it (messages, subscriptions, dedup history gone, also from the store). Time
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from oncebus.broker import ManualClock, Message, Namespace
@@ -139,5 +141,40 @@ def test_idle_time_counts_from_the_start_after_a_crash(stores: StoreFactory) -> 
         clock.advance(1 * MINUTE)
         ns.tick()
         assert ns.list_queues() == []
+
+    run(go())
+
+
+def test_an_idle_deletion_wakes_the_waiters_and_entity_gone_is_no_activity(stores: StoreFactory) -> None:
+    """A link waiting on a queue (an AMQP receiver without credit, a sender) learns at once that the queue was
+    deleted for being idle, as from an explicit delete; looking whether it is still there keeps nothing alive."""
+
+    async def go() -> None:
+        clock = ManualClock(START)
+        ns = await Namespace.open(stores.open(), clock)
+        await ns.create_queue("q", auto_delete_on_idle="PT5M")
+        await ns.create_topic("t")
+        await ns.create_subscription("t", "s", auto_delete_on_idle="PT5M")
+        waiters = [
+            asyncio.ensure_future(ns.wait_for_change(3600, path="q")),
+            asyncio.ensure_future(ns.wait_for_change(3600, path="t/subscriptions/s")),
+        ]
+        await asyncio.sleep(0)  # (they wait from now)
+        for _ in range(4):
+            clock.advance(MINUTE)
+            assert ns.entity_gone("q") is None
+            assert ns.entity_gone("t/subscriptions/s/$deadletterqueue") is None
+            ns.tick()
+        await asyncio.sleep(0)
+        assert not any(w.done() for w in waiters)
+        clock.advance(MINUTE)
+        ns.tick()
+        await asyncio.wait_for(asyncio.gather(*waiters), 5)
+        for path, named in [("q", "'q'"), ("t/subscriptions/s", "'t/Subscriptions/s'")]:
+            gone = ns.entity_gone(path)
+            assert isinstance(gone, EntityNotFoundError)
+            assert named in str(gone)
+        assert ns.entity_gone("t") is None
+        await ns.close()
 
     run(go())

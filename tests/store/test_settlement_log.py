@@ -430,3 +430,115 @@ def test_long_texts_and_many_ops_read_back() -> None:
     unit.append(MoveMessage("q", 1, "q/$deadletterqueue", 0, "r" * 70_000, "", "\u00e9" * 40_000))
     record = settlement_log.encode("s", 1, unit)
     assert settlement_log.decode(record, "s") == ([(1, unit)], len(record))
+
+
+# --- the binary decoder under random units and random damage -----------------------------------------------
+_records = st.lists(
+    st.tuples(st.integers(0, 2**63 - 1), st.sampled_from(["me", "other"]), st.lists(_ops, min_size=1, max_size=4)),
+    min_size=1,
+    max_size=4,
+)
+
+
+def _boundaries(encoded: list[bytes]) -> list[int]:
+    ends = [0]
+    for record in encoded:
+        ends.append(ends[-1] + len(record))
+    return ends
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    _records,
+    st.none() | st.integers(0, 10**6),  # a cut: the file ends there
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=3),  # bytes flipped
+    st.binary(max_size=40),  # whatever follows the last record
+)
+def test_random_units_with_random_damage_read_as_exactly_the_records_before_it(
+    records: list[tuple[int, str, list[Op]]], cut: int | None, flips: list[tuple[int, int]], junk: bytes
+) -> None:
+    """Binary records of any ops, then the file cut short, bytes flipped and garbage appended: decoding never
+    raises, and yields exactly the whole undamaged records of this store before the first damage (never a unit
+    that was not written), ending where they end."""
+    encoded = [settlement_log.encode(owner, number, unit) for number, owner, unit in records]
+    clean = b"".join(encoded)
+    data = bytearray(clean + junk)
+    if cut is not None:
+        del data[cut % (len(data) + 1) :]
+    for where, flip in flips:
+        if data:
+            data[where % len(data)] ^= flip
+    # the junk is never a record of this store; flips may undo each other
+    first_damage = min(len(clean), len(data), *(i for i, (a, b) in enumerate(zip(data, clean, strict=False)) if a != b))
+    ends = _boundaries(encoded)
+    whole = max(i for i, end in enumerate(ends) if end <= first_damage)  # records wholly before the damage
+    decoded, end = settlement_log.decode(bytes(data), "me")
+    assert decoded == [(number, unit) for number, owner, unit in records[:whole] if owner == "me"]
+    assert end == ends[whole]
+
+
+_damage = st.one_of(
+    st.tuples(st.just("flip"), st.integers(0, 10**6), st.integers(1, 255)),
+    st.tuples(st.just("cut"), st.integers(0, 10**6), st.just(0)),
+    st.tuples(st.just("insert"), st.integers(0, 10**6), st.integers(0, 255)),
+    st.tuples(st.just("drop"), st.integers(0, 10**6), st.just(0)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_records, st.lists(_damage, min_size=1, max_size=3), st.binary(max_size=8))
+def test_a_damaged_binary_payload_with_a_valid_crc_stops_the_replay_or_reads_as_what_it_encodes(
+    records: list[tuple[int, str, list[Op]]], damage: list[tuple[str, int, int]], trailing: bytes
+) -> None:
+    """The decoder itself, past the CRC (a payload damaged, then its CRC made right again): it never raises, and
+    a payload it accepts is exactly the encoding of what it returns (canonical: no other bytes read as the same
+    unit, none dropped), so what it returns is a unit that encoding was written for."""
+    good = settlement_log.encode("me", 0, [DeleteMessage("q", 1)])
+    number, owner, unit = records[0]
+    payload = bytearray(settlement_log.encode(owner, number, unit)[settlement_log.HEADER.size :])
+    for kind, where, value in damage:
+        where %= len(payload) + 1
+        if kind == "flip" and where < len(payload):
+            payload[where] ^= value
+        elif kind == "cut":
+            del payload[where:]
+        elif kind == "insert":
+            payload.insert(where, value)
+        elif kind == "drop" and where < len(payload):
+            del payload[where]
+    payload += trailing
+    damaged = settlement_log.HEADER.pack(len(payload), zlib.crc32(payload)) + bytes(payload)
+    decoded, end = settlement_log.decode(good + damaged, "me")
+    assert decoded[:1] == [(0, [DeleteMessage("q", 1)])]
+    if end == len(good):  # the replay stops at the damaged record
+        assert decoded == [(0, [DeleteMessage("q", 1)])]
+        return
+    assert end == len(good) + len(damaged)
+    got_owner, got_number, got_unit = settlement_log._decode_payload(bytes(payload))
+    assert settlement_log.encode(got_owner, got_number, got_unit) == damaged
+    assert decoded[1:] == ([(got_number, got_unit)] if got_owner == "me" else [])
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'["s",1,[["d","q",Infinity]]]',  # json reads Infinity, NaN and 1e400 as floats no int() takes
+        b'["s",1e400,[]]',
+        b'["s",1,[["c","q",NaN,{}]]]',
+        b"[" * 100_000,  # deeper than json's recursion limit
+        b"\x02" + b"\x00\x01s" + b"\x00" * 8 + b"\xff\xff\xff\xff",  # four billion ops announced, none there
+        # binary, with what the encoder never writes: a counter named twice, a short text in the long form
+        b"\x02\x00\x01s"
+        + bytes(8)
+        + b"\x00\x00\x00\x01c\x00\x01q"
+        + bytes(8)
+        + b"\x00\x02"
+        + (b"\x00\x01a" + bytes(8)) * 2,
+        b"\x02\xff\xfe\x00\x00\x00\x01s" + bytes(8) + b"\x00\x00\x00\x00",
+    ],
+    ids=["infinity", "huge-number", "nan", "deep-nesting", "op-count", "counter-twice", "long-form"],
+)
+def test_a_payload_no_decoder_foresaw_stops_the_replay(payload: bytes) -> None:
+    good = settlement_log.encode("s", 1, [DeleteMessage("q", 1)])
+    bad = settlement_log.HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+    assert settlement_log.decode(good + bad, "s") == ([(1, [DeleteMessage("q", 1)])], len(good))

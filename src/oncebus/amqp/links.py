@@ -11,7 +11,7 @@ import collections
 import functools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 import proton
@@ -109,6 +109,18 @@ async def wait_for_change(namespace: Broker, path: str, wake: asyncio.Future[Non
     await namespace.wait_for_change(timeout, wake, path=path)
 
 
+def detach_if_gone(conn: AmqpConnection, link: engine.Link, namespace: Broker, paths: Iterable[str]) -> bool:
+    """Detach ``link`` with ``amqp:not-found`` if the entity of one of ``paths`` was deleted (Service Bus detaches
+    a deleted entity's links at once, with or without credit); True if it did."""
+    for path in paths:
+        gone = namespace.entity_gone(path)
+        if gone is not None:
+            close_with(link, condition_of(gone))
+            conn.pump()
+            return True
+    return False
+
+
 def too_large(size: int, limit: int) -> MessageSizeExceededError:
     return MessageSizeExceededError(
         f"the message is larger than the link's max-message-size of {limit} bytes ({size} bytes arrived before "
@@ -158,6 +170,7 @@ class SendLink:
         self.queue: collections.deque[tuple[engine.Delivery, list[Message] | BaseException]] = collections.deque()
         self.worker: asyncio.Task[None] | None = None
         self.closed = False
+        self.wake: asyncio.Future[None] = conn.loop.create_future()  # set when the link closes
 
     def open(self) -> None:
         link = self.link
@@ -169,6 +182,16 @@ class SendLink:
         self.conn.serve(link, self)
         link.open()
         link.flow(SEND_CREDIT)
+        self.conn.spawn(self._watch())
+
+    async def _watch(self) -> None:
+        """Detach the link when its entity (or a send-via link's destination) is deleted, sending or not: the
+        namespace's changes for every link wake it (an entity deleted, a reset)."""
+        paths = tuple(dict.fromkeys((self.entity, self.destination)))
+        while not self.closed:
+            await self.namespace.wait_for_change(IDLE_RECEIVE_POLL_SECONDS, self.wake)
+            if not self.closed and detach_if_gone(self.conn, self.link, self.namespace, paths):
+                return
 
     def covered_path(self) -> str | None:
         return self.entity
@@ -285,6 +308,8 @@ class SendLink:
 
     def on_closed(self) -> None:
         self.closed = True
+        if not self.wake.done():
+            self.wake.set_result(None)
 
 
 # ---------------------------------------------------------------------------------------- receiving
@@ -380,6 +405,9 @@ class ReceiveLink:
             credit = link.credit
             if credit <= 0:
                 await wait_for_change(namespace, self.path, self.wake, IDLE_RECEIVE_POLL_SECONDS)
+                # with credit, the next receive says the entity is gone; without, this does (as Service Bus)
+                if not self.closed and detach_if_gone(self.conn, link, namespace, (self.path,)):
+                    return
                 continue
             if not self.conn.has_room():
                 # the client does not read what it was sent: take (and lock) nothing more until it does

@@ -67,6 +67,12 @@ class Journal:
         """Drop what the batch gathered (none of it is stored): memory moved ahead of the store for it, so
         the namespace reloads what the store holds, as after a failed write, and refuses work until then."""
         self._batch = None
+        self.unwritten(why)
+
+    def unwritten(self, why: str) -> None:
+        """Memory moved ahead of the store for work that failed before its unit was submitted (a send's keys
+        judged, its records not built): reload what the store holds, as after a failed write, and refuse work
+        until then."""
         self._store_failed(StoreWriteError(f"{why}; nothing of it was stored"))
 
     def check_alive(self) -> None:

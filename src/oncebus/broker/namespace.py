@@ -61,6 +61,7 @@ from oncebus.core.durations import to_micros
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties, entity_of_path
 from oncebus.core.errors import (
     EntityDisabledError,
+    EntityNotFoundError,
     InvalidArgumentError,
     OncebusError,
     ServerBusyError,
@@ -349,14 +350,28 @@ class Namespace(Delivery):
                 pass
         await wait_any(signals, timeout, wake)
 
+    def entity_gone(self, path: str) -> EntityNotFoundError | None:
+        """None while the queue, topic or subscription ``path`` names (a dead-letter sub-queue: its owner's) exists;
+        otherwise the error saying it is not found. Touches nothing (no activity, no clock read)."""
+        where = parse_path(path)
+        try:
+            if where.subscription is None:
+                self._registry.entity(where.entity)
+            else:
+                self._registry.subscription(where.entity, where.subscription)
+        except EntityNotFoundError as exc:
+            return exc
+        return None
+
     def tick(self) -> None:
         """Apply everything due now (scheduled enqueues, lock and message expiry, history pruning,
         forwarding, idle entities: see ``upkeep``)."""
         if self._journal.failure is not None or not self._backlog_loaded.is_set():
             return  # memory is reloaded from the store before anything is due again (or still loading)
         now = self._now()
-        ops: list[Op] = []
-        ops += delete_idle(self._registry, self._activity, now)
+        ops: list[Op] = delete_idle(self._registry, self._activity, now)
+        if ops:  # entities deleted: their links learn it as from an explicit delete
+            self._notify()
         ops += release_scheduled(self._registry, self._router, now, self._contents)
         for entity in self._entities.values():
             for receivable in entity.receivables():

@@ -31,6 +31,7 @@ from oncebus.broker.sending import SendOutcome
 from oncebus.broker.stats import EntityStats
 from oncebus.broker.transactions import Transactions
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
+from oncebus.core.errors import EntityNotFoundError
 from oncebus.core.messages import Message, ReceivedMessage, ServiceBusReceiveMode
 from oncebus.core.rules import RuleProperties
 from oncebus.core.tiers import TierQuotas
@@ -78,6 +79,12 @@ class Messaging(Protocol):
     def check_receivable(self, path: str, *, sessionful: bool | None = None) -> None:
         """Raise the error a receiver of ``path`` would meet (no such entity, a topic, ...; ``sessionful=False``:
         an entity that requires sessions); nothing else."""
+        ...
+
+    def entity_gone(self, path: str) -> EntityNotFoundError | None:
+        """None while the queue, topic or subscription ``path`` names (a dead-letter sub-queue: its owner's) exists;
+        otherwise the error saying it is not found (a link attached to it is detached with it). Touches nothing: a
+        look that is no activity of the entity."""
         ...
 
     async def receive(

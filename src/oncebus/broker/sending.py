@@ -134,63 +134,75 @@ class Sender:
         records: list[StoredMessage] = []  # to ``direct``, with their keys
         record_keys: list[tuple[str, str, int] | None] = []
         keys = checked.keys
-        # every key judged in order, as one batch (the rule: core.dedup), before any record is built
-        verdicts = detector.judge_many(keys, now) if detector.enabled else [None] * len(batch)
-        props = entity.properties
-        send_log = self.send_log
-        for message, given_id, key, verdict in zip(batch, checked.ids, keys, verdicts, strict=True):
-            reserved_seq = next(reserved) if reserved is not None else None
-            message_id: MessageId = given_id if given_id is not None else uuid.uuid4().hex
-            if send_log is not None and key is not None:
-                self._log_send(
-                    send_log,
-                    {
-                        "entity": entity.path,
-                        "key": key,
-                        "message_id": message_id if isinstance(message_id, str) else service_bus_text(message_id),
-                        "time_us": now,
-                        "outcome": "duplicate"
-                        if verdict and verdict.duplicate
-                        else ("late" if verdict and verdict.late_resend_delay_us is not None else "new"),
-                        "window_us": to_micros(detector.window),
-                    },
-                )
-            if verdict is not None and verdict.duplicate:
-                deltas["duplicates"] += 1
-                if verdict.first_accepted_us is not None:
-                    resends.append(now - verdict.first_accepted_us)
-                outcomes.append(SendOutcome(message_id, None, True))
-                continue
-            late = verdict.late_resend_delay_us if verdict is not None else None
-            if late is not None:
-                deltas["late_resends"] += 1
-                late_delays.append(late)
-                resends.append(late)
-            if reserved_seq is not None:
-                seq = reserved_seq
-            else:
-                seq = entity.next_sequence_number
-                entity.next_sequence_number += 1
-            deltas["accepted"] += 1
-            record = stored_message(props, message, message_id, seq, now, scheduled_us)
-            if direct is not None:  # put after the loop, each with its key
-                records.append(record)
-                record_keys.append(None if key is None else (entity.path, key, now))
-            else:
-                plan.dedup_key = None if key is None else (entity.path, key, now)  # written with the first copy
-                self.router.route(entity, record, now, plan)
-                plan.flush_key()  # no copy (no subscription took it): the key is remembered all the same
-            outcomes.append(SendOutcome(message_id, seq, False, late))
-        if records:
-            plan.put_all(direct, records, record_keys)
+        # From the judging of its keys until its unit is submitted, memory moves ahead of the store: a failure
+        # there (a bug of ours, a message the record builder did not foresee) would leave keys held whose
+        # messages are never stored, and the client's resend dropped as a duplicate. Memory is reloaded from the
+        # store instead, as after a failed write, and the client gets the error.
+        try:
+            # every key judged in order, as one batch (the rule: core.dedup), before any record is built
+            verdicts = detector.judge_many(keys, now) if detector.enabled else [None] * len(batch)
+            props = entity.properties
+            send_log = self.send_log
+            for message, given_id, key, verdict in zip(batch, checked.ids, keys, verdicts, strict=True):
+                reserved_seq = next(reserved) if reserved is not None else None
+                message_id: MessageId = given_id if given_id is not None else uuid.uuid4().hex
+                if send_log is not None and key is not None:
+                    self._log_send(
+                        send_log,
+                        {
+                            "entity": entity.path,
+                            "key": key,
+                            "message_id": message_id if isinstance(message_id, str) else service_bus_text(message_id),
+                            "time_us": now,
+                            "outcome": "duplicate"
+                            if verdict and verdict.duplicate
+                            else ("late" if verdict and verdict.late_resend_delay_us is not None else "new"),
+                            "window_us": to_micros(detector.window),
+                        },
+                    )
+                if verdict is not None and verdict.duplicate:
+                    deltas["duplicates"] += 1
+                    if verdict.first_accepted_us is not None:
+                        resends.append(now - verdict.first_accepted_us)
+                    outcomes.append(SendOutcome(message_id, None, True))
+                    continue
+                late = verdict.late_resend_delay_us if verdict is not None else None
+                if late is not None:
+                    deltas["late_resends"] += 1
+                    late_delays.append(late)
+                    resends.append(late)
+                if reserved_seq is not None:
+                    seq = reserved_seq
+                else:
+                    seq = entity.next_sequence_number
+                    entity.next_sequence_number += 1
+                deltas["accepted"] += 1
+                record = stored_message(props, message, message_id, seq, now, scheduled_us)
+                if direct is not None:  # put after the loop, each with its key
+                    records.append(record)
+                    record_keys.append(None if key is None else (entity.path, key, now))
+                else:
+                    plan.dedup_key = None if key is None else (entity.path, key, now)  # written with the first copy
+                    self.router.route(entity, record, now, plan)
+                    plan.flush_key()  # no copy (no subscription took it): the key is remembered all the same
+                outcomes.append(SendOutcome(message_id, seq, False, late))
+            if records:
+                plan.put_all(direct, records, record_keys)
+            ops: list[Op] = []
+            if deltas["accepted"]:
+                ops = plan.ops
+                counters = entity.counters_op(deltas)
+                assert counters is not None
+                ops.append(counters)
+                ops += [
+                    op for path, more in plan.deltas.items() if (op := plan.touched[path].counters_op(more)) is not None
+                ]
+        except BaseException as exc:
+            self.journal.unwritten(
+                f"a send to {entity.path!r} failed before it was stored ({type(exc).__name__}: {exc})"
+            )
+            raise
         if deltas["accepted"]:
-            ops = plan.ops
-            counters = entity.counters_op(deltas)
-            assert counters is not None
-            ops.append(counters)
-            ops += [
-                op for path, more in plan.deltas.items() if (op := plan.touched[path].counters_op(more)) is not None
-            ]
 
             def visible() -> None:  # counted and shown only once committed
                 for name, delta in deltas.items():

@@ -92,3 +92,50 @@ def test_a_received_message_is_a_view_with_the_envelope_of_its_delivery() -> Non
     for name in ReceivedMessage.FIELDS:
         getattr(received, name)
     assert set(received.to_dict()) == set(ReceivedMessage.FIELDS) - {"wire"}
+
+
+def test_the_record_of_a_send_holds_each_field_in_its_own_place() -> None:
+    # stored_message passes the record's fields by position: each text field gets a value of its own here, so a
+    # field passed in another's place shows
+    from datetime import UTC, datetime, timedelta
+
+    from oncebus.core.entities import QueueProperties
+    from oncebus.core.sending import stored_message
+    from oncebus.core.timeutil import datetime_to_us
+
+    texts = ["session_id", "partition_key", "correlation_id", "subject", "content_type", "reply_to"]
+    texts += ["reply_to_session_id", "to"]
+    message = Message(b"body", message_id="id", application_properties={"k": 1}, time_to_live=timedelta(seconds=5))
+    for name in texts:
+        setattr(message, name, f"{name}-value")
+    message.partition_key = message.session_id  # (the partition key of a session's message is its session id)
+    now = 1_700_000_000_000_000
+    record = stored_message(QueueProperties(name="Orders"), message, "id", 7, now, None)
+    expected = StoredMessage(
+        path="orders",
+        sequence_number=7,
+        message_id="id",
+        body=b"body",
+        enqueued_time_us=now,
+        expires_at_us=now + 5_000_000,
+        **{name: getattr(message, name) for name in texts},
+        application_properties={"k": 1},
+        time_to_live_us=5_000_000,
+    )
+    assert record == expected and dataclasses.asdict(record) == dataclasses.asdict(expected)
+    assert record.application_properties is not message.application_properties  # the record's own copy
+    later = datetime(2030, 1, 1, tzinfo=UTC)
+    message.scheduled_enqueue_time_utc = later
+    scheduled = stored_message(QueueProperties(name="Orders"), message, "id", 8, now, None)
+    at = datetime_to_us(later)
+    assert (scheduled.state, scheduled.enqueued_time_us, scheduled.scheduled_enqueue_time_us) == (
+        MessageState.SCHEDULED,
+        at,
+        at,
+    )
+    assert (scheduled.expires_at_us, scheduled.delivery_count, scheduled.rewritten, scheduled.hops) == (
+        at + 5_000_000,
+        0,
+        frozenset(),
+        0,
+    )

@@ -3,7 +3,9 @@
 The broker keeps only an ``Entry`` per message; a delivery (or a peek) reads the
 content (body, wire encoding, properties) from here. Messages just sent are
 likely the next delivered, so each committed send puts its records in the cache,
-evicting the least recently used past ``max_bytes``; misses read the store.
+evicting the least recently used past ``max_bytes``, when a receiver of theirs is waiting for them; a send
+that joins a backlog takes only the room left (a full cache keeps the backlog's head, which is read first,
+rather than freeing it for the tail). Misses read the store.
 """
 
 from __future__ import annotations
@@ -60,18 +62,28 @@ class ContentCache:
             _, evicted = self._records.popitem(last=False)
             self.bytes -= _cost(evicted)
 
-    def put_many(self, records: list[StoredMessage]) -> None:
+    def put_many(self, records: list[StoredMessage], *, evict: bool = True) -> None:
+        """A committed send's records. ``evict`` False (none of their receivers was waiting: they join a backlog, and
+        are delivered after what is queued before them): they take only the room the cache has, and a full cache
+        keeps what it holds (the backlog's head, which its receivers read first) instead of evicting it for them;
+        those left out are read from the store when delivered. A record already cached is replaced either way."""
         if self.max_bytes <= 0:
             return
         cached = self._records
         added = 0
+        room = self.max_bytes - self.bytes
         for record in records:
             key = (record.path, record.sequence_number)
             if key in cached:
                 self.put(record)
+                room = self.max_bytes - self.bytes - added
+                continue
+            cost = len(record.body) + (len(record.wire) if record.wire is not None else 0) + _OVERHEAD
+            if not evict and cost > room:
                 continue
             cached[key] = record
-            added += len(record.body) + (len(record.wire) if record.wire is not None else 0) + _OVERHEAD
+            added += cost
+            room -= cost
         self.bytes += added
         while self.bytes > self.max_bytes and cached:
             _, evicted = cached.popitem(last=False)

@@ -215,8 +215,10 @@ class Sender:
                 for receivable, copy in plan.placements:
                     grouped.setdefault(receivable, []).append(copy)
                 for receivable, copies in grouped.items():
+                    waiting = receivable.changes.waiting  # (before add_records wakes them)
                     receivable.add_records(copies, committed_at)
-                    self.contents.put_many(copies)  # add_records woke each receivable's receivers
+                    # the next delivered if a receiver waits for them; else they join a backlog: no eviction for them
+                    self.contents.put_many(copies, evict=waiting > 0)
 
             await self.journal.write(
                 ops, on_commit=visible, verdicts_since=verdicts_since if deltas["duplicates"] else None

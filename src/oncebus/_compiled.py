@@ -42,6 +42,18 @@ COMPILED: tuple[str, ...] = (
     "oncebus.core.properties",
     "oncebus.core.tiers",
     "oncebus.core.timeutil",
+    "oncebus.amqp.endpoints",
+    "oncebus.amqp.frames",
+    "oncebus.amqp.link_state",
+    "oncebus.amqp.session_state",
+    "oncebus.amqp.engine",
+    "oncebus.amqp.links",
+    "oncebus.broker.receivable",
+    "oncebus.broker.entries",
+    "oncebus.broker.journal",
+    "oncebus.broker.contents",
+    "oncebus.broker.clock",
+    "oncebus.store.settlement_log",
 )
 MANIFEST = "_compiled.json"
 NO_COMPILE = "ONCEBUS_NO_COMPILE"  # at install: install pure Python

@@ -31,7 +31,9 @@ from typing import Any
 
 # the per-message modules, chosen by profile (docs/performance-log.md): decode, encode, keys, the send's checks
 # (not core.dedup: the Spark pipeline applies its rule to numpy arrays, which a compiled int signature refuses);
-# each is mypy --strict clean and compiles unchanged but for what mypyc needs (docs/contributing)
+# each is mypy --strict clean and compiles unchanged but for what mypyc needs (docs/contributing); then the receive
+# path end to end (session layer, links, the broker's receive side, the settlement log: 2026-11-29, performance log),
+# so that its calls go compiled to compiled (not broker.delivery: a mixin of the Python Namespace)
 COMPILED: tuple[str, ...] = (
     "oncebus.amqp.encoding",
     "oncebus.amqp.codec",

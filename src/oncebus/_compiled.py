@@ -31,7 +31,9 @@ from typing import Any
 
 # the per-message modules, chosen by profile (docs/performance-log.md): decode, encode, keys, the send's checks
 # (not core.dedup: the Spark pipeline applies its rule to numpy arrays, which a compiled int signature refuses);
-# each is mypy --strict clean and compiles unchanged but for what mypyc needs (docs/contributing)
+# each is mypy --strict clean and compiles unchanged but for what mypyc needs (docs/contributing); then the receive
+# path end to end (session layer, links, the broker's receive side, the settlement log: 2026-11-29, performance log),
+# so that its calls go compiled to compiled (not broker.delivery: a mixin of the Python Namespace)
 COMPILED: tuple[str, ...] = (
     "oncebus.amqp.encoding",
     "oncebus.amqp.codec",
@@ -42,6 +44,18 @@ COMPILED: tuple[str, ...] = (
     "oncebus.core.properties",
     "oncebus.core.tiers",
     "oncebus.core.timeutil",
+    "oncebus.amqp.endpoints",
+    "oncebus.amqp.frames",
+    "oncebus.amqp.link_state",
+    "oncebus.amqp.session_state",
+    "oncebus.amqp.engine",
+    "oncebus.amqp.links",
+    "oncebus.broker.receivable",
+    "oncebus.broker.entries",
+    "oncebus.broker.journal",
+    "oncebus.broker.contents",
+    "oncebus.broker.clock",
+    "oncebus.store.settlement_log",
 )
 MANIFEST = "_compiled.json"
 NO_COMPILE = "ONCEBUS_NO_COMPILE"  # at install: install pure Python

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from oncebus.broker import Message, ServiceBusReceiveMode
 from oncebus.broker.entries import HeldMessages
+from oncebus.core.messages import MessageState
 from oncebus.core.timeutil import us_to_datetime
 from tests.http.observe_server import ObservedBroker, samples
 
@@ -214,15 +215,9 @@ def test_metrics_after_a_known_sequence(tmp_path: Path) -> None:
 
 
 def test_scrape_never_walks_the_messages(tmp_path: Path) -> None:
-    """O(entities): a scrape with thousands of messages held reads none of them."""
-
-    class Untouchable(HeldMessages):
-        __slots__ = ()
-
-        def _refuse(self, *args: object) -> None:
-            raise AssertionError("a scrape walked the messages")
-
-        __iter__ = values = items = keys = objects = first_from = get = _refuse  # type: ignore[assignment]
+    """O(entities): a scrape with thousands of messages held reads none of them: with the messages taken out of
+    sight (an empty table in their place, the counters left as they are) it still reports all of them, which a
+    count from a walk would not. (A seam that holds compiled too: a compiled HeldMessages takes no subclass.)"""
 
     with ObservedBroker(tmp_path) as broker:
 
@@ -233,14 +228,19 @@ def test_scrape_never_walks_the_messages(tmp_path: Path) -> None:
 
         broker.call(fill)
         receivable = broker.sync(lambda: broker.ns.receivable("big"))
-        receivable.messages.__class__ = Untouchable  # the same messages, any walk refused
-        status, _, body = broker.get("/metrics")
-        assert status == 200, body
-        got = samples(text_string_to_metric_families(body.decode()))
-        assert got[("oncebus_active_messages", (("entity", "big"), ("subscription", "")))] == 3000
-        assert got[("oncebus_dedup_keys_held", (("entity", "big"),))] == 3000
-        status, _, body = broker.get("/api/dashboard")
-        assert status == 200, body
+        held = receivable.messages
+        receivable.messages = HeldMessages(MessageState.ACTIVE)  # a walk would find none of the 3000
+        try:
+            status, _, body = broker.get("/metrics")
+            assert status == 200, body
+            got = samples(text_string_to_metric_families(body.decode()))
+            assert got[("oncebus_active_messages", (("entity", "big"), ("subscription", "")))] == 3000
+            assert got[("oncebus_dedup_keys_held", (("entity", "big"),))] == 3000
+            status, _, body = broker.get("/api/dashboard")
+            assert status == 200, body
+            assert b"3000" in body or b"3,000" in body, body
+        finally:
+            receivable.messages = held
 
 
 @pytest.mark.parametrize(

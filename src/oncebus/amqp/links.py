@@ -821,7 +821,9 @@ class RequestLink:
         if delivery.oversized:
             self._reject(delivery, condition_of(too_large(delivery.size, self.max_message_size)))
             return
-        request = proton.Message()
+        # read as Any: proton declares a Message's fields as None, which compiled code would check (every request
+        # with properties refused: TypeError: None object expected; got dict)
+        request: Any = proton.Message()
         try:
             codec.check_sections(payload, self.conn.limits.max_value_depth)
             request.decode(payload)
@@ -852,8 +854,8 @@ class RequestLink:
             self.link.flow(REQUEST_CREDIT - self.link.credit)
         self.conn.spawn(self._answer(request, txn_id))
 
-    async def _answer(self, request: proton.Message, txn_id: bytes | None) -> None:
-        response = await self.handler(self.conn, self.link, request, txn_id)
+    async def _answer(self, request: Any, txn_id: bytes | None) -> None:  # a proton.Message (read as Any: above)
+        response: Any = await self.handler(self.conn, self.link, request, txn_id)
         if response is None or self.conn.closed:
             return
         response.correlation_id = request.id

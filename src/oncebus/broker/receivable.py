@@ -19,6 +19,7 @@ import uuid
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from oncebus.broker.counters import ReceivableCounters
 from oncebus.broker.entries import Entry, HeldMessages
@@ -43,7 +44,7 @@ class LockTokens:
     As unguessable as ``uuid4``'s (the same source, the same bits); unique as they are (by chance: 2**-61 for
     two among a billion). The pool is dropped in a forked child, which must not hand out its parent's tokens."""
 
-    POOL_BYTES = 4096
+    POOL_BYTES: ClassVar[int] = 4096
 
     __slots__ = ("_at", "_pool")
 
@@ -145,6 +146,14 @@ class ReceivableSettings:
     dead_lettering_on_message_expiration: bool
     requires_session: bool
     max_size_bytes: int
+
+    def update(self, new: ReceivableSettings) -> None:
+        """Take ``new``'s values in place (the receivable and its readers keep this object)."""
+        self.lock_duration_us = new.lock_duration_us
+        self.max_delivery_count = new.max_delivery_count
+        self.dead_lettering_on_message_expiration = new.dead_lettering_on_message_expiration
+        self.requires_session = new.requires_session
+        self.max_size_bytes = new.max_size_bytes
 
 
 QUOTA_BYTES_PER_MESSAGE = 256

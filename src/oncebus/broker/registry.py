@@ -247,7 +247,7 @@ class Registry:
         entity.detector.set_window(props.duplicate_detection_history_time_window, now_us)
         if entity.receivable is not None and isinstance(props, QueueProperties):
             new = receivable_settings(props, props.max_size_in_megabytes)
-            entity.receivable.settings.__dict__.update(new.__dict__)
+            entity.receivable.settings.update(new)
         for subscription in entity.subscriptions.values():
             subscription.receivable.settings.max_size_bytes = props.max_size_in_megabytes * 1024 * 1024
         return props, [PutEntity(entity.path, kind, props.to_dict()), prune]
@@ -261,7 +261,7 @@ class Registry:
         check_forwarding(self.entities, topic.path, props)
         subscription.properties = props
         new = receivable_settings(props, topic.properties.max_size_in_megabytes)
-        subscription.receivable.settings.__dict__.update(new.__dict__)
+        subscription.receivable.settings.update(new)
         return props, [PutEntity(subscription.receivable.path, "subscription", props.to_dict())]
 
     def set_rules(self, topic_name: str, name: str, rules: list[RuleProperties]) -> list[Op]:

@@ -143,8 +143,11 @@ def test_a_pure_editable_build_removes_the_extensions_an_earlier_build_left_and_
     directory = listed.parent
     # a module of the same directory that an earlier build compiled, and this one does not
     unlisted = min(p for p in directory.glob("*.py") if p not in sources and p.stem != "__init__")
-    elsewhere = src / "oncebus" / "store" / "sqlite.py"  # a module in a directory with none of COMPILED
-    assert elsewhere.is_file() and all(p.parent != elsewhere.parent for p in sources)
+    compiled_dirs = {p.parent for p in sources}
+    # a module in a directory with none of COMPILED
+    elsewhere = min(
+        p for p in (src / "oncebus").rglob("*.py") if p.parent not in compiled_dirs and p.stem != "__init__"
+    )
     tag = "cpython-311-x86_64-linux-gnu"
     gone = [
         listed.with_name(f"{listed.stem}.{tag}.so"),
@@ -157,7 +160,7 @@ def test_a_pure_editable_build_removes_the_extensions_an_earlier_build_left_and_
         listed.with_name(f"{listed.stem}.abi3.so"),  # not the suffix a mypyc build writes
         listed.with_name(f"{listed.stem}.{tag}.so.bak"),
         listed.with_name(f"{listed.stem}.notes.{tag}.so"),
-        elsewhere.with_name(f"sqlite.{tag}.so"),
+        elsewhere.with_name(f"{elsewhere.stem}.{tag}.so"),
     ]
     for path in gone + kept:
         path.write_bytes(b"\x7fELF (not really)")

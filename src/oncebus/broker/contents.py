@@ -78,7 +78,7 @@ class ContentCache:
                 self.put(record)
                 room = self.max_bytes - self.bytes - added
                 continue
-            cost = len(record.body) + (len(record.wire) if record.wire is not None else 0) + _OVERHEAD
+            cost = _cost(record)
             if not evict and cost > room:
                 continue
             cached[key] = record

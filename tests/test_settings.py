@@ -58,8 +58,10 @@ def test_values_are_read_typed() -> None:
             "ONCEBUS_HTTP_MAX_CONNECTIONS": "64",
             "ONCEBUS_LISTEN_MAX_PENDING": "512",
             "ONCEBUS_LISTEN_SNIFF_TIMEOUT": "2.5",
+            "ONCEBUS_EVENT_LOOP": "AsyncIO",
         }
     )
+    assert settings.event_loop == "asyncio"
     assert settings.data_dir == Path("/srv/bus") and settings.store == "postgresql://h/db"
     assert settings.keys is not None and [k.name for k in settings.keys.entries()] == ["app", "ops"]
     assert (settings.max_namespaces, settings.checkpoint_keys, settings.checkpoint_seconds) == (7, 200, 0.0)
@@ -89,6 +91,7 @@ BAD = {  # one value each variable does not allow (the families: every member is
     "ONCEBUS_MAX_NAMESPACES": "0",
     "ONCEBUS_CHECKPOINT_KEYS": "many",
     "ONCEBUS_CHECKPOINT_SECONDS": "-1",
+    "ONCEBUS_EVENT_LOOP": "tokio",
 }
 UNCHECKED = {"ONCEBUS_DATA_DIR", "ONCEBUS_STORE", "ONCEBUS_HTTP_ALLOWED_HOSTS", "ONCEBUS_DEBUG", "ONCEBUS_CLOCK_FILE"}
 
@@ -212,6 +215,7 @@ def test_every_oncebus_variable_named_in_the_code_is_a_setting() -> None:
         ("ONCEBUS_MAX_NAMESPACES", "0"),
         ("ONCEBUS_CHECKPOINT_SECONDS", "soon"),
         ("ONCEBUS_MESSAGING_UNITS", "3"),
+        ("ONCEBUS_EVENT_LOOP", "trio"),
     ],
 )
 def test_serve_stops_with_one_line_naming_a_bad_variable(tmp_path: Path, name: str, value: str) -> None:

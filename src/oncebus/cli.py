@@ -29,6 +29,7 @@ from oncebus.core.durations import parse_duration, to_micros
 from oncebus.core.errors import InvalidArgumentError, MessageSizeExceededError, OncebusError
 from oncebus.core.properties import SENDER_PROPERTIES
 from oncebus.server import ServeError, ServeOptions, run
+from oncebus.server import loop as event_loop
 from oncebus.server.control import LATEST_US, MAX_REQUEST_LINE, dispatch, error_from_json, open_local
 from oncebus.server.datadir import DataDir, resolve_data_dir
 from oncebus.server.settings import Settings, SettingsError
@@ -161,7 +162,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         settings=settings,
     )
     try:
-        return asyncio.run(run(options, install_signal_handlers=True))
+        return event_loop.run(run(options, install_signal_handlers=True), settings.event_loop)
     except ServeError as exc:
         raise CliError(str(exc), EXIT_BUSY if exc.busy else EXIT_REFUSED) from exc
 

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Coroutine, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import proton
 
@@ -187,7 +187,7 @@ class AmqpConnection(asyncio.Protocol):
 
     # --- asyncio protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not asyncio.Transport's subclasses)
         self.socket = transport
         peername = transport.get_extra_info("peername")
         self.peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""

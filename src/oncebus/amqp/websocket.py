@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
@@ -158,7 +158,7 @@ class AmqpOverWebSocket(asyncio.Protocol):
 
     # --- asyncio protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not asyncio.Transport's subclasses)
         self._transport = transport
         try:
             subprotocol = self._handshake()

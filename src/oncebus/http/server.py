@@ -31,7 +31,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote
 
 import h11
@@ -168,7 +168,7 @@ class HttpProtocol(asyncio.Protocol):
 
     # --- asyncio protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not asyncio.Transport's subclasses)
         self.transport = transport
         peername = transport.get_extra_info("peername")
         self.peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""

@@ -39,6 +39,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from oncebus.amqp.limits import OldestFirst
 
@@ -98,7 +99,7 @@ class _TlsSniffer(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not asyncio.Transport's subclasses)
         self.transport = transport
         self.timer = asyncio.get_running_loop().call_later(self.timeout, self._give_up)
 

@@ -28,6 +28,7 @@ from oncebus.http.server import ASGIApp
 from oncebus.server.certs import ensure_certificates
 from oncebus.server.control import ControlServer
 from oncebus.server.datadir import DataDir
+from oncebus.server import loop as event_loop
 from oncebus.server.front import Front, client_host, open_front
 from oncebus.server.namespaces import Namespaces
 from oncebus.server.runtime import freeze_again, tune_gc
@@ -249,6 +250,7 @@ class _Serving:
             "control_port": control.port,
             "control_token": control.token,
             "data_dir": str(datadir.path),
+            "event_loop": event_loop.running(),  # uvloop, or asyncio (ONCEBUS_EVENT_LOOP; server/loop.py)
         }
         if options.cluster:
             info["role"] = "leader"

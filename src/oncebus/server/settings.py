@@ -27,6 +27,7 @@ from oncebus.core.errors import InvalidArgumentError
 from oncebus.core.tiers import MESSAGING_UNITS, Tier, TierQuotas
 from oncebus.http.server import HttpLimits
 from oncebus.server.listener import Doors
+from oncebus.server.loop import EVENT_LOOPS, EventLoop, available
 
 __all__ = ["VARIABLES", "Settings", "SettingsError", "Variable", "markdown_table"]
 
@@ -106,6 +107,12 @@ VARIABLES: list[Variable] = [
         "loopback, --host and this machine's name",
         "the names the HTTP doors answer to",
     ),
+    Variable(
+        "ONCEBUS_EVENT_LOOP",
+        "uvloop or asyncio",
+        "uvloop where installed (Linux, macOS), else asyncio",
+        "the event loop serve runs on",
+    ),
     Variable("ONCEBUS_DEBUG", "1 (any non-empty value)", "unset", "the CLI prints the traceback of an internal error"),
     Variable("ONCEBUS_CLOCK_FILE", "a file path", "unset (the system clock)", "tests only: time read from a file"),
     *_family(AMQP_PREFIX, AmqpLimits, "an AMQP bound (docs/limits.md)"),
@@ -146,6 +153,21 @@ def _seconds(environ: Mapping[str, str], name: str, default: float, *, zero: boo
     return value
 
 
+def _event_loop(environ: Mapping[str, str]) -> EventLoop | None:
+    text = environ.get("ONCEBUS_EVENT_LOOP", "").strip()
+    if not text:
+        return None
+    for name in EVENT_LOOPS:
+        if text.lower() == name:
+            if not available(name):
+                raise SettingsError(
+                    f"ONCEBUS_EVENT_LOOP={text!r}: uvloop is not installed here (it is not built for this "
+                    "platform); give asyncio, or unset it"
+                )
+            return name
+    raise _error("ONCEBUS_EVENT_LOOP", text)
+
+
 def _overrides(
     environ: Mapping[str, str], prefix: str, cls: type[Any], skip: tuple[str, ...] = (), least: int = 1
 ) -> dict[str, int | float]:
@@ -181,6 +203,7 @@ class Settings:
     amqp: AmqpLimits = field(default_factory=AmqpLimits)
     http: HttpLimits = field(default_factory=HttpLimits)
     listen: Mapping[str, int | float] = field(default_factory=dict)  # changes to Doors' bounds
+    event_loop: EventLoop | None = None  # None: uvloop where installed (server/loop.py)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -217,6 +240,7 @@ class Settings:
             checkpoint_seconds = _seconds(env, "ONCEBUS_CHECKPOINT_SECONDS", 0.0, zero=True)
         data_dir = env.get("ONCEBUS_DATA_DIR") or None
         return cls(
+            event_loop=_event_loop(env),
             data_dir=None if data_dir is None else Path(data_dir),
             store=env.get("ONCEBUS_STORE"),
             keys=keys,

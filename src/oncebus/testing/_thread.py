@@ -17,6 +17,8 @@ from typing import Any
 
 from oncebus.core.errors import OncebusError
 from oncebus.server import ServeError, ServeOptions, run
+from oncebus.server import loop as event_loop
+from oncebus.server.settings import Settings
 from oncebus.testing._launch import _OUTPUT_LINES, BrokerStartError, Launch
 
 
@@ -51,7 +53,8 @@ class ThreadBroker:
 
     def _main(self) -> None:
         try:
-            asyncio.run(self._serve())
+            settings = self.options.settings or Settings.from_environ()
+            event_loop.run(self._serve(), settings.event_loop)
         except BaseException as exc:  # reported through output() and the start error, not lost in a thread
             self._error = exc
             if isinstance(exc, OncebusError | ServeError):

@@ -25,10 +25,10 @@ from oncebus.broker import FileClock, Namespace, SystemClock
 from oncebus.core.errors import InvalidArgumentError, OncebusError, StoreError, StoreWriteError
 from oncebus.core.tiers import Tier, TierQuotas
 from oncebus.http.server import ASGIApp
+from oncebus.server import loop as event_loop
 from oncebus.server.certs import ensure_certificates
 from oncebus.server.control import ControlServer
 from oncebus.server.datadir import DataDir
-from oncebus.server import loop as event_loop
 from oncebus.server.front import Front, client_host, open_front
 from oncebus.server.namespaces import Namespaces
 from oncebus.server.runtime import freeze_again, tune_gc

@@ -33,7 +33,9 @@ what proton's event layer costs against a Python engine (the design item 2 of is
 an engine leaves for the broker and its store inside the goals. The last lines add the engine that stores
 nothing to the broker alone: what the goals' 20 and 50 us would have to hold, against what they allow.
 
-Each row: messages a second, server CPU per message (user + system, all threads, from ``/proc``).
+Each row: messages a second, server CPU per message (user + system, all threads, from ``/proc``). The engines
+here and the broker alone run on the event loop ``oncebus serve`` runs on (uvloop where it is installed;
+``ONCEBUS_EVENT_LOOP=asyncio`` runs all of them, serve included, on asyncio's own).
 
 Usage: ``python bench/amqp_floor.py [--messages 20000] [--repeat 2] [--no-send] [--no-receive]``
 """
@@ -55,7 +57,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -78,11 +80,15 @@ from oncebus.amqp.performatives import (
     amqp_frame,
     open_frame,
 )
+from oncebus.server import loop as event_loop
+from oncebus.server.settings import Settings
 
 SINK_CREDIT = 1000
 ACCEPTED = b"\x00\x53\x24\x45"  # accepted, no fields
 TRUE, FALSE = b"\x41", b"\x42"
 _FRAME = struct.Struct(">IBBH")
+
+LOOP = Settings.from_environ().event_loop  # uvloop where installed, as serve; ONCEBUS_EVENT_LOOP=asyncio
 
 
 # ------------------------------------------------------------------------- the message a source delivers
@@ -139,7 +145,7 @@ class Engine(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not its subclasses)
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
@@ -381,7 +387,7 @@ class ProtonEngine(asyncio.Protocol):
         self.socket: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # (uvloop's transports are not its subclasses)
         self.socket = transport
 
     def data_received(self, data: bytes) -> None:
@@ -563,7 +569,7 @@ def serve_engine(port: int, store: str | None, with_proton: bool = False) -> Non
             await server.serve_forever()
 
     try:
-        asyncio.run(main())
+        event_loop.run(main(), LOOP)  # the loop oncebus serve runs on
     except KeyboardInterrupt:  # the bench stops its servers with SIGINT
         pass
 
@@ -692,7 +698,7 @@ def broker_alone(count: int, senders: int, receivers: int) -> dict[str, float]:
         return {"send": send_us, "send_loop": send_loop_us, "receive": receive_us, "receive_loop": receive_loop_us}
 
     with tempfile.TemporaryDirectory(prefix="oncebus-alone-") as workdir:
-        return asyncio.run(main(Path(workdir)))
+        return event_loop.run(main(Path(workdir)), LOOP)
 
 
 def necessary_parts(count: int) -> dict[str, float]:

@@ -92,7 +92,9 @@ def _decide() -> tuple[list[Any], dict[str, object]]:
     # environment holds only the build requirements, so the modules it follows beyond them (the server's, the
     # HTTP front end's...) are read without their third-party types and without reporting their errors
     options = ["--ignore-missing-imports", "--follow-imports=silent"]
-    extensions = mypycify([*options, *_sources()], opt_level="3", group_name="oncebus")
+    # multi_file: one C file a module rather than one for all (gcc at -O3 takes 46 s over them against 59 s over
+    # the single file on this machine, no slower at run time: docs/performance-log.md)
+    extensions = mypycify([*options, *_sources()], opt_level="3", group_name="oncebus", multi_file=True)
     sources = {m: COMPILED_INFO.digest(COMPILED_INFO.source_path(m, SRC)) for m in COMPILED_INFO.COMPILED}
     return extensions, {"compiled": True, "reason": "", "sources": sources}
 

@@ -848,7 +848,7 @@ def main() -> None:
     titles = {
         "proton": "proton reactor (stores nothing)",
         "proton-asyncio": "proton on asyncio, as oncebus (nothing)",
-        "engine": "python engine (asyncio, stores nothing)",
+        "engine": "python engine (stores nothing)",
         "engine+sqlite": "python engine + SQLite rows",
         "engine+log": "python engine + rows, settlement log",
         "oncebus": "oncebus serve (dedup on)",

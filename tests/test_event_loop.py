@@ -54,3 +54,20 @@ def test_the_default_is_uvloop_where_installed() -> None:
 
 async def _which() -> str:
     return loop.running()
+
+
+def test_without_uvloop_serve_takes_asyncios_loop_and_refuses_to_be_told_uvloop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where uvloop is not built (Windows), the default is asyncio's loop, and asking for uvloop is one clear line."""
+    from oncebus.server import settings
+
+    def without_uvloop(name: loop.EventLoop) -> bool:
+        return name == "asyncio"
+
+    monkeypatch.setattr(loop, "available", without_uvloop)
+    monkeypatch.setattr(settings, "available", without_uvloop)
+    assert loop.default() == "asyncio" and loop.run(_which()) == "asyncio"
+    assert settings.Settings.from_environ({"ONCEBUS_EVENT_LOOP": "asyncio"}).event_loop == "asyncio"
+    with pytest.raises(settings.SettingsError, match=r"ONCEBUS_EVENT_LOOP='uvloop': uvloop is not installed here"):
+        settings.Settings.from_environ({"ONCEBUS_EVENT_LOOP": "uvloop"})

@@ -43,7 +43,7 @@ def run(main: Coroutine[Any, Any, T], name: EventLoop | None = None) -> T:
     return asyncio.run(main)
 
 
-def running() -> str:
+def running() -> EventLoop:
     """The name of the running loop: ``uvloop`` or ``asyncio``."""
     loop = asyncio.get_running_loop()
     return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"

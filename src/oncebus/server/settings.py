@@ -157,15 +157,15 @@ def _event_loop(environ: Mapping[str, str]) -> EventLoop | None:
     text = environ.get("ONCEBUS_EVENT_LOOP", "").strip()
     if not text:
         return None
-    for name in EVENT_LOOPS:
-        if text.lower() == name:
-            if not available(name):
-                raise SettingsError(
-                    f"ONCEBUS_EVENT_LOOP={text!r}: uvloop is not installed here (it is not built for this "
-                    "platform); give asyncio, or unset it"
-                )
-            return name
-    raise _error("ONCEBUS_EVENT_LOOP", text)
+    name = next((loop for loop in EVENT_LOOPS if loop == text.lower()), None)
+    if name is None:
+        raise _error("ONCEBUS_EVENT_LOOP", text)
+    if not available(name):
+        raise SettingsError(
+            f"ONCEBUS_EVENT_LOOP={text!r}: {name} is not installed here (it is not built for this platform); "
+            "give asyncio, or unset it"
+        )
+    return name
 
 
 def _overrides(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import threading
 import traceback
 from typing import Any
@@ -53,8 +54,10 @@ class ThreadBroker:
 
     def _main(self) -> None:
         try:
-            settings = self.options.settings or Settings.from_environ()
-            event_loop.run(self._serve(), settings.event_loop)
+            if self.options.settings is None:  # read once: the loop is chosen from them, and run() takes them
+                self.options = dataclasses.replace(self.options, settings=Settings.from_environ())
+            assert self.options.settings is not None
+            event_loop.run(self._serve(), self.options.settings.event_loop)
         except BaseException as exc:  # reported through output() and the start error, not lost in a thread
             self._error = exc
             if isinstance(exc, OncebusError | ServeError):

@@ -89,23 +89,27 @@ def main() -> None:
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(30)
-    messages = args.messages
-    table = pstats.Stats(str(stats))
-    entries: dict[Any, Any] = table.stats  # type: ignore[attr-defined]
-    total = sum(nc for (_cc, nc, _tt, _ct, _callers) in entries.values())
-    print(f"{messages:,} {args.shape} messages, {args.receivers} receivers")
-    print(f"calls a message on the loop thread: {total / messages:.1f}")
-    rows = collections.Counter({key: value[1] for key, value in entries.items()})
-    print("most calls a message:")
-    for (file, line, name), calls in rows.most_common(args.top):
-        print(f"  {calls / messages:7.2f}  {name}  {Path(file).name}:{line}")
-    own = collections.Counter({key: value[2] for key, value in entries.items()})
-    print("most own time a message (us, profiled):")
-    for (file, line, name), seconds in own.most_common(args.top):
-        print(f"  {seconds / messages * 1e6:7.2f}  {name}  {Path(file).name}:{line}")
+    report(stats, args.messages, f"{args.shape} messages, {args.receivers} receivers", args.top)
     if args.keep is not None:
         shutil.copy(stats, args.keep)
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+def report(stats: Path, messages: int, what: str, top: int) -> None:
+    """Print the calls a message the profile ``stats`` holds, and the functions with the most calls and own time."""
+    table = pstats.Stats(str(stats))
+    entries: dict[Any, Any] = table.stats  # type: ignore[attr-defined]
+    total = sum(nc for (_cc, nc, _tt, _ct, _callers) in entries.values())
+    print(f"{messages:,} {what}")
+    print(f"calls a message on the loop thread: {total / messages:.1f}")
+    rows = collections.Counter({key: value[1] for key, value in entries.items()})
+    print("most calls a message:")
+    for (file, line, name), calls in rows.most_common(top):
+        print(f"  {calls / messages:7.2f}  {name}  {Path(file).name}:{line}")
+    own = collections.Counter({key: value[2] for key, value in entries.items()})
+    print("most own time a message (us, profiled):")
+    for (file, line, name), seconds in own.most_common(top):
+        print(f"  {seconds / messages * 1e6:7.2f}  {name}  {Path(file).name}:{line}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from oncebus.core.messages import MessageState, ReceivedMessage, StoredMessage
+from oncebus.core.messages import MessageState, StoredMessage
+from oncebus.core.received import ReceivedMessage
 from oncebus.core.timeutil import datetime_to_us
 
 

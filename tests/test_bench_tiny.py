@@ -30,6 +30,7 @@ TINY: dict[str, list[str]] = {
     "receive_bound": ["--round-trips", "500", "--clients", "1", "--repeat", "1"],
     "receive_calls": ["--messages", "200", "--receivers", "1", "--top", "3"],
     "rules_eval": ["--quick"],
+    "send_calls": ["--messages", "200", "--senders", "1", "--top", "3"],
     "rules_fanout": ["--messages", "200", "--rounds", "1"],
     "spark_dedup": [
         "--rows",

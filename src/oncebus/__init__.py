@@ -139,7 +139,8 @@ if TYPE_CHECKING:
         StoreWriteError,
         UnauthorizedError,
     )
-    from oncebus.core.messages import Message, MessageState, ReceivedMessage, ServiceBusReceiveMode
+    from oncebus.core.messages import Message, MessageState, ServiceBusReceiveMode
+    from oncebus.core.received import ReceivedMessage
     from oncebus.server.process import ServeError
     from oncebus.store.memory import MemoryStore
     from oncebus.store.sqlite import SqliteStore

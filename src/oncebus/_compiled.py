@@ -44,6 +44,7 @@ COMPILED: tuple[str, ...] = (
     "oncebus.core.properties",
     "oncebus.core.tiers",
     "oncebus.core.timeutil",
+    "oncebus.core.received",
     "oncebus.amqp.endpoints",
     "oncebus.amqp.frames",
     "oncebus.amqp.link_state",

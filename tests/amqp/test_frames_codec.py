@@ -25,7 +25,8 @@ from oncebus.amqp import codec, outgoing
 from oncebus.amqp.frames import FrameError, FrameScanner, Performative
 from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT, TRANSFER
 from oncebus.core.errors import InvalidArgumentError
-from oncebus.core.messages import MessageState, ReceivedMessage
+from oncebus.core.messages import MessageState
+from oncebus.core.received import ReceivedMessage
 from tests.messages import received_of
 
 
@@ -544,3 +545,16 @@ def test_an_annotation_key_that_is_a_number_but_not_a_ulong_is_refused_even_afte
     with pytest.raises(InvalidArgumentError):
         codec.decode_message_general(alone)
     assert codec.decode_message_general(after_a_ulong).message_id is None  # passed before
+
+
+@pytest.mark.parametrize(
+    "token",
+    [uuid.UUID(int=0), uuid.UUID(int=(1 << 128) - 1), uuid.UUID("00112233-4455-6677-8899-aabbccddeeff")]
+    + [uuid.UUID(int=random.Random(seed).getrandbits(128)) for seed in range(20)],
+)
+def test_lock_token_bytes_are_uuids_own(token: uuid.UUID) -> None:
+    """The encoder reads a lock token's bytes (the annotation, big-endian) and its delivery tag (.NET's Guid
+    order, as the SDKs read it back) from its int: the same bytes as ``UUID.bytes`` and ``UUID.bytes_le``."""
+    assert outgoing.lock_token_bytes(token) == token.bytes
+    assert outgoing.lock_token_tag(token) == token.bytes_le
+    assert uuid.UUID(bytes_le=outgoing.lock_token_tag(token)) == token

@@ -20,8 +20,9 @@ from oncebus.amqp import outgoing
 from oncebus.amqp.limits import AmqpLimits
 from oncebus.amqp.sas import DEFAULT_KEY, DEFAULT_KEY_NAME
 from oncebus.core.errors import InvalidArgumentError
-from oncebus.core.messages import ReceivedMessage, StoredMessage
+from oncebus.core.messages import StoredMessage
 from oncebus.core.properties import application_property_error, check_application_properties
+from oncebus.core.received import ReceivedMessage
 from oncebus.http.messages import _header_value as rest_header_value
 from tests.amqp.inprocess import InProcessServer
 from tests.amqp.txn_client import TxnClient

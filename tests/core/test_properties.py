@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from oncebus.core.messages import Message, MessageState, ReceivedMessage, StoredMessage
+from oncebus.core.messages import Message, MessageState, StoredMessage
 from oncebus.core.properties import (
     BROKER_PROPERTIES,
     CORRELATION_FIELDS,
@@ -15,6 +15,7 @@ from oncebus.core.properties import (
     WIRE_PROPERTY_FIELDS,
     correlation_field,
 )
+from oncebus.core.received import ReceivedMessage
 from oncebus.core.rules import CorrelationRuleFilter
 from oncebus.core.rules._view import SYSTEM_PROPERTIES
 from tests.messages import DeliveryEnvelope

@@ -28,7 +28,8 @@ from oncebus.amqp.encoding import DecodeError, Reader, decode, jump, skip
 from oncebus.amqp.frames import FrameError, FrameScanner
 from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT
 from oncebus.core.errors import InvalidArgumentError
-from oncebus.core.messages import MessageState, ReceivedMessage
+from oncebus.core.messages import MessageState
+from oncebus.core.received import ReceivedMessage
 from tests.fuzz.mutations import amqp_values, encode_value, nested, performative, scalars
 from tests.messages import received_of
 

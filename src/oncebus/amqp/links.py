@@ -26,7 +26,8 @@ from oncebus.core.errors import (
     OncebusError,
     UnauthorizedError,
 )
-from oncebus.core.messages import Message, ReceivedMessage, ServiceBusReceiveMode
+from oncebus.core.messages import Message, ServiceBusReceiveMode
+from oncebus.core.received import ReceivedMessage
 
 if TYPE_CHECKING:
     from oncebus.amqp.connection import AmqpConnection
@@ -474,7 +475,7 @@ class ReceiveLink:
             if token is None:  # settled at once, no lock: an empty tag (see _transfer)
                 link.send_whole(b"", payload).settle()
             else:
-                link.send_whole(token.bytes_le, payload).notes.lock_token = token
+                link.send_whole(outgoing.lock_token_tag(token), payload).notes.lock_token = token
         self.largest = largest
 
     def _transfer(self, message: ReceivedMessage) -> None:
@@ -495,7 +496,7 @@ class ReceiveLink:
             self.link.advance()
             delivery.settle()
         else:
-            delivery = self.link.delivery(token.bytes_le)
+            delivery = self.link.delivery(outgoing.lock_token_tag(token))
             delivery.notes.lock_token = token
             self.link.send(payload)
             self.link.advance()

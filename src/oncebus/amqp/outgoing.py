@@ -42,7 +42,8 @@ from oncebus.amqp.codec import (
 )
 from oncebus.amqp.encoding import DecodeError, Reader, jump
 from oncebus.amqp.reencode import amqp_value, reencode
-from oncebus.core.messages import MessageState, ReceivedMessage
+from oncebus.core.messages import MessageState
+from oncebus.core.received import ReceivedMessage
 from oncebus.core.timeutil import MAX_US, MIN_US, datetime_to_us
 
 
@@ -126,6 +127,18 @@ _STATE_ACTIVE = _STATES[MessageState.ACTIVE]
 _NULL_FIELDS = (b"\x40",) * 4  # the header of a message sent without one: nulls before the delivery count
 
 
+def lock_token_bytes(token: uuid.UUID) -> bytes:
+    """``token.bytes`` (the AMQP uuid's 16 bytes, big-endian) read from its int: ``UUID.bytes`` is a Python call."""
+    return token.int.to_bytes(16, "big")
+
+
+def lock_token_tag(token: uuid.UUID) -> bytes:
+    """``token.bytes_le``, the delivery tag of a locked message (the SDKs read the lock token from it as .NET's
+    ``Guid`` bytes: the first three fields little-endian), without ``UUID``'s two Python property calls."""
+    raw = token.int.to_bytes(16, "big")
+    return raw[3::-1] + raw[5:3:-1] + raw[7:5:-1] + raw[8:]
+
+
 def _delivery_annotations(
     lock_token: uuid.UUID | None, sender: list[tuple[bytes, bytes]] | None = None, *, always: bool = False
 ) -> bytes:
@@ -138,7 +151,7 @@ def _delivery_annotations(
         if key != _LOCK_TOKEN_KEY:  # the broker's own, never the sender's
             pairs += (key, value)
     if lock_token is not None:
-        pairs += (_LOCK_TOKEN_KEY, b"\x98" + lock_token.bytes)
+        pairs += (_LOCK_TOKEN_KEY, b"\x98" + lock_token_bytes(lock_token))
     if not pairs and not always:
         return b""
     return _described_map(DELIVERY_ANNOTATIONS, pairs)

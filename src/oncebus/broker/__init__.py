@@ -42,7 +42,8 @@ from oncebus.broker.transactions import (
     TransactionTimeoutError,
     UnknownTransactionError,
 )
-from oncebus.core.messages import Message, MessageState, ReceivedMessage, ServiceBusReceiveMode
+from oncebus.core.messages import Message, MessageState, ServiceBusReceiveMode
+from oncebus.core.received import ReceivedMessage
 
 __all__ = [
     "FAULT_KINDS",

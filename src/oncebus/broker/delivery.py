@@ -16,7 +16,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from oncebus.broker.clock import Clock
 from oncebus.broker.contents import ContentCache
@@ -40,11 +40,11 @@ from oncebus.core.errors import (
 from oncebus.core.keys import validate_ids
 from oncebus.core.messages import (
     MessageState,
-    ReceivedMessage,
     ServiceBusReceiveMode,
     StoredMessage,
 )
 from oncebus.core.properties import carried_properties, check_application_properties
+from oncebus.core.received import ReceivedMessage
 from oncebus.core.timeutil import clamp_us, datetime_to_us, us_to_datetime
 from oncebus.store.base import (
     Op,
@@ -232,23 +232,26 @@ class Delivery:
     def _locked(self, path: str, lock_token: uuid.UUID | str) -> tuple[Receivable, Entry]:
         receivable = self.receivable(path)
         token = lock_token if isinstance(lock_token, uuid.UUID) else uuid.UUID(str(lock_token))
-        seq = receivable.locks.get(token)
+        seq = receivable.locked(token)
         if seq is None:
-            why = receivable.lost_tokens.get(token)
-            if why == "session":
-                raise SessionLockLostError(
-                    "The session lock has expired on the MessageSession. Accept a new MessageSession."
-                )
-            raise MessageLockLostError(
-                f"The lock supplied is invalid. Either the lock expired, or the message has already been "
-                f"removed from the queue ({receivable.path}, lock token {token})"
-            )
+            self._not_locked(receivable, token)
         message = receivable.messages[seq]
-        if receivable.settings.requires_session and message.session_id in receivable.sessions:
-            session = receivable.sessions[message.session_id or ""]
-            if token not in session.locked_messages:
-                raise SessionLockLostError("the session lock that delivered this message was lost")
+        if receivable.session_lock_lost(message, token):
+            self._not_locked(receivable, token)
         return receivable, message
+
+    def _not_locked(self, receivable: Receivable, token: uuid.UUID) -> NoReturn:
+        """Why ``token`` cannot be settled in ``receivable``: its session's lock is lost, or its own lock is."""
+        if receivable.locked(token) is not None:  # locked, under a session lock that is lost
+            raise SessionLockLostError("the session lock that delivered this message was lost")
+        if receivable.lost_tokens.get(token) == "session":
+            raise SessionLockLostError(
+                "The session lock has expired on the MessageSession. Accept a new MessageSession."
+            )
+        raise MessageLockLostError(
+            f"The lock supplied is invalid. Either the lock expired, or the message has already been "
+            f"removed from the queue ({receivable.path}, lock token {token})"
+        )
 
     async def complete(self, path: str, lock_token: uuid.UUID | str) -> None:
         await self._settle(self._completion(path, lock_token))
@@ -256,15 +259,16 @@ class Delivery:
     def complete_soon(self, path: str, lock_token: uuid.UUID, done: Callable[[BaseException | None], None]) -> None:
         """``complete`` without a coroutine (the receive link's path): raises what it raises at once, else
         ``done(error)`` runs on the loop when the completion is committed (``None``) or failed."""
-        self._check_alive()
-        self._journal.settle(self._completion(path, lock_token), done)
+        self._journal.settle(self._completion(path, lock_token), done)  # (settle checks the store is alive)
 
     def _completion(self, path: str, lock_token: uuid.UUID | str) -> list[Op]:
-        receivable, message = self._locked(path, lock_token)
-        ops = receivable.remove(message)
-        self._contents.discard(receivable.path, message.sequence_number)
-        receivable.counters.completed += 1
-        self._drop_session_token(receivable, message)
+        receivable = self.receivable(path)
+        token = lock_token if isinstance(lock_token, uuid.UUID) else uuid.UUID(str(lock_token))
+        completed = receivable.complete(token)  # (compiled: the lock, its session's token, the removal, the count)
+        if completed is None:
+            self._not_locked(receivable, token)
+        entry, ops = completed
+        self._contents.discard(receivable.path, entry.sequence_number)
         return ops
 
     async def abandon(
@@ -463,7 +467,7 @@ class Delivery:
         current = self._session_lock(receivable, session)
         current.locked_until_us = clamp_us(self._now() + receivable.settings.lock_duration_us)
         for token in current.locked_messages:
-            seq = receivable.locks.get(token)
+            seq = receivable.locked(token)
             if seq is not None:
                 receivable.messages[seq].locked_until_us = current.locked_until_us
         session.locked_until_us = current.locked_until_us

@@ -32,7 +32,8 @@ from oncebus.broker.stats import EntityStats
 from oncebus.broker.transactions import Transactions
 from oncebus.core.entities import QueueProperties, SubscriptionProperties, TopicProperties
 from oncebus.core.errors import EntityNotFoundError
-from oncebus.core.messages import Message, ReceivedMessage, ServiceBusReceiveMode
+from oncebus.core.messages import Message, ServiceBusReceiveMode
+from oncebus.core.received import ReceivedMessage
 from oncebus.core.rules import RuleProperties
 from oncebus.core.tiers import TierQuotas
 

@@ -65,12 +65,13 @@ class LockTokens:
         value = (int.from_bytes(self._pool[at : at + 16]) & _V4_CLEAR) | _V4_SET  # as UUID(..., version=4)
         token = object.__new__(uuid.UUID)  # what UUID(int=value) makes, without its checks of arguments
         _set(token, "int", value)
-        _set(token, "is_safe", uuid.SafeUUID.unknown)
+        _set(token, "is_safe", _UNKNOWN)
         return token
 
 
 _V4_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))  # the variant's and the version's bits
 _V4_SET = (0x8000 << 48) | (4 << 76)  # RFC 4122 variant, version 4
+_UNKNOWN = uuid.SafeUUID.unknown  # (read once: an enum member read from its class is a Python call)
 _set = object.__setattr__  # a UUID refuses attribute assignment; its slots are set as its __init__ sets them
 TOKENS = LockTokens()
 """The broker's lock tokens (messages' and sessions'), on its loop."""
@@ -189,7 +190,8 @@ class Receivable:
         self._scheduled: list[tuple[int, int]] = []
         self._expiry: list[tuple[int, int]] = []
         self._lock_expiry: list[tuple[int, uuid.UUID]] = []
-        self.locks: dict[uuid.UUID, int] = {}
+        # lock token (its 128-bit int: hashed in C, a uuid.UUID's __hash__ is a Python call) -> sequence number
+        self.locks: dict[int, int] = {}
         self.lost_tokens: OrderedDict[uuid.UUID, str] = OrderedDict()
         self.sessions: dict[str, SessionLock] = {}
         self.changes = ChangeSignal()  # its waiting receivers: notified when a message becomes available
@@ -337,7 +339,7 @@ class Receivable:
             self._state_counts[entry.state] -= 1
             self.size_bytes -= entry.size
             if entry.lock_token is not None:
-                self.locks.pop(entry.lock_token, None)
+                self.locks.pop(entry.lock_token.int, None)
         return entry
 
     # --- time ---------------------------------------------------------------------------------
@@ -357,7 +359,7 @@ class Receivable:
                     ops += self.release_session(session_id, now_us, reason="session")
         while self._lock_expiry and self._lock_expiry[0][0] <= now_us:
             _, token = heapq.heappop(self._lock_expiry)
-            locked_seq = self.locks.get(token)
+            locked_seq = self.locks.get(token.int)
             if locked_seq is None:
                 continue
             entry = self.messages[locked_seq]
@@ -406,13 +408,17 @@ class Receivable:
         """Make a message :meth:`take` returned available again, untouched (nothing to write)."""
         self._make_available(entry)
 
+    def locked(self, token: uuid.UUID) -> int | None:
+        """The sequence number of the message ``token`` locks, or None (not locked here, or no longer)."""
+        return self.locks.get(token.int)
+
     def lock(self, entry: Entry, now_us: int, session: SessionLock | None) -> None:
         token = TOKENS.next()
         entry.lock_token = token
         entry.locked_until_us = (
             session.locked_until_us if session is not None else clamp_us(now_us + self.settings.lock_duration_us)
         )
-        self.locks[token] = entry.sequence_number
+        self.locks[token.int] = entry.sequence_number
         if session is not None:
             session.locked_messages.add(token)
         else:
@@ -429,7 +435,7 @@ class Receivable:
         delivery attempt (with MaxDeliveryCount 1, a deferral dead-letters: Azure/azure-service-bus#375)."""
         token = entry.lock_token
         if token is not None:
-            self.locks.pop(token, None)
+            self.locks.pop(token.int, None)
             if lost is not None:
                 self._remember_lost(token, lost)
         entry.lock_token = None
@@ -451,6 +457,34 @@ class Receivable:
         self.lost_tokens[token] = why
         while len(self.lost_tokens) > LOST_TOKENS_KEPT:
             self.lost_tokens.popitem(last=False)
+
+    def session_lock_lost(self, entry: Entry, token: uuid.UUID) -> bool:
+        """Whether ``entry``, locked by ``token``, was delivered under a session lock this session no longer holds
+        (released, expired, or accepted again since): settling it must fail with the session's lock lost."""
+        if not self.settings.requires_session or entry.session_id is None:
+            return False
+        session = self.sessions.get(entry.session_id)
+        return session is not None and token not in session.locked_messages
+
+    def complete(self, token: uuid.UUID) -> tuple[Entry, list[Op]] | None:
+        """Complete the message ``token`` locks: gone from here (and from its session's locked messages), counted;
+        its entry and what to store. None, with nothing changed, when ``token`` locks nothing here or its session
+        lock is lost (the caller says which: ``Namespace._not_locked``). The broker's completion path, in one
+        compiled call (docs/performance-log.md)."""
+        seq = self.locks.get(token.int)
+        if seq is None:
+            return None
+        entry = self.messages[seq]
+        session_id = entry.session_id
+        if session_id is not None:
+            if self.session_lock_lost(entry, token):
+                return None
+            session = self.sessions.get(session_id)
+            if session is not None:
+                session.locked_messages.discard(token)
+        self._forget(seq)
+        self.counters.completed += 1
+        return entry, [DeleteMessage(self.path, seq)]
 
     def remove(self, entry: Entry) -> list[Op]:
         """Complete / receive-and-delete / cancel: the message is gone."""
@@ -501,7 +535,7 @@ class Receivable:
         self.changes.notify()  # the session can be accepted again
         ops: list[Op] = []
         for token in lock.locked_messages:
-            seq = self.locks.get(token)
+            seq = self.locks.get(token.int)
             if seq is not None:
                 ops += self.unlock(self.messages[seq], now_us, lost=reason)
             elif reason is not None:

@@ -38,7 +38,7 @@ from urllib.parse import parse_qs, quote
 from oncebus.auth import LISTEN, SEND, KeyRing, authorize_request
 from oncebus.broker import Messaging
 from oncebus.core.errors import ArgumentOutOfRangeError, InvalidArgumentError, OncebusError, named, status_of
-from oncebus.core.messages import Message, ReceivedMessage, ServiceBusReceiveMode
+from oncebus.core.messages import Message, ServiceBusReceiveMode
 from oncebus.core.properties import (
     APPLICATION_VALUES,
     BROKER_PROPERTIES,
@@ -46,6 +46,7 @@ from oncebus.core.properties import (
     SystemProperty,
     text_error,
 )
+from oncebus.core.received import ReceivedMessage
 from oncebus.http.jsonbody import parse_json
 from oncebus.http.server import Receive, Scope, Send
 

@@ -45,6 +45,14 @@ HEADER = struct.Struct(">II")
 MAX_PAYLOAD = 16 * 1024 * 1024  # a larger length is damage, not a record
 
 
+def settlements_only(unit: Sequence[Op]) -> bool:
+    """A unit of settlements only: what may commit before it is durable (``GroupCommitWriter.submit``)."""
+    for op in unit:
+        if not isinstance(op, DeleteMessage | UpdateMessage | MoveMessage | AddCounters):
+            return False
+    return True
+
+
 def loggable(unit: Sequence[Op]) -> bool:
     """A unit the log can carry: settlements of plain values only."""
     for op in unit:

@@ -62,7 +62,7 @@ from oncebus.store.base import (
 from oncebus.store.settlement_log import SettlementLog
 from oncebus.store.sqlite_apply import OpWriter
 from oncebus.store.sqlite_layout import SCHEMA_VERSION
-from oncebus.store.writer import SETTLEMENT_OPS, Checkpoint, GroupCommitWriter
+from oncebus.store.writer import Checkpoint, GroupCommitWriter
 
 _LOG = logging.getLogger("oncebus.store")
 IDLE_CHECK_SECONDS = 1.0
@@ -372,7 +372,7 @@ class SqliteStore(GroupCommitWriter):
         to the writer thread and back. It never waits: not for the writer (its lock is only tried), nor for a
         disk (no fsync, no checkpoint: the writer's).
         """
-        if not unit or not all(isinstance(op, SETTLEMENT_OPS) for op in unit):
+        if not unit or not settlement_log.settlements_only(unit):  # (compiled: no generator a call)
             return False
         if not self._lock.acquire(blocking=False):
             return False

@@ -44,20 +44,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oncebus.core.errors import StoreWriteError
-from oncebus.store import dedup_images
+from oncebus.store import dedup_images, settlement_log
 from oncebus.store.base import (
     SETTLEMENT_SYNC_SECONDS,
-    AddCounters,
     DedupIndexes,
-    DeleteMessage,
-    MoveMessage,
     Op,
-    UpdateMessage,
 )
 
 _LOG = logging.getLogger("oncebus.store")
 MAX_UNITS_PER_COMMIT = 512
-SETTLEMENT_OPS = (DeleteMessage, UpdateMessage, MoveMessage, AddCounters)  # what may commit before it is durable
 _STOP = object()
 _WAKE = object()  # the writer recomputes when to sync (a settlement was committed on another thread)
 
@@ -168,7 +163,7 @@ class GroupCommitWriter:
     # ------------------------------------------------------------------ submitting
     def submit(self, unit: Sequence[Op], *, durable: bool = True) -> Future[None]:
         future: Future[None] = Future()
-        if not durable and not all(isinstance(op, SETTLEMENT_OPS) for op in unit):
+        if not durable and not settlement_log.settlements_only(unit):
             durable = True  # what stores a message, a key or a definition is durable first, whatever was asked
         with self._submit_lock:
             self._submitted += 1

@@ -222,10 +222,16 @@ class AmqpConnection(asyncio.Protocol):
         # with our header)
         try:
             # one pump for what the frames changed, one more only after a refusal (the usual read, one disposition,
-            # pumped twice before: a second dispatch, output check and tick for nothing; docs/performance-log.md)
+            # pumped twice before: a second dispatch, output check and tick for nothing; docs/performance-log.md);
+            # none when they changed nothing to dispatch or write (a completion: its outcome is pumped once
+            # committed), only the heartbeats' timer kept
             if frames:
-                self.connection.receive(frames)
-                self.pump()
+                connection = self.connection
+                connection.receive(frames)
+                if self.collector.events or connection.has_output() or connection.head_closed:
+                    self.pump()
+                elif self._tick_handle is None and connection.remote_idle_timeout > 0:
+                    self._schedule_tick()
             if self.scanner.oversized:
                 self._refuse_all_oversized()
             if refuse:

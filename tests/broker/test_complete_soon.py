@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from concurrent.futures import Future
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from oncebus.broker import ManualClock, Message, Namespace
-from oncebus.core.errors import MessageLockLostError, StoreWriteError
+from oncebus.core.errors import MessageLockLostError, SessionLockLostError, StoreWriteError
 from oncebus.store.base import DeleteMessage, Op
 from oncebus.store.memory import MemoryStore
 from oncebus.store.sqlite import SqliteStore
@@ -178,3 +179,31 @@ async def store_idle(store: SqliteStore) -> None:
         await asyncio.sleep(0)
         await asyncio.to_thread(lambda: None)
     raise AssertionError("the writer never caught up")
+
+
+def test_a_session_message_completes_once_and_not_after_its_session_lock_is_lost() -> None:
+    """The completion's one compiled call (``Receivable.complete``) keeps the session's bookkeeping: a completed
+    message leaves its session's locked messages, and one whose session lock expired is refused as Service Bus
+    refuses it (``SessionLockLostError``), staying in the queue for the session's next receiver."""
+
+    async def go() -> None:
+        clock = ManualClock()
+        store = _CountingStore()
+        ns = await Namespace.open(store, clock)
+        await ns.create_queue("q", requires_session=True, lock_duration=timedelta(seconds=10))
+        await ns.send("q", [Message(b"1", session_id="s"), Message(b"2", session_id="s")])
+        session = await ns.accept_session("q", "s")
+        first, second = await ns.receive("q", 2, session=session)
+        held = ns.receivable("q").sessions["s"].locked_messages
+        assert held == {first.lock_token, second.lock_token}
+        assert await _complete_all(ns, [first.lock_token]) == [None]
+        assert held == {second.lock_token}
+        clock.advance(11)
+        ns.tick()
+        with pytest.raises(SessionLockLostError):
+            ns.complete_soon("q", second.lock_token, lambda error: None)  # type: ignore[arg-type]
+        assert ns.stats("q").active_message_count == 1 and ns.receivable("q").counters.completed == 1
+        again = await ns.accept_session("q", "s")
+        assert [m.body for m in await ns.receive("q", 2, session=again)] == [b"2"]
+
+    asyncio.run(go())

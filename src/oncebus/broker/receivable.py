@@ -270,12 +270,13 @@ class Receivable:
                 and r.session_id is None
                 and in_order
                 and seq not in messages
-                and messages.append(seq, r.enqueued_time_us, r.size, r.delivery_count)
             ):
-                added += 1
-                total += r.size
-            else:
-                self.add(Entry.of(r), now_us)
+                size = r.size  # (a property of the Python record: read once)
+                if messages.append(seq, r.enqueued_time_us, size, r.delivery_count):
+                    added += 1
+                    total += size
+                    continue
+            self.add(Entry.of(r), now_us)
         self._state_counts[_ACTIVE] += added
         self.size_bytes += total
         if added:

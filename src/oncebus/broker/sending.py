@@ -142,6 +142,7 @@ class Sender:
             # every key judged in order, as one batch (the rule: core.dedup), before any record is built
             verdicts = detector.judge_many(keys, now) if detector.enabled else [None] * len(batch)
             props = entity.properties
+            entity_path = entity.path  # (a property: lower-cased each time it is read)
             send_log = self.send_log
             for message, given_id, key, verdict in zip(batch, checked.ids, keys, verdicts, strict=True):
                 reserved_seq = next(reserved) if reserved is not None else None
@@ -150,7 +151,7 @@ class Sender:
                     self._log_send(
                         send_log,
                         {
-                            "entity": entity.path,
+                            "entity": entity_path,
                             "key": key,
                             "message_id": message_id if isinstance(message_id, str) else service_bus_text(message_id),
                             "time_us": now,
@@ -180,9 +181,9 @@ class Sender:
                 record = stored_message(props, message, message_id, seq, now, scheduled_us)
                 if direct is not None:  # put after the loop, each with its key
                     records.append(record)
-                    record_keys.append(None if key is None else (entity.path, key, now))
+                    record_keys.append(None if key is None else (entity_path, key, now))
                 else:
-                    plan.dedup_key = None if key is None else (entity.path, key, now)  # written with the first copy
+                    plan.dedup_key = None if key is None else (entity_path, key, now)  # written with the first copy
                     self.router.route(entity, record, now, plan)
                     plan.flush_key()  # no copy (no subscription took it): the key is remembered all the same
                 outcomes.append(SendOutcome(message_id, seq, False, late))

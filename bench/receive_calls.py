@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,23 +64,33 @@ def start(workdir: Path, stats: Path) -> tuple[subprocess.Popen[str], str, list[
     return process, connection_string, lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=6000)
-    parser.add_argument("--receivers", type=int, default=4)
+def arguments(messages: int, clients: str, count: int, description: str) -> argparse.Namespace:
+    """The command line both call benches take (``clients``: ``receivers`` or ``senders``)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--messages", type=int, default=messages)
+    parser.add_argument(f"--{clients}", type=int, default=count)
     parser.add_argument("--shape", choices=("bare", "realistic"), default="realistic")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--keep", type=Path, help="copy the cProfile stats here (pstats format)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def profiled(
+    args: argparse.Namespace,
+    messages: int,
+    what: str,
+    prepare: Callable[[str], None],
+    measure: Callable[[str, int], None],
+) -> None:
+    """``oncebus serve`` profiled: ``prepare(connection string)`` first (not counted), then ``measure(connection
+    string, serve's pid)`` with the profiler on; then :func:`report` of ``messages`` (``what`` they were)."""
     workdir = Path(tempfile.mkdtemp(prefix="oncebus-calls-"))
-    stats = workdir / "receive.prof"
+    stats = workdir / "serve.prof"
     process, connection_string, lines = start(workdir, stats)
     try:
-        sdk_fill(connection_string, "receive", "calls", args.messages, args.shape)
-        per_receiver = (args.messages + args.receivers - 1) // args.receivers
-        jobs: list[tuple[Any, ...]] = [(connection_string, "receive", per_receiver)] * args.receivers
+        prepare(connection_string)
         process.send_signal(signal.SIGUSR1)
-        run_workers(sdk_receiver, jobs, process.pid)
+        measure(connection_string, process.pid)
         process.send_signal(signal.SIGUSR2)
         deadline = time.monotonic() + 30
         while "dumped\n" not in lines and time.monotonic() < deadline:
@@ -89,10 +100,24 @@ def main() -> None:
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(30)
-    report(stats, args.messages, f"{args.shape} messages, {args.receivers} receivers", args.top)
+    report(stats, messages, what, args.top)
     if args.keep is not None:
         shutil.copy(stats, args.keep)
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main() -> None:
+    args = arguments(6000, "receivers", 4, __doc__.splitlines()[0])
+    per_receiver = (args.messages + args.receivers - 1) // args.receivers
+
+    def prepare(connection_string: str) -> None:
+        sdk_fill(connection_string, "receive", "calls", args.messages, args.shape)
+
+    def measure(connection_string: str, pid: int) -> None:
+        jobs: list[tuple[Any, ...]] = [(connection_string, "receive", per_receiver)] * args.receivers
+        run_workers(sdk_receiver, jobs, pid)
+
+    profiled(args, args.messages, f"{args.shape} messages, {args.receivers} receivers", prepare, measure)
 
 
 def report(stats: Path, messages: int, what: str, top: int) -> None:

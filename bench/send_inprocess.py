@@ -7,8 +7,14 @@ of the store's writer thread (``thread_time`` around ``SqliteStore._apply``), de
 alternated; the best round of each is shown. ``--cprofile``: cProfile the loop thread and the writer's
 ``_apply`` in one more dedup-on round and print their top functions by own time.
 
+``--page-sizes 4096,16384``: instead, the store against itself with each SQLite page size for the databases it
+creates (``store.sqlite.PAGE_SIZE``), dedup on, rounds alternated: the send as above, then every message received
+and completed (``Namespace.receive`` of 100, each completed) and the store closed (the writer applies the
+settlement log's records), each phase's CPU a message of all threads and of the writer; the best round of each and
+the ratios to the first page size.
+
 Usage: ``python bench/send_inprocess.py [--messages 10000] [--batch 100] [--senders 2] [--shape realistic]
-[--repeat 3] [--cprofile]``
+[--repeat 3] [--cprofile] [--page-sizes 4096,16384]``
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from oncebus.amqp import codec
 from oncebus.broker import Namespace
 from oncebus.core.messages import Message
 from oncebus.server.runtime import tune_gc
+from oncebus.store import sqlite as sqlite_store
 from oncebus.store.sqlite import SqliteStore
 
 BODY = b"x" * 1024
@@ -106,6 +113,72 @@ async def one_round(
         store.close()
 
 
+async def page_size_round(workdir: Path, page_size: int, batches: list[list[Message]], senders: int) -> list[float]:
+    """One ``--page-sizes`` round: a store whose database has ``page_size`` pages; returns the send's CPU (all
+    threads, the writer) and the receive + complete's (all threads, the writer), seconds."""
+    default, sqlite_store.PAGE_SIZE = sqlite_store.PAGE_SIZE, page_size
+    try:
+        store = SqliteStore(workdir / f"p{time.monotonic_ns()}.db")
+    finally:
+        sqlite_store.PAGE_SIZE = default
+    assert store._db.execute("PRAGMA page_size").fetchone()[0] == page_size
+    writer = WriterClock(store)
+    ns = await Namespace.open(store)
+    closed = False
+    try:
+        await ns.create_queue("q", requires_duplicate_detection=True)
+        work = iter(batches)
+
+        async def sender() -> None:
+            for batch in work:
+                await ns.send("q", batch)
+
+        writer.seconds, cpu = 0.0, time.process_time()
+        await asyncio.gather(*(sender() for _ in range(senders)))
+        sent = [time.process_time() - cpu, writer.seconds]
+        writer.seconds, cpu = 0.0, time.process_time()
+        while got := await ns.receive("q", 100, max_wait_time=0):
+            await asyncio.gather(*(ns.complete("q", m.lock_token) for m in got if m.lock_token is not None))
+        await ns.close()
+        store.close()  # the writer applies the settlement log's last records
+        closed = True
+        return [*sent, time.process_time() - cpu, writer.seconds]
+    finally:
+        if not closed:
+            await ns.close()
+            store.close()
+
+
+def compare_page_sizes(args: argparse.Namespace, tmp: Path) -> None:
+    sizes = [int(size) for size in args.page_sizes.split(",")]
+    best: dict[int, list[float]] = {}
+    for r in range(args.repeat):
+        for size in sizes if r % 2 == 0 else sizes[::-1]:
+            messages = wire_messages(args.shape, f"r{r}-{size}", args.messages)
+            batches = [messages[i : i + args.batch] for i in range(0, len(messages), args.batch)]
+            per = [
+                seconds / args.messages * 1e6
+                for seconds in asyncio.run(page_size_round(tmp, size, batches, args.senders))
+            ]
+            print(
+                f"round {r} page {size:6d}: send {per[0]:5.1f} us/msg (writer {per[1]:5.1f}), "
+                f"receive + complete {per[2]:5.1f} (writer {per[3]:5.1f})"
+            )
+            best[size] = per if size not in best else [min(a, b) for a, b in zip(best[size], per, strict=True)]
+    for size, per in best.items():
+        print(
+            f"best page {size:6d}: send {per[0]:5.1f} us/msg (writer {per[1]:5.1f}), "
+            f"receive + complete {per[2]:5.1f} (writer {per[3]:5.1f})"
+        )
+    first = best[sizes[0]]
+    for size in sizes[1:]:
+        ratios = [a / b for a, b in zip(best[size], first, strict=True)]
+        print(
+            f"ratio page {size} / {sizes[0]}: send {ratios[0]:.2f} (writer {ratios[1]:.2f}), "
+            f"receive + complete {ratios[2]:.2f} (writer {ratios[3]:.2f})"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=10_000)
@@ -115,11 +188,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--page-sizes", help="compare SQLite page sizes, e.g. 4096,16384 (see the module)")
     args = parser.parse_args()
     tune_gc()  # the collector as ``oncebus serve`` sets it
     print(f"load {os.getloadavg()[0]:.2f}; {args.messages} {args.shape} messages, batches of {args.batch}")
     best: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="oncebus-send-") as tmp:
+        if args.page_sizes:
+            compare_page_sizes(args, Path(tmp))
+            return
         for r in range(args.repeat):
             for dedup in (False, True) if r % 2 == 0 else (True, False):
                 messages = wire_messages(args.shape, f"r{r}-{dedup}", args.messages)

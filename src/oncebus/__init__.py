@@ -53,7 +53,7 @@ _WHERE: dict[str, str] = {
     "OperationTimeoutError": _ERRORS,
     "QueueProperties": "oncebus.core.entities",
     "QuotaExceededError": _ERRORS,
-    "ReceivedMessage": "oncebus.core.messages",
+    "ReceivedMessage": "oncebus.core.received",
     "SendOutcome": "oncebus.broker.sending",
     "ServeError": "oncebus.server.process",
     "ServerBusyError": _ERRORS,

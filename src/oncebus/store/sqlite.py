@@ -67,11 +67,10 @@ from oncebus.store.writer import Checkpoint, GroupCommitWriter
 _LOG = logging.getLogger("oncebus.store")
 IDLE_CHECK_SECONDS = 1.0
 AUTOCHECKPOINT_PAGES = 1000  # SQLite's default: the writer's commits checkpoint the WAL past this many pages
-# the page size of a database this store creates (SQLite's default is 4096): a send's rows and a batch of
-# settlements touch a quarter as many pages, each one WAL frame (two writes) at commit; the writer's CPU a message
-# fell 10-20 % on sends and 35-40 % on deletions (docs/performance-log.md, session 21). A database created before
-# keeps its own page size (SQLite reads any; changing it would rewrite the whole file).
-PAGE_SIZE = 16384
+# the page size of a database this store creates: SQLite's default, kept on measurement (16 KiB pages cost the writer
+# 6 % more a send and 57 % more applying completions: `python bench/send_inprocess.py --page-sizes 4096,16384`,
+# docs/performance-log.md, session 21)
+PAGE_SIZE = 4096
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

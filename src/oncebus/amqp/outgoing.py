@@ -135,7 +135,7 @@ def lock_token_bytes(token: uuid.UUID) -> bytes:
 def lock_token_tag(token: uuid.UUID) -> bytes:
     """``token.bytes_le``, the delivery tag of a locked message (the SDKs read the lock token from it as .NET's
     ``Guid`` bytes: the first three fields little-endian), without ``UUID``'s two Python property calls."""
-    raw = token.int.to_bytes(16, "big")
+    raw = lock_token_bytes(token)
     return raw[3::-1] + raw[5:3:-1] + raw[7:5:-1] + raw[8:]
 
 

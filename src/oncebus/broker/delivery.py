@@ -55,6 +55,12 @@ from oncebus.store.base import (
 
 _LOG = logging.getLogger("oncebus.broker")
 
+
+def _token(lock_token: uuid.UUID | str) -> uuid.UUID:
+    """A lock token as the broker keys it (the HTTP door and the management operations give its text)."""
+    return lock_token if isinstance(lock_token, uuid.UUID) else uuid.UUID(str(lock_token))
+
+
 UNCARRIED_PROPERTY_REASON = "InvalidApplicationProperty"
 """The DeadLetterReason of a message stored with an application property no door carries (see
 ``Delivery._dead_letter_uncarried``)."""
@@ -231,7 +237,7 @@ class Delivery:
 
     def _locked(self, path: str, lock_token: uuid.UUID | str) -> tuple[Receivable, Entry]:
         receivable = self.receivable(path)
-        token = lock_token if isinstance(lock_token, uuid.UUID) else uuid.UUID(str(lock_token))
+        token = _token(lock_token)
         seq = receivable.locked(token)
         if seq is None:
             self._not_locked(receivable, token)
@@ -263,7 +269,7 @@ class Delivery:
 
     def _completion(self, path: str, lock_token: uuid.UUID | str) -> list[Op]:
         receivable = self.receivable(path)
-        token = lock_token if isinstance(lock_token, uuid.UUID) else uuid.UUID(str(lock_token))
+        token = _token(lock_token)
         completed = receivable.complete(token)  # (compiled: the lock, its session's token, the removal, the count)
         if completed is None:
             self._not_locked(receivable, token)
@@ -286,7 +292,7 @@ class Delivery:
             message.delivery_count -= 1
         if properties_to_modify:
             self._contents.discard(receivable.path, message.sequence_number)  # read again, modified
-        self._drop_session_token(receivable, message)
+        receivable.drop_session_token(message)
         if failed:
             receivable.counters.abandoned += 1
         seq = message.sequence_number
@@ -305,7 +311,7 @@ class Delivery:
         receivable, message = self._locked(path, lock_token)
         if properties_to_modify:
             self._contents.discard(receivable.path, message.sequence_number)  # read again, modified
-        self._drop_session_token(receivable, message)
+        receivable.drop_session_token(message)
         receivable.set_state(message, MessageState.DEFERRED)
         seq = message.sequence_number
         # deferred first (with its count and modified properties): they go along if this was its last delivery
@@ -330,7 +336,7 @@ class Delivery:
         receivable, message = self._locked(path, lock_token)
         if receivable.is_dead_letter:
             raise InvalidArgumentError("a message in a dead-letter queue cannot be dead-lettered again")
-        self._drop_session_token(receivable, message)
+        receivable.drop_session_token(message)
         ops: list[Op] = []
         if properties_to_modify:  # modified first: the properties go along to the dead letters
             self._contents.discard(receivable.path, message.sequence_number)
@@ -347,7 +353,7 @@ class Delivery:
         """Lose the message's lock now, as when it expires (the ``lock-lost`` fault): settling it fails with
         ``MessageLockLostError`` and the message is available again."""
         receivable, message = self._locked(path, lock_token)
-        self._drop_session_token(receivable, message)
+        receivable.drop_session_token(message)
         self._write_later(receivable.unlock(message, self._now(), lost="message"))
 
     def lose_session_lock(self, session: SessionLock) -> None:
@@ -364,12 +370,6 @@ class Delivery:
         one loop iteration (completions, abandons, deferrals, dead-letter moves) are one unit: one record of the
         settlement log, or one transaction (``Journal.settle``)."""
         await self._journal.settle_and_wait(ops, self._note_moves(ops))
-
-    def _drop_session_token(self, receivable: Receivable, message: Entry) -> None:
-        if message.session_id is not None and message.lock_token is not None:
-            session = receivable.sessions.get(message.session_id)
-            if session is not None:
-                session.locked_messages.discard(message.lock_token)
 
     async def renew_lock(self, path: str, lock_token: uuid.UUID | str) -> datetime:
         receivable, message = self._locked(path, lock_token)

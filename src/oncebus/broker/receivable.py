@@ -467,6 +467,13 @@ class Receivable:
         session = self.sessions.get(entry.session_id)
         return session is not None and token not in session.locked_messages
 
+    def drop_session_token(self, entry: Entry) -> None:
+        """``entry`` is settled: its lock token leaves its session's locked messages (if it has a session)."""
+        if entry.session_id is not None and entry.lock_token is not None:
+            session = self.sessions.get(entry.session_id)
+            if session is not None:
+                session.locked_messages.discard(entry.lock_token)
+
     def complete(self, token: uuid.UUID) -> tuple[Entry, list[Op]] | None:
         """Complete the message ``token`` locks: gone from here (and from its session's locked messages), counted;
         its entry and what to store. None, with nothing changed, when ``token`` locks nothing here or its session
@@ -476,16 +483,11 @@ class Receivable:
         if seq is None:
             return None
         entry = self.messages[seq]
-        session_id = entry.session_id
-        if session_id is not None:
-            if self.session_lock_lost(entry, token):
-                return None
-            session = self.sessions.get(session_id)
-            if session is not None:
-                session.locked_messages.discard(token)
-        self._forget(seq)
+        if self.session_lock_lost(entry, token):
+            return None
+        self.drop_session_token(entry)
         self.counters.completed += 1
-        return entry, [DeleteMessage(self.path, seq)]
+        return entry, self.remove(entry)
 
     def remove(self, entry: Entry) -> list[Op]:
         """Complete / receive-and-delete / cancel: the message is gone."""

@@ -377,7 +377,8 @@ class SqliteStore(GroupCommitWriter):
         to the writer thread and back. It never waits: not for the writer (its lock is only tried), nor for a
         disk (no fsync, no checkpoint: the writer's).
         """
-        if not unit or not settlement_log.settlements_only(unit):  # (compiled: no generator a call)
+        loggable = settlement_log.loggable(unit)  # (a non-empty unit of settlements of plain values)
+        if not loggable and (not unit or not settlement_log.settlements_only(unit)):
             return False
         if not self._lock.acquire(blocking=False):
             return False
@@ -388,7 +389,7 @@ class SqliteStore(GroupCommitWriter):
                 return False
             wake = self._unsynced_since is None
             started = time.perf_counter()
-            if not self._log_broken and settlement_log.loggable(unit):
+            if not self._log_broken and loggable:
                 number = self._log_number + 1
                 try:
                     self._log.append(settlement_log.encode(self._store_id, number, unit))

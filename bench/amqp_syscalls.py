@@ -3,9 +3,11 @@
 ``perf stat`` (Linux, the syscall tracepoints: root or ``perf_event_paranoid`` <= 1) counts the server's system
 calls per thread while azure-servicebus SDK processes send (dedup on, batches of 100) or receive and complete
 (PEEK_LOCK, prefetch 200), from when every worker has connected until the last finishes: counts, unlike CPU time,
-barely depend on the machine's load. Prints, a message, the loop thread's ``sendto`` (transport writes),
-``recvfrom`` (reads, and the loop's self-pipe), ``epoll_wait`` and ``epoll_ctl`` (a writer added or removed),
-all its system calls, and those of the other threads (the store's writer: ``pwrite64``, ``fdatasync``, ...).
+barely depend on the machine's load. Prints, a message, the loop thread's transport calls (``sendto`` and
+``recvfrom`` on asyncio's loop; ``read``, ``write`` and ``writev`` on uvloop, whose ``write`` count also holds
+the settlement log's appends), ``epoll_wait``/``epoll_pwait`` (the loop's waits), ``epoll_ctl`` (a writer added
+or removed), ``getpid`` (``asyncio.get_running_loop`` makes one on Python 3.11), ``pwrite64`` and ``futex``, all
+its system calls, and those of the other threads (the store's writer: ``pwrite64``, ``fdatasync``, ...).
 Without a usable ``perf`` it says so and measures nothing.
 
 Usage: ``python bench/amqp_syscalls.py [--messages 10000] [--senders 2] [--receivers 4] [--shape realistic]``
@@ -29,7 +31,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from amqp_send import SHAPES, _shares, joined, sdk_fill, sdk_receiver, sdk_sender, spawn_workers, start_oncebus
 
-LOOP_CALLS = ("sendto", "recvfrom", "epoll_wait", "epoll_ctl")
+LOOP_CALLS = (
+    "sendto",
+    "recvfrom",
+    "read",
+    "write",
+    "writev",
+    "epoll_wait",
+    "epoll_pwait",
+    "epoll_ctl",
+    "getpid",
+    "pwrite64",
+    "futex",
+)
 OTHER_CALLS = ("write", "pwrite64", "fdatasync", "fsync", "futex")
 EVENTS = [f"syscalls:sys_enter_{name}" for name in dict.fromkeys(LOOP_CALLS + OTHER_CALLS)]
 ALL = "raw_syscalls:sys_enter"

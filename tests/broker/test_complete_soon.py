@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
 from datetime import timedelta
@@ -135,8 +136,8 @@ def test_abandons_dead_letters_and_completions_of_one_iteration_are_one_unit_eac
         got = await ns.receive("q", 1)
         store.fail = True
         results = await asyncio.gather(
-            ns.abandon("q", got[0].lock_token),
-            return_exceptions=True,  # type: ignore[arg-type]
+            ns.abandon("q", got[0].lock_token),  # type: ignore[arg-type]
+            return_exceptions=True,
         )
         assert [type(r).__name__ for r in results] == ["StoreWriteError"]
         await ns.close()
@@ -207,3 +208,60 @@ def test_a_session_message_completes_once_and_not_after_its_session_lock_is_lost
         assert [m.body for m in await ns.receive("q", 2, session=again)] == [b"2"]
 
     asyncio.run(go())
+
+
+def test_completions_ask_asyncio_for_the_loop_once_and_follow_a_new_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``asyncio.get_running_loop`` makes a ``getpid`` system call on Python 3.11: the journal remembers the loop
+    instead of asking for it at each completion, and still follows the namespace to another loop (a second
+    ``asyncio.run``) and refuses a call from a thread without one, as ``asyncio.get_running_loop`` does."""
+    real = asyncio.get_running_loop
+    asked: list[asyncio.AbstractEventLoop] = []
+
+    def counted() -> asyncio.AbstractEventLoop:
+        loop = real()
+        asked.append(loop)
+        return loop
+
+    store = _CountingStore()
+    ns: Namespace | None = None
+
+    async def setup() -> None:
+        nonlocal ns
+        ns = await Namespace.open(store, ManualClock())
+        await ns.create_queue("q")
+        await ns.send("q", [Message(f"{i}".encode(), message_id=f"m{i}") for i in range(12)])
+
+    async def complete_in_turns(count: int) -> list[BaseException | None]:
+        assert ns is not None
+        loop = real()
+        got = await ns.receive("q", count)
+        outcomes: list[asyncio.Future[BaseException | None]] = []
+        with monkeypatch.context() as patched:
+            patched.setattr(asyncio, "get_running_loop", counted)
+            for message in got:  # one completion a loop iteration: each a unit of its own
+                outcome: asyncio.Future[BaseException | None] = loop.create_future()
+                assert message.lock_token is not None
+                ns.complete_soon("q", message.lock_token, outcome.set_result)
+                outcomes.append(outcome)
+                await asyncio.sleep(0)
+            return list(await asyncio.gather(*outcomes))
+
+    asyncio.run(setup())
+    assert asyncio.run(complete_in_turns(5)) == [None] * 5
+    assert ns is not None and ns.receivable("q").counters.completed == 5
+    assert len(store.units) >= 5 and len(asked) <= 1  # asked once at most, not once a completion
+    first = list(asked)
+    asked.clear()
+    assert asyncio.run(complete_in_turns(5)) == [None] * 5  # a new loop: followed, the completions land
+    assert ns.receivable("q").counters.completed == 10
+    assert len(asked) == 1 and (not first or asked[0] is not first[0])
+
+    async def receive_one() -> uuid.UUID:
+        assert ns is not None
+        (message,) = await ns.receive("q", 1)
+        assert message.lock_token is not None
+        return message.lock_token
+
+    token = asyncio.run(receive_one())
+    with pytest.raises(RuntimeError, match="no running event loop"):  # no loop here: refused, as before
+        ns.complete_soon("q", token, lambda error: None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
@@ -40,6 +41,18 @@ class Journal:
         self.reloads = 0
         self._settling: Settling = []
         self._batch: list[tuple[Sequence[Op], Callable[[], None] | None]] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it last ran on (see ``_running_loop``)
+        self._loop_thread = 0  # and that loop's thread
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, as ``asyncio.get_running_loop`` (which raises without one), remembered: the one it
+        last ran on while that one runs, on this thread. (``asyncio.get_running_loop`` makes a ``getpid`` system call
+        on Python 3.11, and each completion asked for it.)"""
+        loop = self._loop
+        if loop is None or self._loop_thread != threading.get_ident() or not loop.is_running():
+            loop = self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
+        return loop
 
     def start_batch(self) -> None:
         """From now on ``write`` only gathers its units (memory has moved already) until ``end_batch`` writes them
@@ -108,7 +121,7 @@ class Journal:
         if self._batch is not None:  # gathered into one unit, written when the batch ends (see ``batch``)
             self._batch.append((ops, on_commit))
             return
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         done: asyncio.Future[None] = loop.create_future()
         done.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if nobody waits
 
@@ -146,7 +159,7 @@ class Journal:
         if self._batch is not None:  # part of the batch's unit (a transaction's dead letter forwarded on)
             self._batch.append((ops, on_commit))
             return
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
 
         def done(f: Future[None]) -> None:
             self._landed()
@@ -167,7 +180,7 @@ class Journal:
         (``None``) or failed (the ``StoreWriteError``, and the recovery starts as for ``write``)."""
         self.check_alive()
         if not self._settling:
-            asyncio.get_running_loop().call_soon(self._flush_settlements)
+            self._running_loop().call_soon(self._flush_settlements)
         self._settling.append((ops, done))
 
     async def settle_and_wait(self, ops: Sequence[Op], on_commit: Callable[[], None] | None = None) -> None:
@@ -178,7 +191,7 @@ class Journal:
         if self._batch is not None:
             await self.write(ops, on_commit, durable=False)
             return
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = self._running_loop().create_future()
         done.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved even if nobody waits
 
         def settled(error: BaseException | None) -> None:
@@ -206,7 +219,7 @@ class Journal:
             self._store_succeeded()
             _tell(batch, None)
             return
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
 
         def committed(future: Future[None]) -> None:
             self._landed()
@@ -249,7 +262,7 @@ class Journal:
             if not self._failure_logged:
                 self._failure_logged = True
                 _LOG.error("%s; refusing work until what the store holds is reloaded", refusal)
-            self._recovery = asyncio.get_running_loop().create_task(self._recover())
+            self._recovery = self._running_loop().create_task(self._recover())
         return refusal
 
     def _store_succeeded(self) -> None:

@@ -7,14 +7,15 @@ of the store's writer thread (``thread_time`` around ``SqliteStore._apply``), de
 alternated; the best round of each is shown. ``--cprofile``: cProfile the loop thread and the writer's
 ``_apply`` in one more dedup-on round and print their top functions by own time.
 
-``--page-sizes 4096,16384``: instead, the store against itself with each SQLite page size for the databases it
-creates (``store.sqlite.PAGE_SIZE``), dedup on, rounds alternated: the send as above, then every message received
+``--page-sizes 4096,16384`` (or ``--secure-delete 1,FAST``): instead, the store against itself with each SQLite page
+size for the databases it creates (``store.sqlite.PAGE_SIZE``; or each ``secure_delete`` setting,
+``store.sqlite.SECURE_DELETE``), dedup on, rounds alternated: the send as above, then every message received
 and completed (``Namespace.receive`` of 100, each completed) and the store closed (the writer applies the
 settlement log's records), each phase's CPU a message of all threads and of the writer; the best round of each and
-the ratios to the first page size.
+the ratios to the first setting.
 
 Usage: ``python bench/send_inprocess.py [--messages 10000] [--batch 100] [--senders 2] [--shape realistic]
-[--repeat 3] [--cprofile] [--page-sizes 4096,16384]``
+[--repeat 3] [--cprofile] [--page-sizes 4096,16384 | --secure-delete 1,FAST]``
 """
 
 from __future__ import annotations
@@ -113,15 +114,27 @@ async def one_round(
         store.close()
 
 
-async def page_size_round(workdir: Path, page_size: int, batches: list[list[Message]], senders: int) -> list[float]:
-    """One ``--page-sizes`` round: a store whose database has ``page_size`` pages; returns the send's CPU (all
-    threads, the writer) and the receive + complete's (all threads, the writer), seconds."""
-    default, sqlite_store.PAGE_SIZE = sqlite_store.PAGE_SIZE, page_size
+# the store's settings a comparison round sets (``--page-sizes``, ``--secure-delete``): the module's constant, and
+# how SQLite reports it (secure_delete: 0 off, 1 on, 2 FAST)
+SETTINGS = {"page_size": "PAGE_SIZE", "secure_delete": "SECURE_DELETE"}
+_SECURE_DELETE_REPORTED = {"0": 0, "1": 1, "FAST": 2}
+
+
+async def setting_round(
+    workdir: Path, setting: str, value: str, batches: list[list[Message]], senders: int
+) -> list[float]:
+    """One comparison round: a store opened with ``setting`` (a key of ``SETTINGS``) at ``value``; returns the send's
+    CPU (all threads, the writer) and the receive + complete's (all threads, the writer), seconds."""
+    constant = SETTINGS[setting]
+    chosen: int | str = int(value) if setting == "page_size" else value
+    default = getattr(sqlite_store, constant)
+    setattr(sqlite_store, constant, chosen)
     try:
         store = SqliteStore(workdir / f"p{time.monotonic_ns()}.db")
     finally:
-        sqlite_store.PAGE_SIZE = default
-    assert store._db.execute("PRAGMA page_size").fetchone()[0] == page_size
+        setattr(sqlite_store, constant, default)
+    reported = store._db.execute(f"PRAGMA {setting}").fetchone()[0]
+    assert reported == (chosen if setting == "page_size" else _SECURE_DELETE_REPORTED[value]), (setting, reported)
     writer = WriterClock(store)
     ns = await Namespace.open(store)
     closed = False
@@ -149,32 +162,31 @@ async def page_size_round(workdir: Path, page_size: int, batches: list[list[Mess
             store.close()
 
 
-def compare_page_sizes(args: argparse.Namespace, tmp: Path) -> None:
-    sizes = [int(size) for size in args.page_sizes.split(",")]
-    best: dict[int, list[float]] = {}
+def compare_settings(args: argparse.Namespace, tmp: Path, setting: str, values: list[str]) -> None:
+    best: dict[str, list[float]] = {}
     for r in range(args.repeat):
-        for size in sizes if r % 2 == 0 else sizes[::-1]:
-            messages = wire_messages(args.shape, f"r{r}-{size}", args.messages)
+        for value in values if r % 2 == 0 else values[::-1]:
+            messages = wire_messages(args.shape, f"r{r}-{value}", args.messages)
             batches = [messages[i : i + args.batch] for i in range(0, len(messages), args.batch)]
             per = [
                 seconds / args.messages * 1e6
-                for seconds in asyncio.run(page_size_round(tmp, size, batches, args.senders))
+                for seconds in asyncio.run(setting_round(tmp, setting, value, batches, args.senders))
             ]
             print(
-                f"round {r} page {size:6d}: send {per[0]:5.1f} us/msg (writer {per[1]:5.1f}), "
+                f"round {r} {setting} {value:>6}: send {per[0]:5.1f} us/msg (writer {per[1]:5.1f}), "
                 f"receive + complete {per[2]:5.1f} (writer {per[3]:5.1f})"
             )
-            best[size] = per if size not in best else [min(a, b) for a, b in zip(best[size], per, strict=True)]
-    for size, per in best.items():
+            best[value] = per if value not in best else [min(a, b) for a, b in zip(best[value], per, strict=True)]
+    for value, per in best.items():
         print(
-            f"best page {size:6d}: send {per[0]:5.1f} us/msg (writer {per[1]:5.1f}), "
+            f"best {setting} {value:>6}: send {per[0]:5.1f} us/msg (writer {per[1]:5.1f}), "
             f"receive + complete {per[2]:5.1f} (writer {per[3]:5.1f})"
         )
-    first = best[sizes[0]]
-    for size in sizes[1:]:
-        ratios = [a / b for a, b in zip(best[size], first, strict=True)]
+    first = best[values[0]]
+    for value in values[1:]:
+        ratios = [a / b for a, b in zip(best[value], first, strict=True)]
         print(
-            f"ratio page {size} / {sizes[0]}: send {ratios[0]:.2f} (writer {ratios[1]:.2f}), "
+            f"ratio {setting} {value} / {values[0]}: send {ratios[0]:.2f} (writer {ratios[1]:.2f}), "
             f"receive + complete {ratios[2]:.2f} (writer {ratios[3]:.2f})"
         )
 
@@ -189,13 +201,15 @@ def main() -> None:
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--page-sizes", help="compare SQLite page sizes, e.g. 4096,16384 (see the module)")
+    parser.add_argument("--secure-delete", help="compare SQLite's secure_delete settings, e.g. 1,FAST (see the module)")
     args = parser.parse_args()
     tune_gc()  # the collector as ``oncebus serve`` sets it
     print(f"load {os.getloadavg()[0]:.2f}; {args.messages} {args.shape} messages, batches of {args.batch}")
     best: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="oncebus-send-") as tmp:
-        if args.page_sizes:
-            compare_page_sizes(args, Path(tmp))
+        if args.page_sizes or args.secure_delete:
+            setting = "page_size" if args.page_sizes else "secure_delete"
+            compare_settings(args, Path(tmp), setting, (args.page_sizes or args.secure_delete).split(","))
             return
         for r in range(args.repeat):
             for dedup in (False, True) if r % 2 == 0 else (True, False):

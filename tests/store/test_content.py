@@ -3,6 +3,8 @@ sender's wire bytes) and goes with the last message that holds it."""
 
 from __future__ import annotations
 
+import gc
+import sqlite3
 from pathlib import Path
 
 from oncebus.core.messages import MessageState, StoredMessage
@@ -64,3 +66,27 @@ def test_a_message_written_again_releases_its_former_content_and_ids_go_on_after
     assert _contents(store) == [(5, 1), (len(WIRE), 1)]
     assert store.read_messages("q", [1, 2])[2].wire == WIRE and store.read_messages("q", [1])[1].body == b"other"
     store.close()
+
+
+def test_a_deleted_messages_bytes_are_zeroed_in_the_page_that_keeps_its_neighbours(tmp_path: Path) -> None:
+    """``secure_delete=FAST``: a completed message's body and meta do not linger in a database page that is written
+    anyway (its neighbours stay on it), whatever the SQLite build's default (Debian's zeroes freed pages too, others
+    nothing)."""
+    store = SqliteStore(tmp_path / "oncebus.db")
+    store.load()
+    secret, kept = b"completed-secret-" * 4, b"still-queued-body-" * 4
+    store.submit(
+        [
+            PutMessage(StoredMessage("q", 1, "id-of-the-secret", secret, T0, None), None),
+            PutMessage(StoredMessage("q", 2, "id-still-queued", kept, T0, None), None),
+        ]
+    ).result()
+    store.submit([DeleteMessage("q", 1)]).result()
+    store.close()
+    gc.collect()  # (the unread start-up snapshot's row readers hold a read transaction until collected)
+    db = sqlite3.connect(tmp_path / "oncebus.db")  # the WAL's pages into the database file, and the WAL emptied
+    assert db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0  # not busy: all of it
+    db.close()
+    data = (tmp_path / "oncebus.db").read_bytes()
+    assert kept in data and b"id-still-queued" in data  # the page was written with its neighbour on it
+    assert secret not in data and b"id-of-the-secret" not in data

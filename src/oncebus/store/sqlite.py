@@ -71,6 +71,10 @@ AUTOCHECKPOINT_PAGES = 1000  # SQLite's default: the writer's commits checkpoint
 # 6 % more a send and 57 % more applying completions: `python bench/send_inprocess.py --page-sizes 4096,16384`,
 # docs/performance-log.md, session 21)
 PAGE_SIZE = 4096
+# a deleted row's bytes are zeroed where that writes no more pages (its b-tree page is written anyway), not in the
+# pages it frees: Debian's SQLite zeroes those too (built with SQLITE_SECURE_DELETE: about 1 us more for each
+# completed message on the writer, bench/send_inprocess.py --secure-delete 1,FAST), other builds zero nothing
+SECURE_DELETE = "FAST"
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -184,6 +188,7 @@ class SqliteStore(GroupCommitWriter):
             db.execute(f"PRAGMA page_size={PAGE_SIZE}")  # (takes effect only on a file with no pages yet)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
+            db.execute(f"PRAGMA secure_delete={SECURE_DELETE}")
             db.execute("PRAGMA recursive_triggers=ON")  # a replaced message row releases its content
         except BaseException:
             db.close()

@@ -22,7 +22,10 @@ Receive + complete (``--receivers`` processes):
 - ratio oncebus / JetStream.
 
 Rounds (``--repeat``) interleave every row, so all see the same machine load; the best
-round of each row is shown and ratios are taken from those.
+round of each row is shown and ratios are taken from those. Each row also gives the server's CPU a message over
+the clients' (``server/clients``): the clients do the same work whatever the server's build, so this moves with the
+server's own work and much less with how fast this shared machine runs that minute (four runs of one build, bare
+receive + complete: 0.44-0.48, where its microseconds went from 75 to 95): what an A/B of two builds compares.
 
 ``--profile DIR``: py-spy (``pip install py-spy``) samples ``oncebus serve`` during its
 send (dedup on) and receive rows of the first round; raw stacks go to DIR and the
@@ -557,7 +560,12 @@ def describe(measured: Measured) -> str:
     if loop and measured.loop_system_us is not None:
         loop += f", kernel {measured.loop_system_us:.1f}"
     loop += ")" if loop else ""
-    return f"{measured.rate:10,.0f} msg/s  server {server} us/msg{loop}  clients {measured.client_cpu_us:.0f} us/msg"
+    clients = f"clients {measured.client_cpu_us:.0f} us/msg"
+    if measured.server_cpu_us is not None and measured.client_cpu_us > 0:
+        # the same clients do the same work whatever the build: the server's CPU in their units moves with what the
+        # server does, not with how fast the machine is that minute (an A/B of two builds resolves a few per cent)
+        clients += f" (server/clients {measured.server_cpu_us / measured.client_cpu_us:.3f})"
+    return f"{measured.rate:10,.0f} msg/s  server {server} us/msg{loop}  {clients}"
 
 
 def load() -> str:

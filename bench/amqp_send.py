@@ -31,7 +31,8 @@ receive + complete: 0.44-0.48, where its microseconds went from 75 to 95): what 
 send (dedup on) and receive rows of the first round; raw stacks go to DIR and the
 heaviest frames are printed.
 
-Usage: ``python bench/amqp_send.py [--messages 20000] [--senders 2] [--receivers 4] [--repeat 3] [--no-send]``
+Usage: ``python bench/amqp_send.py [--messages 20000] [--senders 2] [--receivers 4] [--repeat 3] [--no-send]
+[--idle-backlog 40000]``
 """
 
 from __future__ import annotations
@@ -587,6 +588,13 @@ def main() -> None:
     )
     parser.add_argument("--no-receive", action="store_true", help="send rows only")
     parser.add_argument("--no-send", action="store_true", help="receive + complete rows only")
+    parser.add_argument(
+        "--idle-backlog",
+        type=int,
+        default=0,
+        help="first put this many realistic messages in a queue no one receives from (as the send rows leave theirs: "
+        "with 40000 they fill the content cache, and the receive rows' messages are read from the store)",
+    )
     parser.add_argument("--serve-sink", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_sink:
@@ -624,6 +632,9 @@ def main() -> None:
             jobs = [(target, queue, f"{prefix}-{shape}", shape, share) for share in _shares(count, senders)]
             return run_workers(sdk_sender, jobs, pid)
 
+        if args.idle_backlog:
+            sdk_fill(connection_string, "dedup-off", "idle", args.idle_backlog, "realistic")
+            print(f"  ({args.idle_backlog:,} realistic messages left in a queue no one receives from)")
         per_receiver = (count + receivers - 1) // receivers
         for r in range(repeat):  # every row in every round, so all see the same conditions
             first = r == 0

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import proton
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oncebus.amqp.codec import decode_message
 from oncebus.broker import ManualClock, Namespace
 from oncebus.core.entities import QueueProperties
 from oncebus.core.errors import StoreError
-from oncebus.core.messages import Message, StoredMessage, WireProperties, WireSections
+from oncebus.core.messages import Message, MessageState, StoredMessage, WireProperties, WireSections
 from oncebus.core.sending import stored_message
 from oncebus.store.base import PutMessage, UpdateMessage
 from oncebus.store.memory import MemoryStore
@@ -333,3 +335,72 @@ def test_new_and_other_messages_in_one_unit_are_written_in_order_whatever_statem
     assert read[1] == plain and read[2] == sessioned and read[3] == _record(3)
     assert store._db.execute("SELECT COUNT(*), SUM(refs) FROM content").fetchone() == (3, 3)
     store.close()
+
+
+_IDS = st.one_of(
+    st.text(min_size=1, max_size=12),  # quotes, backslashes and non-ASCII too: escaped in the meta, the JSON path
+    st.from_regex(r"[A-Za-z0-9-]{1,12}", fullmatch=True),  # the usual: the meta read without the JSON decoder
+    st.uuids(),
+    st.integers(min_value=0, max_value=2**64 - 1),
+    st.binary(min_size=1, max_size=8),
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(
+    message_id=_IDS,
+    subject=st.none() | st.text(max_size=8),
+    properties=st.none() | st.dictionaries(st.text(min_size=1, max_size=4), st.integers(-5, 5), max_size=3),
+    partition_key=st.none() | st.text(min_size=1, max_size=8),
+    ttl=st.none() | st.integers(min_value=1, max_value=10_000),
+    state=st.sampled_from(list(MessageState)),
+    delivery_count=st.integers(min_value=0, max_value=9),
+    session_id=st.none() | st.text(min_size=1, max_size=8),
+    dead_letter_reason=st.none() | st.text(max_size=8),
+)
+def test_a_row_reads_back_the_same_whether_its_meta_is_read_by_the_fast_path_or_the_json_decoder(
+    message_id: object,
+    subject: str | None,
+    properties: dict[str, int] | None,
+    partition_key: str | None,
+    ttl: int | None,
+    state: MessageState,
+    delivery_count: int,
+    session_id: str | None,
+    dead_letter_reason: str | None,
+) -> None:
+    """``StoredMessage.from_row`` reads the usual meta (a text id, the wire's spans) without the JSON decoder: what
+    it gives equals what the decoder gives for the same meta written with spaces (which the fast path never takes),
+    and the record the meta was written from."""
+    wire_id = message_id if not isinstance(message_id, int) else proton.ulong(message_id)
+    message = proton.Message(id=wire_id, subject=subject, properties=properties or None, body=b"the body")
+    message.inferred = True
+    if partition_key is not None:
+        message.annotations = {proton.symbol("x-opt-partition-key"): partition_key}
+    if ttl is not None:
+        message.ttl = ttl
+    decoded = decode_message(bytes(message.encode()))
+    record = stored_message(QueueProperties.create("q"), decoded, decoded.message_id, 7, T0, None)
+    assert record.sections is not None and record.wire is not None
+    meta = record.meta_json()
+    spaced = json.dumps(json.loads(meta))  # the same values; the fast path does not match it
+    assert " " in spaced
+    row = {
+        "path": "q",
+        "sequence_number": 7,
+        "state": int(state),
+        "delivery_count": delivery_count,
+        "enqueued_time_us": record.enqueued_time_us,
+        "expires_at_us": record.expires_at_us,
+        "body": record.body,
+        "wire": record.wire,
+        "session_id": session_id,
+        "dead_letter_reason": dead_letter_reason,
+        "body_offset": record.sections.body_offset,
+    }
+    fast, slow = StoredMessage.from_row(meta=meta, **row), StoredMessage.from_row(meta=spaced, **row)  # type: ignore[arg-type]
+    assert fast == slow and fast.sections == slow.sections
+    assert dict(fast.application_properties) == dict(slow.application_properties) == (properties or {})
+    assert (fast.message_id, fast.subject, fast.partition_key) == (record.message_id, record.subject, partition_key)
+    assert (fast.state, fast.delivery_count, fast.session_id) == (state, delivery_count, session_id)
+    assert fast.dead_letter_reason == dead_letter_reason and fast.time_to_live_us == record.time_to_live_us

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -305,6 +306,12 @@ _WIRE_TEXTS = frozenset(name for name in _META_TEXTS if name != "partition_key")
 _META_NOT_IN_WIRE = tuple(name for name in _META_TEXTS if name not in _WIRE_TEXTS)
 _dumps = json.JSONEncoder(separators=(",", ":"), default=str).encode
 _quote = json.encoder.encode_basestring_ascii
+# the meta ``meta_json`` writes for most messages: a text id (ASCII, nothing escaped), the wire's application
+# properties and properties section; ``from_row`` reads it without the JSON decoder (anything else: with it)
+_USUAL_META = re.compile(
+    r'\{"message_id":"([^"\\]*)"(?:,"ap":\[(\d+),(\d+)\])?(?:,"pr":\[(\d+),(\d+)\])?\}\Z', re.ASCII
+)
+_STATES = tuple(MessageState)  # by value: 0, 1, 2, 3
 
 
 @dataclass
@@ -434,6 +441,31 @@ class StoredMessage:
     ) -> StoredMessage:
         """A stored message from a store's row (``meta``: what ``meta_json`` wrote; ``body_offset``: where the body
         is in ``wire``, None if it is not a slice of it)."""
+        if wire is not None and body_offset is not None and 0 <= state < len(_STATES):
+            usual = _USUAL_META.match(meta)  # (the delivery of a backlog read from the store)
+            if usual is not None:
+                message_id, ap_start, ap_end, pr_start, pr_end = usual.groups()
+                wire = bytes(wire)
+                in_wire = None if ap_start is None else (int(ap_start), int(ap_end))
+                texts_in_wire = None if pr_start is None else (int(pr_start), int(pr_end))
+                return cls(
+                    path=path,
+                    sequence_number=sequence_number,
+                    message_id=message_id,
+                    body=bytes(body),
+                    enqueued_time_us=enqueued_time_us,
+                    expires_at_us=expires_at_us,
+                    state=_STATES[state],
+                    delivery_count=delivery_count,
+                    session_id=session_id,
+                    dead_letter_reason=dead_letter_reason,
+                    dead_letter_error_description=dead_letter_error_description,
+                    dead_letter_source=dead_letter_source,
+                    wire=wire,
+                    application_properties={} if in_wire is None else WireProperties(wire, in_wire),
+                    sections=WireSections(body_offset, in_wire, texts_in_wire),
+                    **(read_wire_texts(wire, *texts_in_wire) if texts_in_wire is not None else {}),
+                )
         values = json.loads(meta)
         span = values.pop("ap", None)
         texts_at = values.pop("pr", None)

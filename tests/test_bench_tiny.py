@@ -46,6 +46,7 @@ TINY: dict[str, list[str]] = {
     "store_records": ["--batches", "5", "--batch", "10"],
     "settlement_record": ["--rounds", "2", "--records", "50"],
     "send_inprocess": ["--messages", "200", "--batch", "20", "--repeat", "1", "--cprofile", "--top", "3"],
+    "store_segments": ["--messages", "400", "--batch", "20", "--deletes", "50", "--repeat", "1"],
     "store_send": ["--messages", "400", "--senders", "1", "--receivers", "1", "--repeat", "1", "--resends", "20"],
     "testing_startup": ["--quick"],
 }

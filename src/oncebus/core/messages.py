@@ -441,34 +441,16 @@ class StoredMessage:
     ) -> StoredMessage:
         """A stored message from a store's row (``meta``: what ``meta_json`` wrote; ``body_offset``: where the body
         is in ``wire``, None if it is not a slice of it)."""
-        if wire is not None and body_offset is not None and 0 <= state < len(_STATES):
-            usual = _USUAL_META.match(meta)  # (the delivery of a backlog read from the store)
-            if usual is not None:
-                message_id, ap_start, ap_end, pr_start, pr_end = usual.groups()
-                wire = bytes(wire)
-                in_wire = None if ap_start is None else (int(ap_start), int(ap_end))
-                texts_in_wire = None if pr_start is None else (int(pr_start), int(pr_end))
-                return cls(
-                    path=path,
-                    sequence_number=sequence_number,
-                    message_id=message_id,
-                    body=bytes(body),
-                    enqueued_time_us=enqueued_time_us,
-                    expires_at_us=expires_at_us,
-                    state=_STATES[state],
-                    delivery_count=delivery_count,
-                    session_id=session_id,
-                    dead_letter_reason=dead_letter_reason,
-                    dead_letter_error_description=dead_letter_error_description,
-                    dead_letter_source=dead_letter_source,
-                    wire=wire,
-                    application_properties={} if in_wire is None else WireProperties(wire, in_wire),
-                    sections=WireSections(body_offset, in_wire, texts_in_wire),
-                    **(read_wire_texts(wire, *texts_in_wire) if texts_in_wire is not None else {}),
-                )
-        values = json.loads(meta)
-        span = values.pop("ap", None)
-        texts_at = values.pop("pr", None)
+        usual = _USUAL_META.match(meta)  # (most rows: a backlog's delivery read from the store)
+        if usual is not None:
+            message_id, ap_start, ap_end, pr_start, pr_end = usual.groups()
+            values: dict[str, Any] = {"message_id": message_id}
+            span: Any = None if ap_start is None else (int(ap_start), int(ap_end))
+            texts_at: Any = None if pr_start is None else (int(pr_start), int(pr_end))
+        else:
+            values = json.loads(meta)
+            span = values.pop("ap", None)
+            texts_at = values.pop("pr", None)
         texts: tuple[int, int] | None = None
         if wire is not None:
             wire = bytes(wire)
@@ -496,7 +478,7 @@ class StoredMessage:
         return cls(
             path=path,
             sequence_number=sequence_number,
-            state=MessageState(state),
+            state=_STATES[state] if 0 <= state < len(_STATES) else MessageState(state),
             delivery_count=delivery_count,
             enqueued_time_us=enqueued_time_us,
             expires_at_us=expires_at_us,

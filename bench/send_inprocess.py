@@ -137,7 +137,6 @@ async def setting_round(
     assert reported == (chosen if setting == "page_size" else _SECURE_DELETE_REPORTED[value]), (setting, reported)
     writer = WriterClock(store)
     ns = await Namespace.open(store)
-    closed = False
     try:
         await ns.create_queue("q", requires_duplicate_detection=True)
         work = iter(batches)
@@ -152,14 +151,10 @@ async def setting_round(
         writer.seconds, cpu = 0.0, time.process_time()
         while got := await ns.receive("q", 100, max_wait_time=0):
             await asyncio.gather(*(ns.complete("q", m.lock_token) for m in got if m.lock_token is not None))
-        await ns.close()
-        store.close()  # the writer applies the settlement log's last records
-        closed = True
-        return [*sent, time.process_time() - cpu, writer.seconds]
     finally:
-        if not closed:
-            await ns.close()
-            store.close()
+        await ns.close()
+        store.close()  # counted: the writer applies the settlement log's last records
+    return [*sent, time.process_time() - cpu, writer.seconds]
 
 
 def compare_settings(args: argparse.Namespace, tmp: Path, setting: str, values: list[str]) -> None:

@@ -17,7 +17,7 @@ TINY: dict[str, list[str]] = {
     "amqp_decode": ["--number", "20", "--repeat", "1"],
     "amqp_frames": ["--transfers", "200", "--repeat", "1"],
     "amqp_floor": ["--messages", "400", "--senders", "1", "--receivers", "1", "--repeat", "1"],
-    "amqp_send": ["--messages", "400", "--senders", "1", "--receivers", "1", "--repeat", "1"],
+    "amqp_send": ["--messages", "400", "--senders", "1", "--receivers", "1", "--repeat", "1", "--idle-backlog", "100"],
     "amqp_syscalls": ["--messages", "400", "--senders", "1", "--receivers", "1"],
     "amqp_transactions": ["--rounds", "1"],
     "backlog": ["--messages", "2000", "--senders", "1", "--receive", "500", "--receivers", "1"],
@@ -68,6 +68,18 @@ def test_the_bench_runs_at_a_tiny_size(name: str, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, f"bench/{name}.py failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert done.stdout.strip(), f"bench/{name}.py printed nothing"
+
+
+def test_the_store_settings_comparison_runs(tmp_path: Path) -> None:
+    """``bench/send_inprocess.py``'s other mode, the store against itself with each setting (the tiny run above takes
+    the default one): it sets what it says (its own check) and prints the ratios."""
+    bench = [sys.executable, str(ROOT / "bench" / "send_inprocess.py"), "--messages", "100", "--batch", "20"]
+    for setting in (["--secure-delete", "1,FAST"], ["--page-sizes", "4096,8192"]):
+        done = subprocess.run(
+            [*bench, "--repeat", "1", *setting], cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False
+        )
+        assert done.returncode == 0, f"{setting} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        assert "ratio " in done.stdout and "receive + complete" in done.stdout, done.stdout
 
 
 def test_the_backlog_bench_times_crash_restarts(tmp_path: Path) -> None:

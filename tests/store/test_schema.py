@@ -15,6 +15,7 @@ from oncebus.core import keys
 from oncebus.core.entities import QueueProperties
 from oncebus.core.errors import StoreError
 from oncebus.core.timeutil import us_to_datetime
+from oncebus.store import sqlite as sqlite_store
 from oncebus.store.sqlite import SCHEMA_VERSION, SqliteStore
 
 # the layout of schema 0, verbatim from the release before store versions
@@ -140,6 +141,47 @@ def test_a_new_file_starts_at_the_current_schema(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "oncebus.db")
     assert store._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     store.close()
+
+
+def test_a_new_file_has_4_kib_pages_and_a_file_of_16_kib_pages_keeps_them_and_its_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stores are created with SQLite's 4 KiB pages (``PAGE_SIZE``, kept on measurement); a file with other pages
+    (16 KiB, as a build of session 21 created them for a while) is read and written as it is: its page size cannot
+    change in place."""
+    new = SqliteStore(tmp_path / "new.db")
+    assert new._db.execute("PRAGMA page_size").fetchone()[0] == sqlite_store.PAGE_SIZE == 4096
+    new.close()
+    old_path = tmp_path / "old.db"
+    monkeypatch.setattr(sqlite_store, "PAGE_SIZE", 16384)  # as that build created its files
+
+    async def fill() -> None:
+        ns = await Namespace.open(SqliteStore(old_path), ManualClock(T0))
+        await ns.create_queue("q", requires_duplicate_detection=True)
+        await ns.send("q", [Message(b"x" * 3000, message_id=f"m{i}") for i in range(50)])
+        await ns.close()
+
+    asyncio.run(fill())
+    monkeypatch.undo()
+
+    async def reopen() -> None:
+        store = SqliteStore(old_path)
+        assert store._db.execute("PRAGMA page_size").fetchone()[0] == 16384
+        ns = await Namespace.open(store, ManualClock(T0 + 10))
+        assert [
+            o.duplicate for o in await ns.send("q", [Message(b"y", message_id="m0"), Message(b"y", message_id="n")])
+        ] == [True, False]
+        got = await ns.receive("q", 100)
+        assert [m.message_id for m in got] == [f"m{i}" for i in range(50)] + ["n"]
+        assert all(m.body == b"x" * 3000 for m in got[:50])
+        for m in got:
+            await ns.complete("q", m.lock_token)  # type: ignore[arg-type]
+        await ns.close()
+        again = SqliteStore(old_path)
+        assert again._db.execute("PRAGMA page_size").fetchone()[0] == 16384 and not list(again.load().messages)
+        again.close()
+
+    asyncio.run(reopen())
 
 
 def _write_schema_2(path: Path) -> list[tuple[object, ...]]:

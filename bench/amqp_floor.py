@@ -1,7 +1,7 @@
 """The floor under ``bench/amqp_send.py``'s rows: what a server that stores nothing costs the same SDK clients.
 
-Issue 16 asks ``oncebus serve`` for at most 20 us of server CPU per message sent (0.9 of a do-nothing sink) and
-at most 50 us per message received and completed (1.0 of JetStream). This bench measures, in one run, with the
+Issue 34 asks ``oncebus serve`` for at most 25 us of server CPU per message sent (0.9 of a do-nothing sink) and
+at most 60 us per message received and completed (1.0 of JetStream). This bench measures, in one run, with the
 SDK clients of ``bench/amqp_send.py`` (2 sender processes sending batches of 100 x 1 KiB; 4 PEEK_LOCK receiver
 processes completing each message), servers that keep nothing:
 
@@ -20,6 +20,12 @@ processes completing each message), servers that keep nothing:
 - ``python engine + rows, settlement log``: as the row above, but a completion is an 8-byte record appended to a
   log (one ``write``, no fsync: as crash-safe as the commit it replaces) and the rows are deleted 1,000 at a time
   (the issue's "settlements appended as small records and applied in batches");
+- ``python engine + oncebus's broker``: the same engine over oncebus's own broker instead of a template and rows
+  (a ``Namespace`` on the SQLite store, as ``serve`` opens it): sends decoded by the AMQP door's codec and
+  answered once committed, deliveries the broker's peek-locked messages encoded by the door's encoder, each
+  completion through ``Namespace.complete_soon`` and answered once committed, what a receiver leaves unsettled
+  let go. Everything of ``serve`` but its AMQP layer (frame scanner, session and link state machines, delivery
+  objects and events, the connection's pump): what a leaner AMQP layer would leave;
 - ``JetStream, sync always``: nats-server's JetStream with ``sync_interval: always`` and ``bench/amqp_send.py``'s
   JetStream clients (duplicate window on send; pull consumer, ``ack_sync``, on receive), if nats-server is here;
 
@@ -84,6 +90,7 @@ from oncebus.server import loop as event_loop
 from oncebus.server.settings import Settings
 
 SINK_CREDIT = 1000
+SEND_GOAL_US, RECEIVE_GOAL_US = 25.0, 60.0  # issue 34's goals: server CPU a message
 ACCEPTED = b"\x00\x53\x24\x45"  # accepted, no fields
 TRUE, FALSE = b"\x41", b"\x42"
 _FRAME = struct.Struct(">IBBH")
@@ -364,6 +371,155 @@ class Engine(asyncio.Protocol):
         self.out.append(_FRAME.pack(len(frame) + len(body), 2, 0, channel) + frame[8:] + bytes(body))
 
 
+# ------------------------------------------------------------------------- the same engine over oncebus's broker
+class BrokerEngine(Engine):
+    """The Python engine above over oncebus's own broker (a ``Namespace`` on the SQLite store, as ``serve``
+    opens it) instead of a template and rows: a send link's transfer is decoded by the AMQP door's codec and
+    sent (accepted once committed); a receive link's deliveries are the broker's peek-locked messages, encoded
+    by the door's encoder; a completion goes to ``Namespace.complete_soon`` and is answered once committed. What
+    is not here is oncebus's AMQP layer (its frame scanner, session and link state machines, deliveries and
+    events, connection pump): this row is the lean engine with oncebus's broker and store under it."""
+
+    def __init__(self, template: tuple[bytes, bytes, bytes], namespace: Any) -> None:
+        super().__init__(template, None)
+        self.namespace = namespace
+        # (channel, delivery id) -> (queue, lock token, link handle)
+        self.held: dict[tuple[int, int], tuple[str, uuid.UUID, int]] = {}
+        self.delivering: set[int] = set()  # the links (by id) a delivery task serves
+        self.failures = 0
+
+    def _flush(self) -> None:
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self.out))
+        self.out.clear()
+
+    def deliver(self, link: Link) -> None:
+        if id(link) not in self.delivering:
+            self.delivering.add(id(link))
+            asyncio.get_running_loop().create_task(self._deliver(link))
+
+    async def _deliver(self, link: Link) -> None:
+        from oncebus.amqp.outgoing import encode_received, lock_token_tag
+
+        channel, handle = link.channel, encode_uint(link.handle)
+        try:
+            while link.credit > 0 and (self.transport is None or not self.transport.is_closing()):
+                messages = await self.namespace.receive(link.address, min(link.credit, 2 * bench.BATCH))
+                if not messages:
+                    await asyncio.sleep(0.02)  # (the bench fills the queue first: only its end finds it empty)
+                    continue
+                for message in messages:
+                    token = message.lock_token
+                    payload = encode_received(message, lock_annotations=True, lock_token=token, delivered_section=True)
+                    delivery_id = self.next_outgoing[channel]
+                    self.next_outgoing[channel] = delivery_id + 1
+                    performative = (
+                        b"\x00\x53\x14\xc0"
+                        + bytes((len(handle) + 5 + 18 + 1 + 1 + 1 + 5 + 1, 11))
+                        + handle
+                        + b"\x70"
+                        + struct.pack(">I", delivery_id)
+                        + b"\xa0\x10"
+                        + lock_token_tag(token)
+                        + b"\x43"
+                        + FALSE
+                        + FALSE
+                        + NULL * 5
+                    )
+                    self.out.append(
+                        _FRAME.pack(8 + len(performative) + len(payload), 2, 0, channel) + performative + payload
+                    )
+                    self.held[(channel, delivery_id)] = (link.address, token, link.handle)
+                    link.credit -= 1
+                    link.delivery_count += 1
+                self._flush()
+        finally:
+            self.delivering.discard(id(link))
+
+    def disposition(self, channel: int, fields: list[Any]) -> None:
+        role, first, last = fields[0], fields[1], fields[2]
+        if role is not True:
+            return
+        last = first if last is None else last
+        taken = [self.held.pop((channel, d), None) for d in range(first, last + 1)]
+        locked = [t for t in taken if t is not None]
+        state = fields[4]
+        if getattr(state, "descriptor", None) != 0x24:  # not accepted (released, modified): let go, not completed
+            for path, token, _ in locked:
+                asyncio.get_running_loop().create_task(self.namespace.abandon(path, token, failed=False))
+            if not fields[3]:
+                self.out.append(amqp_frame(DISPOSITION, [FALSE, encode_uint(first), encode_uint(last), TRUE], channel))
+            return
+        reply = amqp_frame(DISPOSITION, [FALSE, encode_uint(first), encode_uint(last), TRUE, ACCEPTED, NULL], channel)
+        if not locked:
+            self.out.append(reply)
+            return
+        left = [len(locked)]
+
+        def done(error: BaseException | None) -> None:
+            if error is not None:
+                self.failures += 1
+                print(f"a completion failed: {error}", file=sys.stderr)
+            left[0] -= 1
+            if left[0] == 0:
+                self.out.append(reply)
+                self._flush()
+
+        for path, token, _ in locked:
+            try:
+                self.namespace.complete_soon(path, token, done)
+            except Exception as exc:
+                done(exc)
+
+    def frame(self, channel: int, body: memoryview) -> None:
+        if body[2] == DETACH:  # a receiver that goes lets go of what it was sent and did not settle (as serve)
+            handle = Reader(body[3:]).list_fields(1)[0]
+            self._let_go(lambda key, held: key[0] == channel and held[2] == handle)
+        super().frame(channel, body)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._let_go(lambda key, held: True)
+
+    def _let_go(self, which: Any) -> None:
+        gone = [key for key, held in self.held.items() if which(key, held)]
+        for key in gone:
+            path, token, _ = self.held.pop(key)
+            asyncio.get_running_loop().create_task(self.namespace.abandon(path, token, failed=False))
+
+    def transfer(self, channel: int, fields: list[Any], payload: memoryview) -> None:
+        handle, delivery_id, message_format, settled, more = fields[0], fields[1], fields[3], fields[4], fields[5]
+        link = self.links[(channel, handle)]
+        if link.address == "$cbs":
+            super().transfer(channel, fields, payload)
+            return
+        self.incoming[channel] += 1
+        key = (channel, handle)
+        begun = self.partial.pop(key, None)
+        if begun is not None:
+            delivery_id = begun[0]
+            begun[1].append(bytes(payload))
+        if more:
+            self.partial[key] = begun or (delivery_id, [bytes(payload)])
+            return
+        whole = b"".join(begun[1]) if begun is not None else bytes(payload)
+        link.delivery_count += 1
+        link.credit -= 1
+        if link.credit < SINK_CREDIT // 2:
+            link.credit = SINK_CREDIT
+            self.out.append(self._flow(link))
+        sent = self._send(channel, link.address, delivery_id, whole, message_format, settled)
+        asyncio.get_running_loop().create_task(sent)
+
+    async def _send(self, channel: int, path: str, delivery_id: int, whole: bytes, fmt: int, settled: bool) -> None:
+        from oncebus.amqp import codec
+
+        await self.namespace.send(path, codec.decode_transfer(whole, fmt or 0))
+        if not settled:
+            reply = [TRUE, encode_uint(delivery_id), NULL, TRUE, ACCEPTED, NULL]
+            self.out.append(amqp_frame(DISPOSITION, reply, channel))
+            self._flush()
+
+
 # ------------------------------------------------------------------------- proton as oncebus drives it
 class ProtonEngine(asyncio.Protocol):
     """proton's engine driven from asyncio as ``oncebus serve`` drives it (a Transport, a Collector, its events
@@ -555,14 +711,21 @@ class LoggedRows(Rows):
 
 def serve_engine(port: int, store: str | None, with_proton: bool = False) -> None:
     db: Rows | None = None
-    if store:
-        kind, _, path = store.partition(":")
+    kind, _, path = (store or "").partition(":")
+    if store and kind != "broker":
         db = LoggedRows(path) if kind == "log" else Rows(path)
     template = delivery_template()
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         factory: Any = (lambda: ProtonEngine(template)) if with_proton else (lambda: Engine(template, db))
+        if kind == "broker":  # oncebus's broker, with the queues bench/amqp_send.py's serve has
+            from oncebus import Namespace, SqliteStore
+
+            namespace = await Namespace.open(SqliteStore(Path(path) / "oncebus.db"))
+            for queue in ("dedup-on", "receive"):
+                await namespace.create_queue(queue, requires_duplicate_detection=True)
+            factory = lambda: BrokerEngine(template, namespace)  # noqa: E731
         server = await loop.create_server(factory, "127.0.0.1", port)
         print("ready", flush=True)
         async with server:
@@ -809,6 +972,8 @@ def main() -> None:
         servers["engine"] = start("engine")
         servers["engine+sqlite"] = start("engine", "--store", f"sqlite:{workdir / 'engine.db'}")
         servers["engine+log"] = start("engine", "--store", f"log:{workdir / 'logged.db'}")
+        (workdir / "broker").mkdir()
+        servers["engine+broker"] = start("engine", "--store", f"broker:{workdir / 'broker'}")
         started = bench.start_nats(workdir, sync_always=True)
         if isinstance(started, str):
             print(f"JetStream not measured: {started}")
@@ -828,14 +993,14 @@ def main() -> None:
                         rows[f"receive {name}"].append(bench.run_workers(bench.jetstream_receiver, jobs, process.pid))
                     continue
                 if not args.no_send:
-                    queue = "dedup-on" if name == "oncebus" else "sink"
+                    queue = "dedup-on" if name in ("oncebus", "engine+broker") else "sink"
                     jobs = [(string, queue, f"r{r}", "bare", share) for share in bench._shares(count, senders)]
                     rows[f"send {name}"].append(bench.run_workers(bench.sdk_sender, jobs, process.pid))
-                    if name in ("proton", "oncebus"):  # the message applications send, beside the bare one
+                    if name in ("proton", "oncebus", "engine+broker"):  # the message applications send, and the bare
                         jobs = [(string, queue, f"r{r}-real", "realistic", n) for n in bench._shares(count, senders)]
                         rows[f"realistic {name}"].append(bench.run_workers(bench.sdk_sender, jobs, process.pid))
                 if not args.no_receive:
-                    if name == "oncebus":
+                    if name in ("oncebus", "engine+broker"):
                         bench.sdk_fill(string, "receive", f"r{r}", count)
                     jobs = [(string, "receive", per_receiver)] * receivers
                     rows[f"receive {name}"].append(bench.run_workers(bench.sdk_receiver, jobs, process.pid))
@@ -851,6 +1016,7 @@ def main() -> None:
         "engine": "python engine (stores nothing)",
         "engine+sqlite": "python engine + SQLite rows",
         "engine+log": "python engine + rows, settlement log",
+        "engine+broker": "python engine + oncebus's broker",
         "oncebus": "oncebus serve (dedup on)",
         "jetstream": "JetStream, sync always (ack_sync)",
     }
@@ -871,7 +1037,7 @@ def main() -> None:
             print(f"  server CPU a message, proton on asyncio / engine: {cpu:6.2f}")
         print(f"  ratio oncebus / python engine, msg/s:             {oncebus.rate / engine.rate:6.2f}")
         print(f"  ratio oncebus / proton on asyncio, msg/s:         {oncebus.rate / proton.rate:6.2f}")
-        for name in ("engine", "engine+log", "oncebus"):
+        for name in ("engine", "engine+log", "engine+broker", "oncebus"):
             if what == "receive" and "receive jetstream" in got:
                 ratio = got[f"receive {name}"].rate / got["receive jetstream"].rate
                 print(f"  ratio {titles[name].split(' (')[0]} / JetStream, msg/s: {ratio:6.2f}")
@@ -880,14 +1046,19 @@ def main() -> None:
         print("send, the realistic message (subject, content type, correlation id, 4 application properties)")
         print(f"  {titles['proton']:<40} {bench.describe(sink)}")
         print(f"  {titles['oncebus']:<40} {bench.describe(real)}")
+        lean = got.get("realistic engine+broker")
+        if lean is not None:
+            print(f"  {titles['engine+broker']:<40} {bench.describe(lean)}")
         print(f"  ratio oncebus / proton reactor, msg/s:            {real.rate / sink.rate:6.2f}")
+        if lean is not None:
+            print(f"  ratio python engine + oncebus's broker / proton reactor, msg/s: {lean.rate / sink.rate:6.2f}")
     if alone:
         best_alone = {key: min(run[key] for run in alone) for key in alone[0]}
         print(f"the broker alone, in process (no protocol; best of {len(alone)}), server CPU a message:")
         for what, title in (("send", "send (decode + judge + store)"), ("receive", "receive + complete")):
             print(f"  {title:<30} {best_alone[what]:6.1f} us (loop thread {best_alone[what + '_loop']:.1f})")
         print("what the goals would have to hold: the engine that stores nothing + the broker alone")
-        for what, goal in (("send", 20.0), ("receive", 50.0)):
+        for what, goal in (("send", SEND_GOAL_US), ("receive", RECEIVE_GOAL_US)):
             bare = got.get(f"{what} engine")
             served_by = got.get(f"{what} oncebus")
             if bare is None or bare.server_cpu_us is None:
@@ -906,13 +1077,20 @@ def main() -> None:
             print(
                 "  send's necessary parts: the engine storing rows (one a message, fsync a batch) "
                 f"{send_rows.server_cpu_us:.1f} + reading each message {best_alone['decode']:.1f} + checking "
-                f"{best_alone['check']:.1f} + judging {best_alone['judge']:.1f} = {parts:.1f} us against 20"
+                f"{best_alone['check']:.1f} + judging {best_alone['judge']:.1f} = {parts:.1f} us against "
+                f"{SEND_GOAL_US:.0f}"
             )
         receive_log = got.get("receive engine+log")
         if receive_log is not None and receive_log.server_cpu_us is not None:
             print(
                 "  receive's necessary parts: the engine delivering from a template, each completion an 8-byte "
-                f"log record {receive_log.server_cpu_us:.1f} us against 50, before any broker work"
+                f"log record {receive_log.server_cpu_us:.1f} us against {RECEIVE_GOAL_US:.0f}, before any broker work"
+            )
+        lean = got.get("receive engine+broker")
+        if lean is not None and lean.server_cpu_us is not None:
+            print(
+                f"  measured, not summed: that engine over oncebus's broker {lean.server_cpu_us:.1f} us against "
+                f"{RECEIVE_GOAL_US:.0f} (oncebus serve {got['receive oncebus'].server_cpu_us or 0:.1f})"
             )
     print(f"after: {bench.load()}")
 

@@ -277,31 +277,36 @@ class Engine(asyncio.Protocol):
         if link.address != "$cbs":
             self.deliver(link)
 
+    def transfer_frame(self, link: Link, tag: bytes, payload: bytes) -> tuple[int, bytes]:
+        """The next delivery on ``link`` (unsettled, its 16-byte ``tag``) as one frame: (its delivery id, the frame)."""
+        channel = link.channel
+        delivery_id = self.next_outgoing[channel]
+        self.next_outgoing[channel] = delivery_id + 1
+        handle = encode_uint(link.handle)
+        performative = (
+            b"\x00\x53\x14\xc0"
+            + bytes((len(handle) + 5 + 18 + 1 + 1 + 1 + 5 + 1, 11))
+            + handle
+            + b"\x70"
+            + struct.pack(">I", delivery_id)
+            + b"\xa0\x10"
+            + tag
+            + b"\x43"
+            + FALSE
+            + FALSE
+            + NULL * 5
+        )
+        return delivery_id, _FRAME.pack(8 + len(performative) + len(payload), 2, 0, channel) + performative + payload
+
     def deliver(self, link: Link) -> None:
         head, middle, tail = self.template
         channel, out, pack_q = link.channel, self.out, struct.Struct(">q").pack
         locked_until = pack_q(int(time.time() * 1000) + 60_000)
-        handle = encode_uint(link.handle)
         while link.credit > 0:
             self.sequence += 1
-            delivery_id = self.next_outgoing[channel]
-            self.next_outgoing[channel] = delivery_id + 1
-            tag = os.urandom(16)
-            performative = (
-                b"\x00\x53\x14\xc0"
-                + bytes((len(handle) + 5 + 18 + 1 + 1 + 1 + 5 + 1, 11))
-                + handle
-                + b"\x70"
-                + struct.pack(">I", delivery_id)
-                + b"\xa0\x10"
-                + tag
-                + b"\x43"
-                + FALSE
-                + FALSE
-                + NULL * 5
-            )
             payload = head + pack_q(self.sequence) + middle + locked_until + tail
-            out.append(_FRAME.pack(8 + len(performative) + len(payload), 2, 0, channel) + performative + payload)
+            delivery_id, frame = self.transfer_frame(link, os.urandom(16), payload)
+            out.append(frame)
             self.unsettled[(channel, delivery_id)] = self.sequence
             link.credit -= 1
             link.delivery_count += 1
@@ -319,7 +324,7 @@ class Engine(asyncio.Protocol):
         )
 
     def transfer(self, channel: int, fields: list[Any], payload: memoryview) -> None:
-        handle, delivery_id, settled, more = fields[0], fields[1], fields[4], fields[5]
+        handle, delivery_id, message_format, settled, more = fields[0], fields[1], fields[3], fields[4], fields[5]
         self.incoming[channel] += 1
         link = self.links[(channel, handle)]
         key = (channel, handle)
@@ -333,6 +338,15 @@ class Engine(asyncio.Protocol):
         whole = b"".join(begun[1]) if begun is not None else bytes(payload)
         link.delivery_count += 1
         link.credit -= 1
+        self.arrived(channel, link, delivery_id, whole, message_format or 0, settled)
+        if link.credit < SINK_CREDIT // 2:
+            link.credit = SINK_CREDIT
+            self.out.append(self._flow(link))
+
+    def arrived(
+        self, channel: int, link: Link, delivery_id: int, whole: bytes, message_format: int, settled: bool
+    ) -> None:
+        """A whole delivery from the client: a CBS request answered, anything else stored and accepted."""
         if link.address == "$cbs":
             self.cbs(channel, whole)
         else:
@@ -340,9 +354,6 @@ class Engine(asyncio.Protocol):
         if not settled:
             reply = [TRUE, encode_uint(delivery_id), NULL, TRUE, ACCEPTED, NULL]
             self.out.append(amqp_frame(DISPOSITION, reply, channel))
-        if link.credit < SINK_CREDIT // 2:
-            link.credit = SINK_CREDIT
-            self.out.append(self._flow(link))
 
     def store(self, payload: bytes) -> None:
         messages = _split_batch(payload)
@@ -401,7 +412,7 @@ class BrokerEngine(Engine):
     async def _deliver(self, link: Link) -> None:
         from oncebus.amqp.outgoing import encode_received, lock_token_tag
 
-        channel, handle = link.channel, encode_uint(link.handle)
+        channel = link.channel
         try:
             while link.credit > 0 and (self.transport is None or not self.transport.is_closing()):
                 messages = await self.namespace.receive(link.address, min(link.credit, 2 * bench.BATCH))
@@ -411,24 +422,8 @@ class BrokerEngine(Engine):
                 for message in messages:
                     token = message.lock_token
                     payload = encode_received(message, lock_annotations=True, lock_token=token, delivered_section=True)
-                    delivery_id = self.next_outgoing[channel]
-                    self.next_outgoing[channel] = delivery_id + 1
-                    performative = (
-                        b"\x00\x53\x14\xc0"
-                        + bytes((len(handle) + 5 + 18 + 1 + 1 + 1 + 5 + 1, 11))
-                        + handle
-                        + b"\x70"
-                        + struct.pack(">I", delivery_id)
-                        + b"\xa0\x10"
-                        + lock_token_tag(token)
-                        + b"\x43"
-                        + FALSE
-                        + FALSE
-                        + NULL * 5
-                    )
-                    self.out.append(
-                        _FRAME.pack(8 + len(performative) + len(payload), 2, 0, channel) + performative + payload
-                    )
+                    delivery_id, frame = self.transfer_frame(link, lock_token_tag(token), payload)
+                    self.out.append(frame)
                     self.held[(channel, delivery_id)] = (link.address, token, link.handle)
                     link.credit -= 1
                     link.delivery_count += 1
@@ -486,34 +481,19 @@ class BrokerEngine(Engine):
             path, token, _ = self.held.pop(key)
             asyncio.get_running_loop().create_task(self.namespace.abandon(path, token, failed=False))
 
-    def transfer(self, channel: int, fields: list[Any], payload: memoryview) -> None:
-        handle, delivery_id, message_format, settled, more = fields[0], fields[1], fields[3], fields[4], fields[5]
-        link = self.links[(channel, handle)]
+    def arrived(
+        self, channel: int, link: Link, delivery_id: int, whole: bytes, message_format: int, settled: bool
+    ) -> None:
         if link.address == "$cbs":
-            super().transfer(channel, fields, payload)
+            super().arrived(channel, link, delivery_id, whole, message_format, settled)
             return
-        self.incoming[channel] += 1
-        key = (channel, handle)
-        begun = self.partial.pop(key, None)
-        if begun is not None:
-            delivery_id = begun[0]
-            begun[1].append(bytes(payload))
-        if more:
-            self.partial[key] = begun or (delivery_id, [bytes(payload)])
-            return
-        whole = b"".join(begun[1]) if begun is not None else bytes(payload)
-        link.delivery_count += 1
-        link.credit -= 1
-        if link.credit < SINK_CREDIT // 2:
-            link.credit = SINK_CREDIT
-            self.out.append(self._flow(link))
         sent = self._send(channel, link.address, delivery_id, whole, message_format, settled)
-        asyncio.get_running_loop().create_task(sent)
+        asyncio.get_running_loop().create_task(sent)  # answered once committed
 
     async def _send(self, channel: int, path: str, delivery_id: int, whole: bytes, fmt: int, settled: bool) -> None:
         from oncebus.amqp import codec
 
-        await self.namespace.send(path, codec.decode_transfer(whole, fmt or 0))
+        await self.namespace.send(path, codec.decode_transfer(whole, fmt))
         if not settled:
             reply = [TRUE, encode_uint(delivery_id), NULL, TRUE, ACCEPTED, NULL]
             self.out.append(amqp_frame(DISPOSITION, reply, channel))

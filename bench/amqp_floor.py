@@ -396,8 +396,7 @@ class BrokerEngine(Engine):
         self.namespace = namespace
         # (channel, delivery id) -> (queue, lock token, link handle)
         self.held: dict[tuple[int, int], tuple[str, uuid.UUID, int]] = {}
-        self.delivering: set[int] = set()  # the links (by id) a delivery task serves
-        self.failures = 0
+        self.delivering: set[Link] = set()  # the links a delivery task serves
 
     def _flush(self) -> None:
         if self.out and self.transport is not None and not self.transport.is_closing():
@@ -405,8 +404,8 @@ class BrokerEngine(Engine):
         self.out.clear()
 
     def deliver(self, link: Link) -> None:
-        if id(link) not in self.delivering:
-            self.delivering.add(id(link))
+        if link not in self.delivering:
+            self.delivering.add(link)
             asyncio.get_running_loop().create_task(self._deliver(link))
 
     async def _deliver(self, link: Link) -> None:
@@ -429,7 +428,7 @@ class BrokerEngine(Engine):
                     link.delivery_count += 1
                 self._flush()
         finally:
-            self.delivering.discard(id(link))
+            self.delivering.discard(link)
 
     def disposition(self, channel: int, fields: list[Any]) -> None:
         role, first, last = fields[0], fields[1], fields[2]
@@ -453,7 +452,6 @@ class BrokerEngine(Engine):
 
         def done(error: BaseException | None) -> None:
             if error is not None:
-                self.failures += 1
                 print(f"a completion failed: {error}", file=sys.stderr)
             left[0] -= 1
             if left[0] == 0:

@@ -91,6 +91,7 @@ from oncebus.server.settings import Settings
 
 SINK_CREDIT = 1000
 SEND_GOAL_US, RECEIVE_GOAL_US = 25.0, 60.0  # issue 34's goals: server CPU a message
+EVICT_KIB = 4096  # copied there and back before each turn of the cold row: past both cores' L2 here (1 MiB each)
 ACCEPTED = b"\x00\x53\x24\x45"  # accepted, no fields
 TRUE, FALSE = b"\x41", b"\x42"
 _FRAME = struct.Struct(">IBBH")
@@ -778,9 +779,14 @@ def sdk_batches(count: int, run: str) -> list[bytes]:
     return batches
 
 
-def broker_alone(count: int, senders: int, receivers: int) -> dict[str, float]:
+def broker_alone(count: int, senders: int, receivers: int, evict_kib: int = 0) -> dict[str, float]:
     """Server CPU a message (this process, all threads) of oncebus's work with no protocol: decode + send, and
-    receive + complete. Run in a fresh process (``--broker-alone``)."""
+    receive + complete. Run in a fresh process (``--broker-alone``).
+
+    ``evict_kib``: before each turn of completions, copy a buffer of that many KiB there and back, so the turn
+    starts with the CPU's caches holding the copy rather than the broker's objects, as a server woken by each
+    completion finds them on the wire (the kernel, the clients and the other thread ran meanwhile). The copies'
+    own CPU is measured around them and not counted."""
     import resource
 
     from oncebus import Namespace, SqliteStore
@@ -807,6 +813,8 @@ def broker_alone(count: int, senders: int, receivers: int) -> dict[str, float]:
         send_loop_us = (time.thread_time() - loop_started) / count * 1e6
         await asyncio.sleep(1.0)  # the writer's background work after the sends (checkpoints) is not receive's
         loop = asyncio.get_running_loop()
+        source, scratch = bytearray(evict_kib * 1024), bytearray(evict_kib * 1024)
+        evicting = 0.0  # the copies' CPU (on this thread)
         started, loop_started = cpu(), time.thread_time()
         held: list[Any] = []
         taken = 0
@@ -818,6 +826,11 @@ def broker_alone(count: int, senders: int, receivers: int) -> dict[str, float]:
             turn, held = held[:receivers], held[receivers:]
             if not turn:  # every send was acknowledged: an empty queue before the last one is a loss
                 raise RuntimeError(f"the queue gave {taken} of the {count} messages sent")
+            if evict_kib:
+                copying = time.thread_time()
+                scratch[:] = source
+                source[:] = scratch
+                evicting += time.thread_time() - copying
             outcomes: asyncio.Future[None] = loop.create_future()
             left = [len(turn)]
 
@@ -833,8 +846,8 @@ def broker_alone(count: int, senders: int, receivers: int) -> dict[str, float]:
             for message in turn:
                 namespace.complete_soon("q", message.lock_token, settled)
             await outcomes
-        receive_us = (cpu() - started) / count * 1e6
-        receive_loop_us = (time.thread_time() - loop_started) / count * 1e6
+        receive_us = (cpu() - started - evicting) / count * 1e6
+        receive_loop_us = (time.thread_time() - loop_started - evicting) / count * 1e6
         await namespace.close()
         return {"send": send_us, "send_loop": send_loop_us, "receive": receive_us, "receive_loop": receive_loop_us}
 
@@ -879,9 +892,10 @@ def necessary_parts(count: int) -> dict[str, float]:
     return {"decode": decode, "check": check, "judge": judge}
 
 
-def run_broker_alone(count: int, senders: int, receivers: int) -> dict[str, float]:
+def run_broker_alone(count: int, senders: int, receivers: int, evict_kib: int = 0) -> dict[str, float]:
     command = [sys.executable, __file__, "--broker-alone", str(count), "--senders", str(senders)]
-    done = subprocess.run([*command, "--receivers", str(receivers)], capture_output=True, text=True, check=True)
+    command += ["--receivers", str(receivers), "--evict-kib", str(evict_kib)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -926,9 +940,10 @@ def main() -> None:
     parser.add_argument("--store", help=argparse.SUPPRESS)
     parser.add_argument("--with-proton", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--broker-alone", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--evict-kib", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.broker_alone:
-        measured = broker_alone(args.broker_alone, args.senders, args.receivers)
+        measured = broker_alone(args.broker_alone, args.senders, args.receivers, args.evict_kib)
         print(json.dumps(measured | necessary_parts(args.broker_alone)))
         return
     if args.serve_engine:
@@ -943,6 +958,7 @@ def main() -> None:
     servers: dict[str, tuple[subprocess.Popen[Any], str]] = {}
     rows: dict[str, list[bench.Measured]] = collections.defaultdict(list)
     alone: list[dict[str, float]] = []
+    one_a_turn: dict[int, list[float]] = {0: [], EVICT_KIB: []}
     try:
         servers["oncebus"] = bench.start_oncebus(workdir)
         servers["proton"] = start("proton")
@@ -984,6 +1000,9 @@ def main() -> None:
                     rows[f"receive {name}"].append(bench.run_workers(bench.sdk_receiver, jobs, process.pid))
         stop(servers)  # nothing else runs beside the broker alone
         alone = [run_broker_alone(count, senders, receivers) for _ in range(args.repeat)]
+        for _ in range(args.repeat):  # one completion a turn, the caches warm and evicted, alternated
+            for evict in (0, EVICT_KIB):
+                one_a_turn[evict].append(run_broker_alone(count, senders, 1, evict)["receive"])
     finally:
         stop(servers)
         shutil.rmtree(workdir, ignore_errors=True)
@@ -1035,6 +1054,13 @@ def main() -> None:
         print(f"the broker alone, in process (no protocol; best of {len(alone)}), server CPU a message:")
         for what, title in (("send", "send (decode + judge + store)"), ("receive", "receive + complete")):
             print(f"  {title:<30} {best_alone[what]:6.1f} us (loop thread {best_alone[what + '_loop']:.1f})")
+        if one_a_turn[0] and one_a_turn[EVICT_KIB]:
+            warm, cold = min(one_a_turn[0]), min(one_a_turn[EVICT_KIB])
+            print(
+                f"  receive + complete, one completion a turn: {warm:.1f} us; the same with {EVICT_KIB} KiB copied "
+                f"before each turn (the caches as a wake-up on the wire finds them; the copy not counted): "
+                f"{cold:.1f} us ({cold / warm:.2f}x)"
+            )
         print("what the goals would have to hold: the engine that stores nothing + the broker alone")
         for what, goal in (("send", SEND_GOAL_US), ("receive", RECEIVE_GOAL_US)):
             bare = got.get(f"{what} engine")

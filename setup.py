@@ -144,7 +144,8 @@ class BuildExt(build_ext):
 
     def build_extension(self, ext: Any) -> None:
         jobs = compile_jobs()
-        if jobs < 2 or len(ext.sources) < 2:
+        # (gcc or clang only: MSVC's compiler sets itself up on its first call, not safe from several threads)
+        if jobs < 2 or len(ext.sources) < 2 or self.compiler.compiler_type != "unix":
             super().build_extension(ext)
             return
         compiler = self.compiler

@@ -761,9 +761,9 @@ def serve_proton(port: int) -> None:
 
 
 # ------------------------------------------------------------------------- the broker with no protocol
-def sdk_batches(count: int, run: str) -> list[bytes]:
-    """The bytes the SDK's sender puts in a batch transfer (message format 0x80013700), ``bench.BATCH`` a batch."""
-    from azure.servicebus import ServiceBusMessage
+def sdk_batches(count: int, run: str, shape: str = "bare") -> list[bytes]:
+    """The bytes the SDK's sender puts in a batch transfer (message format 0x80013700), ``bench.BATCH`` a batch of
+    ``bench.bench_message``'s ``shape``."""
     from azure.servicebus._common.message import ServiceBusMessageBatch
     from azure.servicebus._pyamqp._encode import encode_payload
     from azure.servicebus._transport._pyamqp_transport import PyamqpTransport
@@ -772,21 +772,21 @@ def sdk_batches(count: int, run: str) -> list[bytes]:
     for first in range(0, count, bench.BATCH):
         batch = ServiceBusMessageBatch(max_size_in_bytes=4 * 1024 * 1024, amqp_transport=PyamqpTransport)
         for i in range(first, min(first + bench.BATCH, count)):
-            batch.add_message(ServiceBusMessage(bench.BODY, message_id=f"{run}-{i}"))
+            batch.add_message(bench.bench_message(shape, f"{run}-{i}"))
         out = bytearray()
         encode_payload(out, batch._message)
         batches.append(bytes(out))
     return batches
 
 
-def broker_alone(count: int, senders: int, receivers: int, evict_kib: int = 0) -> dict[str, float]:
+def broker_alone(count: int, senders: int, receivers: int, evict_kib: int = 0, shape: str = "bare") -> dict[str, float]:
     """Server CPU a message (this process, all threads) of oncebus's work with no protocol: decode + send, and
     receive + complete. Run in a fresh process (``--broker-alone``).
 
     ``evict_kib``: before each turn of completions, copy a buffer of that many KiB there and back, so the turn
     starts with the CPU's caches holding the copy rather than the broker's objects, as a server woken by each
     completion finds them on the wire (the kernel, the clients and the other thread ran meanwhile). The copies'
-    own CPU is measured around them and not counted."""
+    own CPU is measured around them and not counted. ``shape``: ``bench.bench_message``'s, bare or realistic."""
     import resource
 
     from oncebus import Namespace, SqliteStore
@@ -796,7 +796,7 @@ def broker_alone(count: int, senders: int, receivers: int, evict_kib: int = 0) -
         used = resource.getrusage(resource.RUSAGE_SELF)
         return used.ru_utime + used.ru_stime
 
-    batches = sdk_batches(count, "alone")
+    batches = sdk_batches(count, "alone", shape)
 
     async def main(workdir: Path) -> dict[str, float]:
         namespace = await Namespace.open(SqliteStore(workdir / "oncebus.db"))
@@ -892,9 +892,11 @@ def necessary_parts(count: int) -> dict[str, float]:
     return {"decode": decode, "check": check, "judge": judge}
 
 
-def run_broker_alone(count: int, senders: int, receivers: int, evict_kib: int = 0) -> dict[str, float]:
+def run_broker_alone(
+    count: int, senders: int, receivers: int, evict_kib: int = 0, shape: str = "bare"
+) -> dict[str, float]:
     command = [sys.executable, __file__, "--broker-alone", str(count), "--senders", str(senders)]
-    command += ["--receivers", str(receivers), "--evict-kib", str(evict_kib)]
+    command += ["--receivers", str(receivers), "--evict-kib", str(evict_kib), "--shape", shape]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
@@ -941,9 +943,10 @@ def main() -> None:
     parser.add_argument("--with-proton", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--broker-alone", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--evict-kib", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--shape", choices=("bare", "realistic"), default="bare", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.broker_alone:
-        measured = broker_alone(args.broker_alone, args.senders, args.receivers, args.evict_kib)
+        measured = broker_alone(args.broker_alone, args.senders, args.receivers, args.evict_kib, args.shape)
         print(json.dumps(measured | necessary_parts(args.broker_alone)))
         return
     if args.serve_engine:
@@ -958,7 +961,7 @@ def main() -> None:
     servers: dict[str, tuple[subprocess.Popen[Any], str]] = {}
     rows: dict[str, list[bench.Measured]] = collections.defaultdict(list)
     alone: list[dict[str, float]] = []
-    one_a_turn: dict[int, list[float]] = {0: [], EVICT_KIB: []}
+    one_a_turn: dict[tuple[str, int], list[float]] = collections.defaultdict(list)  # by (shape, KiB evicted)
     try:
         servers["oncebus"] = bench.start_oncebus(workdir)
         servers["proton"] = start("proton")
@@ -1001,8 +1004,9 @@ def main() -> None:
         stop(servers)  # nothing else runs beside the broker alone
         alone = [run_broker_alone(count, senders, receivers) for _ in range(args.repeat)]
         for _ in range(args.repeat):  # one completion a turn, the caches warm and evicted, alternated
-            for evict in (0, EVICT_KIB):
-                one_a_turn[evict].append(run_broker_alone(count, senders, 1, evict)["receive"])
+            for shape in ("bare", "realistic"):
+                for evict in (0, EVICT_KIB):
+                    one_a_turn[shape, evict].append(run_broker_alone(count, senders, 1, evict, shape)["receive"])
     finally:
         stop(servers)
         shutil.rmtree(workdir, ignore_errors=True)
@@ -1054,13 +1058,14 @@ def main() -> None:
         print(f"the broker alone, in process (no protocol; best of {len(alone)}), server CPU a message:")
         for what, title in (("send", "send (decode + judge + store)"), ("receive", "receive + complete")):
             print(f"  {title:<30} {best_alone[what]:6.1f} us (loop thread {best_alone[what + '_loop']:.1f})")
-        if one_a_turn[0] and one_a_turn[EVICT_KIB]:
-            warm, cold = min(one_a_turn[0]), min(one_a_turn[EVICT_KIB])
-            print(
-                f"  receive + complete, one completion a turn: {warm:.1f} us; the same with {EVICT_KIB} KiB copied "
-                f"before each turn (the caches as a wake-up on the wire finds them; the copy not counted): "
-                f"{cold:.1f} us ({cold / warm:.2f}x)"
-            )
+        for shape in ("bare", "realistic"):
+            if one_a_turn[shape, 0] and one_a_turn[shape, EVICT_KIB]:
+                warm, cold = min(one_a_turn[shape, 0]), min(one_a_turn[shape, EVICT_KIB])
+                print(
+                    f"  receive + complete, {shape}, one completion a turn: {warm:.1f} us; with {EVICT_KIB} KiB "
+                    f"copied before each turn (the caches as a wake-up on the wire finds them; the copy not counted): "
+                    f"{cold:.1f} us ({cold / warm:.2f}x)"
+                )
         print("what the goals would have to hold: the engine that stores nothing + the broker alone")
         for what, goal in (("send", SEND_GOAL_US), ("receive", RECEIVE_GOAL_US)):
             bare = got.get(f"{what} engine")

@@ -593,3 +593,34 @@ def test_an_image_that_fails_on_the_loader_thread_is_rebuilt_from_its_rows_there
         await _stop(store, ns)
 
     asyncio.run(go())
+
+
+def test_a_completion_the_log_confirmed_before_a_checkpoint_is_in_the_database_once_it_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint's commit is durable, and the writer then counts every settlement as synced: one the log
+    confirmed and the database did not hold yet would be left to the next activity, past its power-safe period."""
+    from oncebus.store import writer
+
+    monkeypatch.setattr(writer, "SETTLEMENT_SYNC_SECONDS", 3600.0)  # the writer's own sync does not come first
+    path = tmp_path / "oncebus.db"
+    clock = ManualClock(T0)
+
+    async def go() -> None:
+        store, ns = await _open(path, clock)
+        await ns.create_queue("q", requires_duplicate_detection=True)
+        await ns.send("q", [Message(b"x", message_id=f"m{i}") for i in range(3)])
+        (first,) = await ns.receive("q", 1)
+        assert first.lock_token is not None
+        await ns.complete("q", first.lock_token)
+        assert store.logged_settlements == 1 and store._unsynced_since is not None
+        await _checkpoint(store, ns)
+        held = sqlite3.connect(path)
+        try:
+            rows = held.execute("SELECT sequence_number FROM message WHERE path = 'q'").fetchall()
+        finally:
+            held.close()
+        assert sorted(seq for (seq,) in rows) == [2, 3]  # the completed one is gone from the file itself
+        await _stop(store, ns)
+
+    asyncio.run(go())

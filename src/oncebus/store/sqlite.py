@@ -589,6 +589,9 @@ class SqliteStore(GroupCommitWriter):
     def _store_checkpoint(self, checkpoint: Checkpoint, marks: dict[str, int]) -> None:
         db = self._db
         self._check_files()
+        # the log's records first: this durable commit makes every commit before it durable, and the writer then
+        # counts nothing as unsynced (``_commit_checkpoint``), so none of them may be left in the log alone
+        self._apply_logged()
         if self._synchronous != "FULL":
             db.execute("PRAGMA synchronous=FULL")
             self._synchronous = "FULL"

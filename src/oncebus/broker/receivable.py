@@ -189,7 +189,8 @@ class Receivable:
         self._session_available: dict[str, _Ready] = {}
         self._scheduled: list[tuple[int, int]] = []
         self._expiry: list[tuple[int, int]] = []
-        self._lock_expiry: list[tuple[int, uuid.UUID]] = []
+        # (locked until, the lock token's int): ints, so that locks taken together (the same time) compare in C
+        self._lock_expiry: list[tuple[int, int]] = []
         # lock token (its 128-bit int: hashed in C, a uuid.UUID's __hash__ is a Python call) -> sequence number
         self.locks: dict[int, int] = {}
         self.lost_tokens: OrderedDict[uuid.UUID, str] = OrderedDict()
@@ -359,8 +360,8 @@ class Receivable:
                 if lock.locked_until_us <= now_us:
                     ops += self.release_session(session_id, now_us, reason="session")
         while self._lock_expiry and self._lock_expiry[0][0] <= now_us:
-            _, token = heapq.heappop(self._lock_expiry)
-            locked_seq = self.locks.get(token.int)
+            _, token_int = heapq.heappop(self._lock_expiry)
+            locked_seq = self.locks.get(token_int)
             if locked_seq is None:
                 continue
             entry = self.messages[locked_seq]
@@ -427,7 +428,7 @@ class Receivable:
 
     def push_lock_expiry(self, entry: Entry) -> None:
         assert entry.lock_token is not None and entry.locked_until_us is not None
-        heapq.heappush(self._lock_expiry, (entry.locked_until_us, entry.lock_token))
+        heapq.heappush(self._lock_expiry, (entry.locked_until_us, entry.lock_token.int))
 
     def unlock(self, entry: Entry, now_us: int, *, lost: str | None = None) -> list[Op]:
         """Release a lock (abandon, deferral, lock expiry, session closed); dead-letter past max_delivery_count.

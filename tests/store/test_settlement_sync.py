@@ -9,17 +9,28 @@ its transaction, and the writer fsyncs the WAL itself soon after settlements no 
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSubQueue
 
 from oncebus.core.messages import MessageState, StoredMessage
+from oncebus.store import sqlite as sqlite_module
 from oncebus.store import writer as writer_module
-from oncebus.store.base import SETTLEMENT_SYNC_SECONDS, DeleteMessage, MoveMessage, PutDedupKey, PutMessage
+from oncebus.store.base import (
+    SETTLEMENT_SYNC_SECONDS,
+    DeleteMessage,
+    MoveMessage,
+    Op,
+    PutDedupKey,
+    PutMessage,
+    UpdateMessage,
+)
 from oncebus.store.sqlite import SqliteStore
 from tests.store.test_files_deleted_under_serve import Serve, cli
 
@@ -242,17 +253,35 @@ def test_commit_now_commits_a_settlement_on_the_callers_thread_only_when_the_wri
 
 
 def test_the_wal_stays_bounded_when_settlements_commit_on_the_callers_thread(tmp_path: Path) -> None:
+    """Completions logged (the writer applies them) and committed on the caller's thread (a merge of properties:
+    a transaction there, which never checkpoints) alike: the WAL is reused past the checkpoint limit, not grown."""
     store = SqliteStore(tmp_path / "oncebus.db")
     try:
-        rounds, per_round = 4, 500
-        store.submit([PutMessage(_message(i)) for i in range(1, rounds * per_round + 1)]).result()
+        rounds, per_round = 36, 500  # the first third with merges, then 24 rounds of log records: past the limit
+        # a body of its own each (one shared body object would be one content row, which they all reference)
+        store.submit(
+            [PutMessage(replace(_message(i), body=b"%06d" % i + bytes(1018))) for i in range(1, rounds * per_round + 1)]
+        ).result()
+        side = sqlite3.connect(store.path)  # the WAL file starts empty: its size is then what the rounds wrote
+        try:
+            side.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            side.close()
         sizes = []
         for r in range(rounds):
             for seq in range(r * per_round + 1, (r + 1) * per_round + 1):
-                assert store.commit_now([DeleteMessage("q", seq)])
+                if r < rounds // 3 and seq % 50 == 0:  # not loggable: committed on this thread
+                    unit: list[Op] = [UpdateMessage("q", seq, 0, 1, {"merged": True}), DeleteMessage("q", seq)]
+                else:
+                    unit = [DeleteMessage("q", seq)]
+                assert store.commit_now(unit)
             _until(lambda: store._unsynced_since is None, "the writer's sync")
             sizes.append(os.path.getsize(store.wal_path))
-        # direct commits never checkpoint; the writer's sync does, so the WAL is reused, not grown each round
-        assert sizes[-1] <= sizes[1] * 1.5, sizes
+        # past AUTOCHECKPOINT_PAGES the next commit checkpoints and the WAL starts over: it holds the limit and what
+        # one sync's commit writes at most (a round's 500 completions: about 100 pages), each page a frame
+        limit = (sqlite_module.AUTOCHECKPOINT_PAGES + 200) * (sqlite_module.PAGE_SIZE + 24)
+        assert min(sizes) > 0, sizes
+        print(sizes)
+        assert max(sizes) <= limit, sizes
     finally:
         store.close()

@@ -417,9 +417,9 @@ class SqliteStore(GroupCommitWriter):
                 except Exception as exc:
                     self.failures += 1
                     raise _write_error(self.path, exc) from None
+                self._checkpoint_due = True  # (a record instead writes no page: the writer's commit of it does)
             self.units += 1
             self.direct_commits += 1
-            self._checkpoint_due = True
             if self.commit_observer is not None:
                 self.commit_observer(time.perf_counter() - started, 1)
         finally:
@@ -430,8 +430,13 @@ class SqliteStore(GroupCommitWriter):
 
     def _make_durable(self) -> None:
         """Make every committed transaction power-safe: fsync the WAL (what a ``synchronous=FULL`` commit does)
-        and its directory (the WAL may have been created by a commit that did not sync). After commits made by
-        ``commit_now`` (which never checkpoint), checkpoint first, so the WAL stays bounded."""
+        and its directory (the WAL may have been created by a commit that did not sync). After transactions
+        ``commit_now`` committed (which never checkpoint), checkpoint first, so the WAL stays bounded; the writer's
+        own commits (the log's records applied, here too) checkpoint past ``AUTOCHECKPOINT_PAGES``, not at each sync:
+        a page written again by the next ones is copied to the database once (about 1 us a completion less)."""
+        if self._autocheckpoint != AUTOCHECKPOINT_PAGES:  # (turned off by a transaction ``commit_now`` committed)
+            self._db.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
+            self._autocheckpoint = AUTOCHECKPOINT_PAGES
         self._apply_logged()  # the log's records go to the database first (the log is emptied after the fsync)
         if self._checkpoint_due:
             self._checkpoint_due = False

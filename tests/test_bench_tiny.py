@@ -44,6 +44,7 @@ TINY: dict[str, list[str]] = {
     ],
     "store_memory": ["--messages", "2000"],
     "store_records": ["--batches", "5", "--batch", "10"],
+    "settlement_apply": ["--messages", "400", "--batch", "50", "--repeat", "1", "--shape", "realistic"],
     "settlement_record": ["--rounds", "2", "--records", "50"],
     "send_inprocess": ["--messages", "200", "--batch", "20", "--repeat", "1", "--cprofile", "--top", "3"],
     "store_segments": ["--messages", "400", "--batch", "20", "--deletes", "50", "--repeat", "1"],

@@ -1,0 +1,129 @@
+"""What the SQLite store's writer thread costs a completion: applying the settlement log's records to the database,
+the WAL checkpoint, the fsyncs of its sync, against itself the way it did it before session 25 (each completion's
+row deleted on its own, a checkpoint at every sync), in one run.
+
+The real store and broker in this process (no AMQP): a ``Namespace`` on a ``SqliteStore`` in a temporary
+directory, ``--messages`` messages of the bench's kind (``amqp_send.bench_message``, bare or ``--shape
+realistic``, as the SDK encodes them) sent in batches of 100; then received ``--batch`` at a time and completed
+(each completion one settlement-log record, as ``serve`` confirms it), and after each batch the writer's sync
+(``_make_durable``: apply the records, checkpoint when due, fsync the WAL and the directory, empty the log) run on
+this thread, its phases timed in thread CPU. The writer thread is kept from syncing by itself meanwhile
+(``SETTLEMENT_SYNC_SECONDS``), so every record goes through the timed sync. The two ways alternate, ``--repeat``
+rounds each; printed: microseconds a completion a phase, the best round of each way, and the ratio.
+
+    python bench/settlement_apply.py [--messages 12000] [--batch 300] [--repeat 3] [--shape bare]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import amqp_floor as floor
+
+from oncebus import Namespace, SqliteStore
+from oncebus.amqp import codec
+from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT
+from oncebus.store import sqlite_apply, writer
+
+PHASES = ("apply", "checkpoint", "fsync")
+
+
+def one_round(count: int, batch: int, shape: str, before: bool, batches: list[bytes]) -> dict[str, float]:
+    """Microseconds a completion of each phase of the writer's syncs (thread CPU), ``before``: as before session 25."""
+    spent = dict.fromkeys(PHASES, 0.0)
+
+    async def main(workdir: Path) -> None:
+        store = SqliteStore(workdir / "oncebus.db")
+        namespace = await Namespace.open(store)
+        await namespace.create_queue("q", requires_duplicate_detection=True)
+        for payload in batches:
+            await namespace.send("q", codec.decode_transfer(payload, BATCH_MESSAGE_FORMAT))
+        done = 0
+        while done < count:
+            got = await namespace.receive("q", batch, max_wait_time=0)
+            if not got:
+                raise RuntimeError(f"the queue gave {done} of the {count} messages sent")
+            for message in got:
+                assert message.lock_token is not None
+                await namespace.complete("q", message.lock_token)
+            done += len(got)
+            sync(store)
+        await namespace.close()
+        store.close()
+
+    def sync(store: SqliteStore) -> None:
+        """The writer's ``_make_durable``, its phases timed (the same steps, under its lock)."""
+        with store._lock:
+            if before:
+                store._checkpoint_due = True  # (before: every completion marked a checkpoint due)
+            started = time.thread_time()
+            store._apply_logged()
+            applied = time.thread_time()
+            if store._checkpoint_due:
+                store._checkpoint_due = False
+                store._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            checkpointed = time.thread_time()
+            for target in (store.wal_path, store.path.parent):
+                fd = os.open(target, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            synced = time.thread_time()
+            store._clear_log()
+        spent["apply"] += applied - started
+        spent["checkpoint"] += checkpointed - applied
+        spent["fsync"] += synced - checkpointed
+
+    kept = sqlite_apply.RANGE_AT_LEAST
+    if before:
+        sqlite_apply.RANGE_AT_LEAST = count + 1  # each deletion on its own
+    try:
+        with tempfile.TemporaryDirectory(prefix="oncebus-apply-") as workdir:
+            asyncio.run(main(Path(workdir)))
+    finally:
+        sqlite_apply.RANGE_AT_LEAST = kept
+    return {phase: seconds / count * 1e6 for phase, seconds in spent.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=12_000)
+    parser.add_argument("--batch", type=int, default=300, help="completions between two syncs (default 300)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of each way, alternated (default 3)")
+    parser.add_argument("--shape", choices=("bare", "realistic"), default="bare")
+    args = parser.parse_args()
+    writer.SETTLEMENT_SYNC_SECONDS = 3600.0  # the writer thread leaves every sync to the timed one
+    batches = floor.sdk_batches(args.messages, "apply", args.shape)
+    count = args.messages
+    rounds: dict[str, list[dict[str, float]]] = {"before": [], "now": []}
+    for _ in range(args.repeat):
+        for way in ("before", "now"):
+            measured = one_round(count, args.batch, args.shape, way == "before", batches)
+            rounds[way].append(measured)
+            print(f"  {way:6} {_row(measured)}", flush=True)
+    best: dict[str, Any] = {way: min(r, key=lambda m: sum(m.values())) for way, r in rounds.items()}
+    print(
+        f"the writer's sync a completion ({count:,} {args.shape} messages, {args.batch} completions a sync; "
+        f"best of {args.repeat}):"
+    )
+    print("  before (each deletion on its own, a checkpoint at every sync): " + _row(best["before"]))
+    print("  now (consecutive numbers as ranges, checkpoints past 1,000 pages): " + _row(best["now"]))
+    print(f"  ratio now / before: {sum(best['now'].values()) / sum(best['before'].values()):.2f}")
+
+
+def _row(measured: dict[str, float]) -> str:
+    return ", ".join(f"{p} {measured[p]:.2f}" for p in PHASES) + f"; total {sum(measured.values()):.2f} us"
+
+
+if __name__ == "__main__":
+    main()

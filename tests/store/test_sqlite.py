@@ -6,14 +6,11 @@ from concurrent.futures import wait
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from oncebus.broker import ManualClock, Message, Namespace
 from oncebus.core.errors import StoreWriteError
 from oncebus.core.messages import StoredMessage
-from oncebus.store import sqlite_apply
-from oncebus.store.base import DeleteMessage, Op, PutDedupKey, PutEntity, PutMessage
+from oncebus.store.base import PutDedupKey, PutEntity, PutMessage
 from oncebus.store.memory import MemoryStore
 from oncebus.store.sqlite import SqliteStore
 
@@ -128,36 +125,3 @@ def test_history_is_pruned_and_rebuilt_within_the_window(tmp_path: Path) -> None
         store2.close()
 
     asyncio.run(go())
-
-
-@given(
-    st.lists(st.tuples(st.sampled_from(["q", "t/subscriptions/s"]), st.integers(1, 40)), max_size=80),
-)
-@settings(max_examples=300, deadline=None)
-def test_a_run_of_deletions_is_ranges_of_deleted_numbers_and_singles_and_nothing_else(
-    deletes: list[tuple[str, int]],
-) -> None:
-    singles, ranges = sqlite_apply._runs(deletes)
-    covered = list(singles)
-    for path, first, last in ranges:
-        assert last - first + 1 >= sqlite_apply.RANGE_AT_LEAST
-        covered += [(path, seq) for seq in range(first, last + 1)]
-    assert sorted(covered) == sorted(set(deletes))  # each deleted once, and no number no deletion names
-
-
-def test_completions_in_and_out_of_order_delete_exactly_their_messages(tmp_path: Path) -> None:
-    """The writer deletes consecutive sequence numbers as one range: a message between two runs stays."""
-    store = SqliteStore(tmp_path / "oncebus.db")
-    try:
-        store.submit(
-            [PutMessage(_message(n)) for n in range(1, 31)] + [PutMessage(_message(n, "other")) for n in range(1, 6)]
-        ).result()
-        completed = [*range(1, 11), *range(20, 12, -1), 25, 27, 28, 10]  # runs, a run backwards, singles, a repeat
-        ops: list[Op] = [DeleteMessage("q", n) for n in completed] + [DeleteMessage("other", 3)]
-        store.submit(ops, durable=False).result()
-        store.submit([DeleteMessage("q", 30)]).result()
-        held = sorted((row[0], row[1]) for row in store.load().messages)
-    finally:
-        store.close()
-    kept = [n for n in range(1, 30) if n not in completed]
-    assert held == [("other", 1), ("other", 2), ("other", 4), ("other", 5)] + [("q", n) for n in kept]

@@ -185,40 +185,6 @@ class OpWriter:
 
 def _flush(db: sqlite3.Connection, deletes: list[tuple[str, int]], rows: layout.ContentRows) -> None:
     rows.flush(db)
-    if not deletes:
-        return
-    if len(deletes) < RANGE_AT_LEAST:
+    if deletes:
         db.executemany(layout.DELETE_MESSAGE, deletes)
-    else:
-        singles, ranges = _runs(deletes)
-        if ranges:
-            db.executemany(layout.DELETE_MESSAGE_RANGE, ranges)
-        if singles:
-            db.executemany(layout.DELETE_MESSAGE, singles)
-    deletes.clear()
-
-
-RANGE_AT_LEAST = 4  # deletions of one path's consecutive sequence numbers that go as one range statement
-
-
-def _runs(deletes: list[tuple[str, int]]) -> tuple[list[tuple[str, int]], list[tuple[str, int, int]]]:
-    """A run of deletions (nothing else between them: they commute) as the single deletions and the ranges of
-    at least :data:`RANGE_AT_LEAST` consecutive sequence numbers of one path (each of them deleted: a range never
-    covers a message no deletion names). Completions in order make most of a batch's deletions consecutive."""
-    singles: list[tuple[str, int]] = []
-    ranges: list[tuple[str, int, int]] = []
-    ordered = sorted(set(deletes))
-    start = 0
-    for index in range(1, len(ordered) + 1):
-        if index < len(ordered):
-            path, seq = ordered[index]
-            before_path, before_seq = ordered[index - 1]
-            if path == before_path and seq == before_seq + 1:
-                continue
-        run = ordered[start:index]
-        if len(run) >= RANGE_AT_LEAST:
-            ranges.append((run[0][0], run[0][1], run[-1][1]))
-        else:
-            singles += run
-        start = index
-    return singles, ranges
+        deletes.clear()

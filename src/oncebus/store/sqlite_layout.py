@@ -195,8 +195,6 @@ SELECT_KEYS_SINCE = (
     " ORDER BY first_accepted_us"
 )
 DELETE_MESSAGE = "DELETE FROM message WHERE path = ? AND sequence_number = ?"
-# a run of consecutive sequence numbers, each of them deleted (``sqlite_apply._runs``): one range scan of the key
-DELETE_MESSAGE_RANGE = "DELETE FROM message WHERE path = ? AND sequence_number BETWEEN ? AND ?"
 SELECT_ROWS = (
     "SELECT path, sequence_number, state, delivery_count, enqueued_time_us, expires_at_us, size, session_id"
     " FROM message ORDER BY path, sequence_number"

@@ -6,10 +6,11 @@ The real store and broker in this process (no AMQP): a ``Namespace`` on a ``Sqli
 directory, ``--messages`` messages of the bench's kind (``amqp_send.bench_message``, bare or ``--shape
 realistic``, as the SDK encodes them) sent in batches of 100; then received ``--batch`` at a time and completed
 (each completion one settlement-log record, as ``serve`` confirms it), and after each batch the writer's sync
-(``_make_durable``: apply the records, checkpoint when due, fsync the WAL and the directory, empty the log) run on
-this thread, its phases timed in thread CPU. The writer thread is kept from syncing by itself meanwhile
-(``SETTLEMENT_SYNC_SECONDS``), so every record goes through the timed sync. The two ways alternate, ``--repeat``
-rounds each; printed: microseconds a completion a phase, the best round of each way, and the ratio.
+(``_make_durable`` itself: apply the records, checkpoint when due, fsync the WAL and the directory, empty the log)
+run on this thread, timed in thread CPU, the records' application apart (a commit's own checkpoints are in it).
+The writer thread is kept from syncing by itself meanwhile (``SETTLEMENT_SYNC_SECONDS``), so every record goes
+through the timed sync. The two ways alternate, ``--repeat`` rounds each; printed: microseconds a completion a
+phase, the best round of each way, and the ratio.
 
     python bench/settlement_apply.py [--messages 12000] [--batch 300] [--repeat 3] [--shape bare]
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 import tempfile
 import time
@@ -34,7 +34,7 @@ from oncebus.amqp import codec
 from oncebus.amqp.performatives import BATCH_MESSAGE_FORMAT
 from oncebus.store import writer
 
-PHASES = ("apply", "checkpoint", "fsync")
+PHASES = ("apply", "checkpoint and fsync")
 
 
 WAYS = {"before": True, "now": False}  # name: a checkpoint at every sync
@@ -65,28 +65,27 @@ def one_round(count: int, batch: int, way: str, batches: list[bytes]) -> dict[st
         store.close()
 
     def sync(store: SqliteStore) -> None:
-        """The writer's ``_make_durable``, its phases timed (the same steps, under its lock)."""
-        with store._lock:
-            if every_sync:
-                store._checkpoint_due = True  # (before: every completion marked a checkpoint due)
+        """The writer's own sync (``_make_durable``, under its lock), its records' application timed apart."""
+        apply_logged = store._apply_logged
+        applying = [0.0]
+
+        def timed_apply() -> None:
             started = time.thread_time()
-            store._apply_logged()
-            applied = time.thread_time()
-            if store._checkpoint_due:
-                store._checkpoint_due = False
-                store._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-            checkpointed = time.thread_time()
-            for target in (store.wal_path, store.path.parent):
-                fd = os.open(target, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            synced = time.thread_time()
-            store._clear_log()
-        spent["apply"] += applied - started
-        spent["checkpoint"] += checkpointed - applied
-        spent["fsync"] += synced - checkpointed
+            apply_logged()
+            applying[0] += time.thread_time() - started
+
+        store._apply_logged = timed_apply  # type: ignore[method-assign]
+        try:
+            with store._lock:
+                if every_sync:
+                    store._checkpoint_due = True  # (before: every completion marked a checkpoint due)
+                started = time.thread_time()
+                store._make_durable()
+                whole = time.thread_time() - started
+        finally:
+            del store._apply_logged
+        spent["apply"] += applying[0]
+        spent["checkpoint and fsync"] += whole - applying[0]
 
     with tempfile.TemporaryDirectory(prefix="oncebus-apply-") as workdir:
         asyncio.run(main(Path(workdir)))

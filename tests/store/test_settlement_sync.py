@@ -281,7 +281,6 @@ def test_the_wal_stays_bounded_when_settlements_commit_on_the_callers_thread(tmp
         # one sync's commit writes at most (a round's 500 completions: about 100 pages), each page a frame
         limit = (sqlite_module.AUTOCHECKPOINT_PAGES + 200) * (sqlite_module.PAGE_SIZE + 24)
         assert min(sizes) > 0, sizes
-        print(sizes)
         assert max(sizes) <= limit, sizes
     finally:
         store.close()

@@ -88,7 +88,9 @@ def test_a_failed_completion_is_reported_and_the_message_comes_back() -> None:
     asyncio.run(go())
 
 
-def test_completions_commit_on_the_loop_thread_with_sqlite(tmp_path: Path) -> None:
+def test_completions_commit_on_the_loop_thread_with_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SqliteStore, "idle_seconds", None)  # the writer's idle check takes its lock: store_idle
+
     async def go() -> None:
         store = SqliteStore(tmp_path / "oncebus.db")
         ns = await Namespace.open(store, ManualClock())
@@ -96,6 +98,7 @@ def test_completions_commit_on_the_loop_thread_with_sqlite(tmp_path: Path) -> No
         await ns.send("q", [Message(f"{i}".encode(), message_id=f"m{i}") for i in range(20)])
         for _ in range(4):
             got = await ns.receive("q", 5)
+            await store_idle(store)  # else a completion finding the writer busy goes to it (and none is direct)
             assert await _complete_all(ns, [m.lock_token for m in got]) == [None] * 5
         assert store.direct_commits >= 1 and ns.stats("q").active_message_count == 0
         await ns.close()
@@ -145,7 +148,11 @@ def test_abandons_dead_letters_and_completions_of_one_iteration_are_one_unit_eac
     asyncio.run(go())
 
 
-def test_settlements_in_a_sqlite_store_of_one_iteration_are_one_settlement_log_record(tmp_path: Path) -> None:
+def test_settlements_in_a_sqlite_store_of_one_iteration_are_one_settlement_log_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(SqliteStore, "idle_seconds", None)  # the writer's idle check takes its lock: store_idle
+
     async def go() -> None:
         store = SqliteStore(tmp_path / "oncebus.db")
         ns = await Namespace.open(store, ManualClock(1_700_000_000_000_000))
@@ -173,12 +180,20 @@ def test_settlements_in_a_sqlite_store_of_one_iteration_are_one_settlement_log_r
 
 
 async def store_idle(store: SqliteStore) -> None:
-    """Until the writer has committed everything submitted (so the next settlements go to the log)."""
+    """Until the writer has committed everything submitted and let go of its connection, so that the next
+    settlements go to the log (``commit_now`` only tries the writer's lock). The writer counts a group finished
+    while it still holds the lock (its sync comes after), so the lock is taken here, on a thread, to look. The
+    writer's idle check could take the lock again later: a test that needs the log every time turns it off
+    (``idle_seconds``)."""
+
+    def finished() -> bool:
+        with store._lock:
+            return store._finished == store._submitted
+
     for _ in range(1000):
-        if store._finished == store._submitted:
+        if await asyncio.to_thread(finished):
             return
-        await asyncio.sleep(0)
-        await asyncio.to_thread(lambda: None)
+        await asyncio.sleep(0.001)
     raise AssertionError("the writer never caught up")
 
 

@@ -46,6 +46,33 @@ def _preload(db: Path, count: int) -> list[str]:
     return keys
 
 
+def _state(pid: int) -> str | None:
+    """The process's state letter (``/proc/<pid>/stat``: R, S, T stopped, Z exited...), None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def _freeze(pid: int) -> bool:
+    """SIGSTOP the child; True once it is stopped, False if it had already exited (its checkpoint finished between
+    the listing of the children and the signal: a zombie takes the signal and stays a zombie)."""
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        state = _state(pid)
+        if state in ("T", "t"):
+            return True
+        if state in (None, "Z", "X"):
+            return False
+        time.sleep(0.001)
+    raise AssertionError(f"child {pid} did not stop (state {_state(pid)})")
+
+
 _CHILDREN = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children")  # Linux, CONFIG_PROC_CHILDREN
 
 
@@ -83,9 +110,9 @@ def test_sigkill_during_a_checkpoint_keeps_every_acknowledged_key_judged_exactly
                 time.sleep(0.01)  # an earlier checkpoint committed first: the restart has one to start from
                 continue
             for child in server.children():
-                os.kill(child, signal.SIGSTOP)  # the checkpoint's writer, caught alive
-                frozen = child
-                break
+                if _freeze(child):  # the checkpoint's writer, caught alive
+                    frozen = child
+                    break
         assert frozen is not None, "no checkpoint was caught being written\n" + "\n".join(server.output)
         os.kill(server.process.pid, signal.SIGKILL)
         server.process.wait(10)
@@ -94,7 +121,8 @@ def test_sigkill_during_a_checkpoint_keeps_every_acknowledged_key_judged_exactly
         if server.process.poll() is None:
             server.process.kill()
         if frozen is not None:
-            os.kill(frozen, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(frozen, signal.SIGKILL)
     sender.join(30)
     doubtful = [m for m in in_flight if m not in set(acked)]
     assert len(acked) >= 1000

@@ -160,36 +160,55 @@ class Client(RawClient):
         return True, ""
 
     def management(self, node: str, operation: str, body: dict[str, Any]) -> tuple[int, str]:
-        """One request to ``node`` (e.g. ``q/$management``) on fresh links; (statusCode, statusDescription)."""
+        """One request to ``node`` (e.g. ``q/$management``) on fresh links; (statusCode, statusDescription).
+
+        A node no token of the connection covers may also refuse by detaching the links: the server's token check
+        (every ``token_check_interval``) force-detaches them if it runs between their attach and the request.
+        That refusal reads as 401 with the detach's description."""
         self.handle += 2
         request_handle, response_handle = self.handle - 1, self.handle
         reply_to = f"mgmt-reply-{response_handle}"
+        names = {f"mgmt-{request_handle}", reply_to}
         self.send(attach_frame(f"mgmt-{request_handle}", request_handle, node, sender=True))
         self.send(attach_frame(reply_to, response_handle, node, sender=False))
         self.send(flow_frame(response_handle, 10))
-        self.expect(ATTACH)
-        self.expect(ATTACH)
-        request = Message(
-            value=body,
-            properties=Properties(message_id=str(uuid.uuid4()), reply_to=node),
-            application_properties={"operation": f"com.microsoft:{operation}"},
-        )
-        sent = self.transfer(request_handle, encoded(request))
+        theirs: set[int] = set()  # the server's handles of the two links (its detach names its own)
+        sent = None
         response = None
         disposition = None
         while response is None or disposition is None:
             got = self.read_frame()
             assert got is not None, "no answer to the management request"
-            if got.code == TRANSFER:
+            if got.code == ATTACH and _text(got.fields[0]) in names:
+                theirs.add(got.fields[1])
+                if len(theirs) == 2:
+                    request = Message(
+                        value=body,
+                        properties=Properties(message_id=str(uuid.uuid4()), reply_to=node),
+                        application_properties={"operation": f"com.microsoft:{operation}"},
+                    )
+                    sent = self.transfer(request_handle, encoded(request))
+            elif got.code == DETACH and got.fields[0] in theirs:
+                condition, description = error_of(got)
+                assert condition == "amqp:link:detach-forced" and "Unauthorized access" in description, description
+                return 401, description
+            elif got.code == TRANSFER and sent is not None:
                 response = decode_payload(memoryview(got.fields[-1]))
-            elif got.code == DISPOSITION and got.fields[1] <= sent <= (got.fields[2] or got.fields[1]):
-                disposition = got
+            elif got.code == DISPOSITION and sent is not None:
+                if got.fields[1] <= sent <= (got.fields[2] or got.fields[1]):
+                    disposition = got
         assert outcome_of(disposition)[0] == "accepted"
         props = response.application_properties
         return int(props[b"statusCode"]), bytes(props[b"statusDescription"]).decode()
 
 
 BEGIN = 0x11
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 PEEK = {"from-sequence-number": 0, "message-count": 1}
 
 

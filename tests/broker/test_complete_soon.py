@@ -16,6 +16,7 @@ from oncebus.core.errors import MessageLockLostError, SessionLockLostError, Stor
 from oncebus.store.base import DeleteMessage, Op
 from oncebus.store.memory import MemoryStore
 from oncebus.store.sqlite import SqliteStore
+from tests.store.writer_support import writer_idle
 
 
 class _CountingStore(MemoryStore):
@@ -180,21 +181,9 @@ def test_settlements_in_a_sqlite_store_of_one_iteration_are_one_settlement_log_r
 
 
 async def store_idle(store: SqliteStore) -> None:
-    """Until the writer has committed everything submitted and let go of its connection, so that the next
-    settlements go to the log (``commit_now`` only tries the writer's lock). The writer counts a group finished
-    while it still holds the lock (its sync comes after), so the lock is taken here, on a thread, to look. The
-    writer's idle check could take the lock again later: a test that needs the log every time turns it off
-    (``idle_seconds``)."""
-
-    def finished() -> bool:
-        with store._lock:
-            return store._finished == store._submitted
-
-    for _ in range(1000):
-        if await asyncio.to_thread(finished):
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("the writer never caught up")
+    """Until the writer has committed everything submitted and let go of its lock, so that the next settlements go
+    to the log (``tests/store/writer_support.py``)."""
+    await asyncio.to_thread(writer_idle, store)
 
 
 def test_a_session_message_completes_once_and_not_after_its_session_lock_is_lost() -> None:

@@ -26,6 +26,7 @@ from oncebus.store import writer as writer_module
 from oncebus.store.base import AddCounters, DeleteMessage, MoveMessage, Op, PutMessage, UpdateMessage
 from oncebus.store.sqlite import SqliteStore
 from oncebus.store.sqlite_layout import SCHEMA_VERSION
+from tests.store.writer_support import writer_idle
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,6 +66,7 @@ def test_a_completion_is_one_record_applied_by_the_writer_and_the_log_is_emptied
     store = SqliteStore(tmp_path / "oncebus.db")
     try:
         store.submit([PutMessage(_message(n)) for n in (1, 2, 3)]).result()
+        writer_idle(store)
         assert store.commit_now([DeleteMessage("q", 1), AddCounters("q", 0, {"completed": 1})])
         assert store.logged_settlements == 1
         _until(lambda: store._unsynced_since is None, "the writer's sync")
@@ -77,7 +79,7 @@ def test_a_completion_is_one_record_applied_by_the_writer_and_the_log_is_emptied
 
 CRASH = textwrap.dedent(
     """
-    import os, signal, sys
+    import os, signal, sys, time
     from pathlib import Path
     from oncebus.store import writer
     writer.SETTLEMENT_SYNC_SECONDS = 3600.0  # the writer does not apply the log before the kill
@@ -88,10 +90,19 @@ CRASH = textwrap.dedent(
     def message(seq):
         return StoredMessage("q", seq, f"m{seq}", b"x", 1, None, state=MessageState.ACTIVE)
 
+    def writer_idle(store):  # (tests/store/writer_support.py's: commit_now only tries the writer's lock)
+        while True:
+            with store._lock:
+                if store._finished == store._submitted:
+                    return
+            time.sleep(0.001)
+
     store = SqliteStore(Path(sys.argv[1]))
     store.load()
     store.submit([PutMessage(message(n)) for n in (1, 2, 3)]).result()
+    writer_idle(store)
     assert store.commit_now([DeleteMessage("q", 1), AddCounters("q", 0, {"completed": 1})])
+    writer_idle(store)
     assert store.commit_now([MoveMessage("q", 2, "q/$deadletterqueue", 0, "why", "what", None)])
     assert store.logged_settlements == 2
     print("confirmed", flush=True)
@@ -136,6 +147,7 @@ def test_records_the_database_already_holds_are_not_applied_again(tmp_path: Path
     path = tmp_path / "oncebus.db"
     store = SqliteStore(path)
     store.submit([PutMessage(_message(n)) for n in (1, 2, 3)]).result()
+    writer_idle(store)
     assert store.commit_now([AddCounters("q", 0, {"completed": 5}), DeleteMessage("q", 1)])
     store.close()  # applied: the mark is 1
     me = store._store_id
@@ -163,6 +175,7 @@ def test_the_writer_applies_logged_settlements_before_the_units_queued_after_the
         store.submit([PutMessage(_message(1))]).result()
         seen: list[str] = []
         store._db.set_trace_callback(seen.append)
+        writer_idle(store)
         assert store.commit_now([DeleteMessage("q", 1)])
         store.submit([PutMessage(_message(2))]).result()  # durable: its commit carries the logged delete first
         statements = [s for s in seen if not s.startswith("PRAGMA")]
@@ -182,6 +195,7 @@ def test_a_reload_reads_the_settlements_the_log_confirmed(tmp_path: Path, monkey
     store = SqliteStore(tmp_path / "oncebus.db")
     try:
         store.submit([PutMessage(_message(n)) for n in (1, 2)]).result()
+        writer_idle(store)
         assert store.commit_now([DeleteMessage("q", 1)])
         assert [row[1] for row in store.load().messages] == [2]  # what the broker rebuilds memory from
     finally:
@@ -192,6 +206,7 @@ def test_a_failed_append_stores_nothing_and_names_the_log(tmp_path: Path, monkey
     store = SqliteStore(tmp_path / "oncebus.db")
     try:
         store.submit([PutMessage(_message(n)) for n in (1, 2)]).result()
+        writer_idle(store)
         real = os.write
 
         def half_then_full(fd: int, data: bytes) -> int:  # part of the record lands, then the disk is full
@@ -207,6 +222,7 @@ def test_a_failed_append_stores_nothing_and_names_the_log(tmp_path: Path, monkey
             store.commit_now([DeleteMessage("q", 1)])
         monkeypatch.setattr(os, "write", real)
         assert store.log_path.stat().st_size == 0 and store.logged_settlements == 0  # nothing of it stays
+        writer_idle(store)
         assert store.commit_now([DeleteMessage("q", 2)])
     finally:
         store.close()
@@ -217,6 +233,7 @@ def test_an_abandon_that_merges_properties_commits_instead(tmp_path: Path) -> No
     store = SqliteStore(tmp_path / "oncebus.db")
     try:
         store.submit([PutMessage(_message(1))]).result()
+        writer_idle(store)
         assert store.commit_now([UpdateMessage("q", 1, int(MessageState.ACTIVE), 1, {"why": "retry"})])
         assert store.logged_settlements == 0 and store.direct_commits == 1
         assert store.log_path.stat().st_size == 0
@@ -255,6 +272,7 @@ def test_a_schema_7_file_is_migrated_and_its_settlements_go_through_the_log(tmp_
         snapshot = store.load()
         assert [row[1] for row in snapshot.messages] == [1, 2, 3]
         assert store.read_messages("q", [2])[2].body == b"body 2"
+        writer_idle(store)
         assert store.commit_now([DeleteMessage("q", 1), AddCounters("q", 0, {"completed": 1})])
         assert store.logged_settlements == 1
     finally:
@@ -291,10 +309,12 @@ def test_a_log_deleted_under_the_store_is_applied_and_started_afresh(
     store = SqliteStore(tmp_path / "oncebus.db")
     try:
         store.submit([PutMessage(_message(n)) for n in (1, 2, 3)]).result()
+        writer_idle(store)
         assert store.commit_now([DeleteMessage("q", 1)])
         store.log_path.unlink()  # a confirmed record only in the deleted file
         store.submit([PutMessage(_message(4))]).result()  # the writer's check before its next group
         assert store.log_path.exists()
+        writer_idle(store)
         assert store.commit_now([DeleteMessage("q", 2)])
         assert store.log_path.stat().st_size > 0  # appended to the new file
     finally:
@@ -411,6 +431,7 @@ def test_an_upgrade_replays_the_settlements_the_previous_release_logged(tmp_path
     assert _held(path) == ([("q", 2)], {"q": {"completed": 2}})
     store = SqliteStore(path)
     try:
+        writer_idle(store)
         assert store.commit_now([AddCounters("q", 0, {"completed": 1}), DeleteMessage("q", 2)])
         assert path.with_name("oncebus.db-settled").read_bytes()[8] == settlement_log.BINARY
     finally:

@@ -33,6 +33,7 @@ from oncebus.store.base import (
 )
 from oncebus.store.sqlite import SqliteStore
 from tests.store.test_files_deleted_under_serve import Serve, cli
+from tests.store.writer_support import writer_idle
 
 
 def _message(seq: int) -> StoredMessage:
@@ -218,6 +219,7 @@ def test_commit_now_commits_a_settlement_on_the_callers_thread_only_when_the_wri
             lambda statement: (statements.seen.append(statement), threads.append(threading.get_ident()))
         )
         # the writer is idle: confirmed here, now, by a record in the settlement log (no transaction on this thread)
+        writer_idle(store)
         assert store.commit_now([DeleteMessage("q", 1)])
         assert caller not in threads
         assert store.direct_commits == store.logged_settlements == 1
@@ -240,6 +242,7 @@ def test_commit_now_commits_a_settlement_on_the_callers_thread_only_when_the_wri
             pending = store.submit([DeleteMessage("q", 4)], durable=False)
             assert not store.commit_now([DeleteMessage("q", 2)])  # it would overtake the unit queued before it
         pending.result()
+        writer_idle(store)
         assert store.commit_now([DeleteMessage("q", 2)])
         _until(lambda: store._unsynced_since is None, "the writer's sync after direct commits")
         assert store.syncs >= 1
@@ -274,6 +277,7 @@ def test_the_wal_stays_bounded_when_settlements_commit_on_the_callers_thread(tmp
                     unit: list[Op] = [UpdateMessage("q", seq, 0, 1, {"merged": True}), DeleteMessage("q", seq)]
                 else:
                     unit = [DeleteMessage("q", seq)]
+                writer_idle(store)
                 assert store.commit_now(unit)
             _until(lambda: store._unsynced_since is None, "the writer's sync")
             sizes.append(os.path.getsize(store.wal_path))

@@ -79,23 +79,17 @@ def test_a_completion_is_one_record_applied_by_the_writer_and_the_log_is_emptied
 
 CRASH = textwrap.dedent(
     """
-    import os, signal, sys, time
+    import os, signal, sys
     from pathlib import Path
     from oncebus.store import writer
     writer.SETTLEMENT_SYNC_SECONDS = 3600.0  # the writer does not apply the log before the kill
     from oncebus.core.messages import MessageState, StoredMessage
     from oncebus.store.base import AddCounters, DeleteMessage, MoveMessage, PutMessage
     from oncebus.store.sqlite import SqliteStore
+    from tests.store.writer_support import writer_idle  # (run from the repository's root)
 
     def message(seq):
         return StoredMessage("q", seq, f"m{seq}", b"x", 1, None, state=MessageState.ACTIVE)
-
-    def writer_idle(store):  # (tests/store/writer_support.py's: commit_now only tries the writer's lock)
-        while True:
-            with store._lock:
-                if store._finished == store._submitted:
-                    return
-            time.sleep(0.001)
 
     store = SqliteStore(Path(sys.argv[1]))
     store.load()

@@ -8,7 +8,8 @@ administration API), each test in a namespace of its own on one ``oncebus serve`
 Every test must pass, except those listed below with the reason: EXPECTED_FAILURES must still fail (a fix, or a
 new SDK, shows here and the entry goes), RACES may fail only with the error their own race gives, NOT_RUN are
 skipped for the time they take. The lists name tests that must exist: a renamed test fails this module rather than
-dropping out unseen. A test the release itself skips or marks xfail is counted apart. About six minutes on two cores (the run prints its counts and time).
+dropping out unseen. A test the release itself skips or marks xfail is counted apart. About six minutes on two
+cores (the run prints its counts and time).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import pytest
 from oncebus.broker import ManualClock, Message, Namespace, recovery
 from oncebus.store.sqlite import SqliteStore
 from oncebus.store.sqlite_layout import SCHEMA_VERSION
-from tests.broker.test_complete_soon import store_idle
+from tests.store.writer_support import writer_idle
 
 T0 = 1_700_000_000_000_000
 KEYS = 5_000  # more than one block of the index's log (4096 entries)
@@ -614,7 +614,7 @@ def test_a_completion_the_log_confirmed_before_a_checkpoint_is_in_the_database_o
         await ns.send("q", [Message(b"x", message_id=f"m{i}") for i in range(3)])
         (first,) = await ns.receive("q", 1)
         assert first.lock_token is not None
-        await store_idle(store)  # the send's commit has let go of the writer's lock: the completion is logged
+        await asyncio.to_thread(writer_idle, store)  # the send's commit let go of the writer's lock: logged
         await ns.complete("q", first.lock_token)
         assert store.logged_settlements == 1 and store._unsynced_since is not None
         await _checkpoint(store, ns)

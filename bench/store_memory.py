@@ -46,16 +46,14 @@ async def fill(messages: int, directory: Path) -> None:
         await namespace.create_queue("q", requires_duplicate_detection=True)
         body = b"x" * 1024
         await namespace.send("q", [Message(body=body, message_id=str(uuid.uuid4()))])  # warm up
-        namespace._contents._records.clear()
-        namespace._contents.bytes = 0
+        namespace._contents.clear()
         gc.collect()
         tracemalloc.start(3)
         before = tracemalloc.take_snapshot()
         for start in range(0, messages, 100):
             batch = [Message(body=body, message_id=str(uuid.uuid4())) for _ in range(min(100, messages - start))]
             await namespace.send("q", batch)
-            namespace._contents._records.clear()
-            namespace._contents.bytes = 0
+            namespace._contents.clear()
         gc.collect()
         after = tracemalloc.take_snapshot()
         tracemalloc.stop()

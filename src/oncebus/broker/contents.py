@@ -2,10 +2,17 @@
 
 The broker keeps only an ``Entry`` per message; a delivery (or a peek) reads the
 content (body, wire encoding, properties) from here. Messages just sent are
-likely the next delivered, so each committed send puts its records in the cache,
-evicting the least recently used past ``max_bytes``, when a receiver of theirs is waiting for them; a send
-that joins a backlog takes only the room left (a full cache keeps the backlog's head, which is read first,
-rather than freeing it for the tail). Misses read the store.
+likely the next delivered, so each committed send puts its records in the cache, up to ``max_bytes``. Misses read
+the store.
+
+When it is full, what gives way is chosen by entity, as receivers will read:
+- a send that joins a backlog (none of its receivers waits for it) takes room from the backlogs no receiver has
+  read from while they were cached (a queue nobody receives from, a dead-letter queue left alone), least recently
+  sent to first, each losing its newest records first so that it keeps its head; never from its own head, which
+  its receivers read first, nor from an entity receivers are reading. Without such room it is left to the store;
+- a send a receiver waits for takes that room first, then the oldest records of the entities being read (its own
+  included), least recently sent to first.
+So an idle backlog cannot hold the cache against the entities that are received from.
 """
 
 from __future__ import annotations
@@ -24,6 +31,14 @@ def _cost(record: StoredMessage) -> int:
     return len(record.body) + (len(record.wire) if record.wire is not None else 0) + _OVERHEAD
 
 
+class _Held:
+    """One entity's cached records, in the order they were put (its head first)."""
+
+    def __init__(self) -> None:
+        self.records: OrderedDict[int, StoredMessage] = OrderedDict()
+        self.read = False  # a receiver read from them: being received, not an idle backlog
+
+
 class ContentCache:
     def __init__(self, store: Store, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.store = store
@@ -31,7 +46,10 @@ class ContentCache:
         self.bytes = 0
         self.hits = 0
         self.misses = 0
-        self._records: OrderedDict[tuple[str, int], StoredMessage] = OrderedDict()
+        self._held: dict[str, _Held] = {}
+        # the entities with records, least recently sent to first: those no receiver read from, and the others
+        self._idle: OrderedDict[str, None] = OrderedDict()
+        self._reading: OrderedDict[str, None] = OrderedDict()
         # placed in memory before their write is committed (the timers' forwards and releases): never evicted
         self._pinned: dict[tuple[str, int], StoredMessage] = {}
         self._moves: dict[tuple[str, int], MoveMessage] = {}  # dead-lettered, the move not committed yet
@@ -50,59 +68,92 @@ class ContentCache:
             self.put(record)
 
     def put(self, record: StoredMessage) -> None:
-        if self.max_bytes <= 0:
-            return
-        key = (record.path, record.sequence_number)
-        old = self._records.pop(key, None)
-        if old is not None:
-            self.bytes -= _cost(old)
-        self._records[key] = record
-        self.bytes += _cost(record)
-        while self.bytes > self.max_bytes and self._records:
-            _, evicted = self._records.popitem(last=False)
-            self.bytes -= _cost(evicted)
+        """One record its receivers may be waiting for (as ``put_many`` with ``evict``)."""
+        self.put_many([record])
 
     def put_many(self, records: list[StoredMessage], *, evict: bool = True) -> None:
-        """A committed send's records. ``evict`` False (none of their receivers was waiting: they join a backlog, and
-        are delivered after what is queued before them): they take only the room the cache has, and a full cache
-        keeps what it holds (the backlog's head, which its receivers read first) instead of evicting it for them;
-        those left out are read from the store when delivered. A record already cached is replaced either way."""
+        """A committed send's records. ``evict`` False: none of their receivers was waiting, they join a backlog and
+        are delivered after what is queued before them, so they take only the room the cache has or that idle
+        backlogs of other entities give (see the module); those left out are read from the store when delivered.
+        A record already cached is replaced either way."""
         if self.max_bytes <= 0:
             return
-        cached = self._records
-        added = 0
-        room = self.max_bytes - self.bytes
+        held: _Held | None = None
         for record in records:
-            key = (record.path, record.sequence_number)
-            if key in cached:
-                self.put(record)
-                room = self.max_bytes - self.bytes - added
-                continue
+            path = record.path
+            seq = record.sequence_number
+            held = self._held.get(path)
+            if held is None:
+                held = self._held[path] = _Held()
+                self._idle[path] = None
+            old = held.records.pop(seq, None)
+            if old is not None:
+                self.bytes -= _cost(old)
             cost = _cost(record)
-            if not evict and cost > room:
+            if self.max_bytes - self.bytes < cost:
+                self._free(cost, path, evict)
+                held = self._held.get(path)
+                if self.max_bytes - self.bytes < cost:
+                    if held is not None and not held.records and not held.read:
+                        self._drop(path, held)
+                    continue  # no room: read from the store when delivered
+                if held is None:  # emptied and dropped while room was made: back, as an idle backlog
+                    held = self._held[path] = _Held()
+                    self._idle[path] = None
+            held.records[seq] = record
+            self.bytes += cost
+            (self._reading if held.read else self._idle).move_to_end(path)
+
+    def _free(self, need: int, path: str, evict: bool) -> None:
+        """Evict until ``need`` bytes fit: first from the idle backlogs of other entities than ``path`` (their newest
+        records), then, with ``evict``, from the entities being read and ``path`` itself (their oldest)."""
+        while self.max_bytes - self.bytes < need:
+            victim = next((p for p in self._idle if p != path), None)
+            newest = True
+            if victim is None:
+                if not evict:
+                    return
+                newest = False
+                victim = next(iter(self._reading), None)
+                if victim is None:
+                    victim = path if path in self._held else None
+                if victim is None:
+                    return
+            held = self._held[victim]
+            if not held.records:  # a reading entity's records all gone: it no longer counts in the order
+                self._drop(victim, held)
                 continue
-            cached[key] = record
-            added += cost
-            room -= cost
-        self.bytes += added
-        while self.bytes > self.max_bytes and cached:
-            _, evicted = cached.popitem(last=False)
+            _, evicted = held.records.popitem(last=newest)
             self.bytes -= _cost(evicted)
+            if not held.records and not held.read:
+                self._drop(victim, held)
+
+    def _drop(self, path: str, held: _Held) -> None:
+        del self._held[path]
+        (self._reading if held.read else self._idle).pop(path, None)
 
     def discard(self, path: str, seq: int) -> None:
         self._pinned.pop((path, seq), None)
-        record = self._records.pop((path, seq), None)
+        held = self._held.get(path)
+        if held is None:
+            return
+        record = held.records.pop(seq, None)
         if record is not None:
             self.bytes -= _cost(record)
+            if not held.records and not held.read:
+                self._drop(path, held)
 
     def move(self, move: MoveMessage) -> None:
         """A message went to its dead-letter queue: its cached content goes along, and until the move is
         committed (``moved``), a read at the new place that the store cannot answer reads the old one."""
         self._moves[(move.to_path, move.sequence_number)] = move
-        record = self._records.pop((move.path, move.sequence_number), None)
-        if record is None:
+        held = self._held.get(move.path)
+        record = None if held is None else held.records.pop(move.sequence_number, None)
+        if held is None or record is None:
             return
         self.bytes -= _cost(record)
+        if not held.records and not held.read:
+            self._drop(move.path, held)
         record.path = move.to_path
         record.dead_letter_reason = move.dead_letter_reason
         record.dead_letter_error_description = move.dead_letter_error_description
@@ -118,21 +169,29 @@ class ContentCache:
     def clear(self) -> None:
         self._moves.clear()
         self._pinned.clear()
-        self._records.clear()
+        self._held.clear()
+        self._idle.clear()
+        self._reading.clear()
         self.bytes = 0
 
     def read(self, path: str, sequence_numbers: Sequence[int]) -> dict[int, StoredMessage]:
-        """The content of these messages of ``path`` (those that exist), from the cache or the store."""
+        """The content of these messages of ``path`` (those that exist), from the cache or the store. A read marks
+        the entity's cached records as being received: another entity's backlog no longer takes their room."""
         found: dict[int, StoredMessage] = {}
         missing: list[int] = []
-        records = self._records
+        held = self._held.get(path)
+        records: dict[int, StoredMessage] = {} if held is None else held.records
         pinned = self._pinned
         for seq in sequence_numbers:
-            record = records.get((path, seq)) or pinned.get((path, seq))
+            record = records.get(seq) or pinned.get((path, seq))
             if record is None:
                 missing.append(seq)
             else:
                 found[seq] = record
+        if held is not None and not held.read:
+            held.read = True
+            del self._idle[path]
+            self._reading[path] = None
         self.hits += len(found)
         if missing:
             self.misses += len(missing)

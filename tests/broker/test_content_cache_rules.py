@@ -75,7 +75,8 @@ def test_the_cache_against_a_model(max_bytes: int, ops: list[tuple[object, ...]]
                     assert kept == seqs[: len(kept)], "an idle backlog lost its head before its newest records"
             if evict:
                 fits = [r.sequence_number for r in records if _cost(r) <= max_bytes]
-                assert after.get(path, [])[-1:] == fits[-1:], "a send a receiver waits for was not cached"
+                if fits:  # (the batch's own later records may take the room of its earlier ones)
+                    assert fits[-1] in after.get(path, []), "a send a receiver waits for was not cached"
         elif op[0] == "read":
             _, path, count = op
             assert isinstance(path, str) and isinstance(count, int)

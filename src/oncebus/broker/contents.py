@@ -91,7 +91,8 @@ class ContentCache:
                 self.bytes -= _cost(old)
             cost = _cost(record)
             if self.max_bytes - self.bytes < cost:
-                self._free(cost, path, evict)
+                if cost <= self.max_bytes:  # (one larger than the whole cache evicts nothing)
+                    self._free(cost, path, evict)
                 held = self._held.get(path)
                 if self.max_bytes - self.bytes < cost:
                     if held is not None and not held.records and not held.read:

@@ -31,14 +31,6 @@ def _cost(record: StoredMessage) -> int:
     return len(record.body) + (len(record.wire) if record.wire is not None else 0) + _OVERHEAD
 
 
-class _Held:
-    """One entity's cached records, in the order they were put (its head first)."""
-
-    def __init__(self) -> None:
-        self.records: OrderedDict[int, StoredMessage] = OrderedDict()
-        self.read = False  # a receiver read from them: being received, not an idle backlog
-
-
 class ContentCache:
     def __init__(self, store: Store, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.store = store
@@ -46,8 +38,10 @@ class ContentCache:
         self.bytes = 0
         self.hits = 0
         self.misses = 0
-        self._held: dict[str, _Held] = {}
-        # the entities with records, least recently sent to first: those no receiver read from, and the others
+        # each entity's cached records, in the order they were put (its head first)
+        self._held: dict[str, OrderedDict[int, StoredMessage]] = {}
+        # every entity of ``_held`` in one of two orders, least recently sent to first: those no receiver read from
+        # (idle backlogs), and those a receiver read from (kept while empty: still being received)
         self._idle: OrderedDict[str, None] = OrderedDict()
         self._reading: OrderedDict[str, None] = OrderedDict()
         # placed in memory before their write is committed (the timers' forwards and releases): never evicted
@@ -78,83 +72,74 @@ class ContentCache:
         A record already cached is replaced either way."""
         if self.max_bytes <= 0:
             return
-        held: _Held | None = None
         for record in records:
             path = record.path
-            seq = record.sequence_number
+            self._take(path, record.sequence_number)  # (a record already cached: replaced)
             held = self._held.get(path)
             if held is None:
-                held = self._held[path] = _Held()
+                held = self._held[path] = OrderedDict()
                 self._idle[path] = None
-            old = held.records.pop(seq, None)
-            if old is not None:
-                self.bytes -= _cost(old)
             cost = _cost(record)
-            if self.max_bytes - self.bytes < cost:
-                if cost <= self.max_bytes:  # (one larger than the whole cache evicts nothing)
-                    self._free(cost, path, evict)
-                held = self._held.get(path)
-                if self.max_bytes - self.bytes < cost:
-                    if held is not None and not held.records and not held.read:
-                        self._drop(path, held)
-                    continue  # no room: read from the store when delivered
-                if held is None:  # emptied and dropped while room was made: back, as an idle backlog
-                    held = self._held[path] = _Held()
-                    self._idle[path] = None
-            held.records[seq] = record
+            if self.max_bytes - self.bytes < cost and cost <= self.max_bytes:  # (larger than the cache: evicts none)
+                self._free(cost, path, evict)
+            if self.max_bytes - self.bytes < cost:  # no room: read from the store when delivered
+                if not held:
+                    self._forget_idle(path)
+                continue
+            held[record.sequence_number] = record
             self.bytes += cost
-            (self._reading if held.read else self._idle).move_to_end(path)
+            (self._reading if path in self._reading else self._idle).move_to_end(path)
 
     def _free(self, need: int, path: str, evict: bool) -> None:
         """Evict until ``need`` bytes fit: first from the idle backlogs of other entities than ``path`` (their newest
-        records), then, with ``evict``, from the entities being read and ``path`` itself (their oldest)."""
+        records), then, with ``evict``, from the entities being read and last ``path`` itself (their oldest)."""
         while self.max_bytes - self.bytes < need:
             victim = next((p for p in self._idle if p != path), None)
             newest = True
-            if victim is None:
-                if not evict:
-                    return
+            if victim is None and evict:
                 newest = False
-                victim = next(iter(self._reading), None)
-                if victim is None:
-                    victim = path if path in self._held else None
-                if victim is None:
-                    return
+                victim = next((p for p in self._reading if p != path), None)
+                if victim is None and self._held[path]:
+                    victim = path
+            if victim is None:
+                return
             held = self._held[victim]
-            if not held.records:  # a reading entity's records all gone: it no longer counts in the order
-                self._drop(victim, held)
+            if not held:  # an entity being read, its records all gone: out of the order
+                del self._held[victim]
+                del self._reading[victim]
                 continue
-            _, evicted = held.records.popitem(last=newest)
+            _, evicted = held.popitem(last=newest)
             self.bytes -= _cost(evicted)
-            if not held.records and not held.read:
-                self._drop(victim, held)
+            if victim != path and not held:
+                self._forget_idle(victim)
 
-    def _drop(self, path: str, held: _Held) -> None:
-        del self._held[path]
-        (self._reading if held.read else self._idle).pop(path, None)
+    def _take(self, path: str, seq: int) -> StoredMessage | None:
+        """Take one record out of the cache (None if not cached); an idle entity left without records goes."""
+        held = self._held.get(path)
+        record = None if held is None else held.pop(seq, None)
+        if record is None:
+            return None
+        self.bytes -= _cost(record)
+        if not held:
+            self._forget_idle(path)
+        return record
+
+    def _forget_idle(self, path: str) -> None:
+        """``path`` holds no record: out of the cache unless it is being read (see ``_reading``)."""
+        if self._idle.pop(path, 0) is None:
+            del self._held[path]
 
     def discard(self, path: str, seq: int) -> None:
         self._pinned.pop((path, seq), None)
-        held = self._held.get(path)
-        if held is None:
-            return
-        record = held.records.pop(seq, None)
-        if record is not None:
-            self.bytes -= _cost(record)
-            if not held.records and not held.read:
-                self._drop(path, held)
+        self._take(path, seq)
 
     def move(self, move: MoveMessage) -> None:
         """A message went to its dead-letter queue: its cached content goes along, and until the move is
         committed (``moved``), a read at the new place that the store cannot answer reads the old one."""
         self._moves[(move.to_path, move.sequence_number)] = move
-        held = self._held.get(move.path)
-        record = None if held is None else held.records.pop(move.sequence_number, None)
-        if held is None or record is None:
+        record = self._take(move.path, move.sequence_number)
+        if record is None:
             return
-        self.bytes -= _cost(record)
-        if not held.records and not held.read:
-            self._drop(move.path, held)
         record.path = move.to_path
         record.dead_letter_reason = move.dead_letter_reason
         record.dead_letter_error_description = move.dead_letter_error_description
@@ -181,7 +166,7 @@ class ContentCache:
         found: dict[int, StoredMessage] = {}
         missing: list[int] = []
         held = self._held.get(path)
-        records: dict[int, StoredMessage] = {} if held is None else held.records
+        records: dict[int, StoredMessage] = {} if held is None else held
         pinned = self._pinned
         for seq in sequence_numbers:
             record = records.get(seq) or pinned.get((path, seq))
@@ -189,9 +174,7 @@ class ContentCache:
                 missing.append(seq)
             else:
                 found[seq] = record
-        if held is not None and not held.read:
-            held.read = True
-            del self._idle[path]
+        if held is not None and self._idle.pop(path, 0) is None:  # it was idle: being received now
             self._reading[path] = None
         self.hits += len(found)
         if missing:

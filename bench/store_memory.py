@@ -2,12 +2,13 @@
 
 One run, printed (never asserted). A namespace on a SQLite store in a temporary directory (in this process,
 no AMQP), one queue with duplicate detection; ``--messages`` sends of 1 KiB bodies in batches of 100, each
-with a unique message id. ``tracemalloc`` compares the memory before and after the sends, with the content
-cache of recent messages (bounded at 64 MB, see broker/contents.py) emptied first, so what is left is what
-grows with the backlog: per message, grouped by the allocating line, and the Python objects of one held
-message measured on their own.
+with a unique message id: the bare message (an id only), then the realistic one (a subject, a content type, a
+correlation id and four application properties), each in a store of its own. ``tracemalloc`` compares the memory
+before and after the sends, with the content cache of recent messages (bounded at 64 MB, see broker/contents.py)
+emptied first, so what is left is what grows with the backlog: per message, grouped by the allocating line, and
+the Python objects of one held message measured on their own.
 
-    python bench/store_memory.py --messages 100000
+    python bench/store_memory.py --messages 100000 [--shape bare|realistic]
 """
 
 from __future__ import annotations
@@ -39,19 +40,32 @@ def deep_size(obj: object, seen: set[int]) -> int:
     return size
 
 
-async def fill(messages: int, directory: Path) -> None:
+def _message(body: bytes, shape: str) -> Message:
+    if shape == "bare":
+        return Message(body=body, message_id=str(uuid.uuid4()))
+    return Message(
+        body=body,
+        message_id=str(uuid.uuid4()),
+        subject="order-created",
+        content_type="application/json",
+        correlation_id=f"corr-{uuid.uuid4()}",
+        application_properties={"tenant": "contoso", "attempt": 1, "priority": True, "amount": 9.5},
+    )
+
+
+async def fill(messages: int, directory: Path, shape: str) -> None:
     store = SqliteStore(directory / "oncebus.db")
     namespace = await Namespace.open(store, ManualClock())
     try:
         await namespace.create_queue("q", requires_duplicate_detection=True)
         body = b"x" * 1024
-        await namespace.send("q", [Message(body=body, message_id=str(uuid.uuid4()))])  # warm up
+        await namespace.send("q", [_message(body, shape)])  # warm up
         namespace._contents.clear()
         gc.collect()
         tracemalloc.start(3)
         before = tracemalloc.take_snapshot()
         for start in range(0, messages, 100):
-            batch = [Message(body=body, message_id=str(uuid.uuid4())) for _ in range(min(100, messages - start))]
+            batch = [_message(body, shape) for _ in range(min(100, messages - start))]
             await namespace.send("q", batch)
             namespace._contents.clear()
         gc.collect()
@@ -59,7 +73,7 @@ async def fill(messages: int, directory: Path) -> None:
         tracemalloc.stop()
         stats = after.compare_to(before, "lineno")
         total = sum(s.size_diff for s in stats)
-        print(f"{messages:,} messages held: {total / messages:.0f} bytes per message (Python allocations)")
+        print(f"{messages:,} {shape} messages held: {total / messages:.0f} bytes per message (Python allocations)")
         for stat in stats[:12]:
             if stat.size_diff < messages:  # less than a byte a message
                 break
@@ -89,9 +103,11 @@ async def fill(messages: int, directory: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000, help="messages sent (default 100000)")
+    parser.add_argument("--shape", choices=("bare", "realistic"), help="only this message (default: both)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="oncebus-memory-") as directory:
-        asyncio.run(fill(args.messages, Path(directory)))
+    for shape in [args.shape] if args.shape else ["bare", "realistic"]:
+        with tempfile.TemporaryDirectory(prefix="oncebus-memory-") as directory:
+            asyncio.run(fill(args.messages, Path(directory), shape))
 
 
 if __name__ == "__main__":
